@@ -1,0 +1,36 @@
+// Package loadmon polls every worker for the load it reports itself (native /v1/loads or
+// Prometheus /metrics), publishes the results as immutable snapshots, and computes each worker's
+// effective load: the reported backlog corrected for what this gateway sent since the poll.
+package loadmon
+
+import "time"
+
+// Report is one worker's load as it reported it at one poll. Counts are summed over data-parallel
+// ranks (in int64); ratios are averaged. Absent fields are zero.
+type Report struct {
+	// Running is the number of requests the worker is running.
+	Running int64 `json:"num_running_reqs"`
+	// Waiting is the number of requests queued at the worker.
+	Waiting int64 `json:"num_waiting_reqs"`
+	// WaitingUncachedTokens is the prompt tokens of queued requests that miss the prefix cache.
+	WaitingUncachedTokens int64 `json:"num_waiting_uncached_tokens"`
+	// UsedTokens and MaxTokens are the KV cache's used and total token capacity.
+	UsedTokens int64 `json:"num_used_tokens"`
+	MaxTokens  int64 `json:"max_total_num_tokens"`
+	// TokenUsage is KV-cache usage in [0,1].
+	TokenUsage float64 `json:"token_usage"`
+	// GenThroughput is generated tokens per second.
+	GenThroughput float64 `json:"gen_throughput"`
+	// CacheHitRate is the prefix-cache hit rate in [0,1].
+	CacheHitRate float64 `json:"cache_hit_rate"`
+	// HasTokenData is true when the source reported token-level fields (usage, throughput).
+	HasTokenData bool `json:"-"`
+
+	// PolledAt is when the poll was sent.
+	PolledAt time.Time `json:"polled_at"`
+	// InflightAtPoll is this gateway's in-flight count for the worker when the poll was sent.
+	InflightAtPoll int64 `json:"inflight_at_poll"`
+}
+
+// Backlog is the reported running plus waiting requests.
+func (r *Report) Backlog() int64 { return r.Running + r.Waiting }

@@ -1,0 +1,57 @@
+// Package policy chooses the worker for a request. A Policy gets the candidate workers and a
+// request view and returns one worker; it sees health only through Worker.Available and load only
+// through the Loads interface, so that the same policy code runs in the gateway and in the fleet
+// simulator, on local or on global load.
+package policy
+
+import (
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// Request is what a policy may know about one request. Grow this struct, not Pick's signature.
+type Request struct {
+	// Model is the requested model id ("" when the body named none).
+	Model string
+	// Text is the routing text (DESIGN.md §2): the prompt prefix that cache-aware matching sees.
+	// It may be truncated to the length policies need.
+	Text string
+	// Key is the session routing key: the x-kvgate-routing-key header, else another identity
+	// header (x-session-id, x-user-id), else "".
+	Key string
+}
+
+// Policy picks one worker among candidates for req, or nil when none is available. Candidates
+// may include unavailable workers; a policy must skip those for which Available is false.
+// Implementations are safe for concurrent use.
+type Policy interface {
+	// Name returns the canonical policy name.
+	Name() string
+	// Pick chooses the worker.
+	Pick(candidates []*worker.Worker, req *Request) *worker.Worker
+}
+
+// Forgetter is implemented by policies that keep per-worker state (a prefix tree, a hash ring):
+// Forget drops everything they hold for the worker, at once.
+type Forgetter interface {
+	Forget(workerID string)
+}
+
+// Loads is how a policy reads load. Load is the worker's effective load in requests (running plus
+// waiting); Report is its last fresh self-reported load, ok false when there is none (never
+// polled, poll failed, or stale).
+type Loads interface {
+	Load(w *worker.Worker) int64
+	Report(w *worker.Worker) (r loadmon.Report, ok bool)
+}
+
+// LocalLoads reads only this gateway's in-flight counters. Zero value ready to use.
+type LocalLoads struct{}
+
+// Load returns w's in-flight count.
+func (LocalLoads) Load(w *worker.Worker) int64 { return w.Inflight() }
+
+// Report always reports no data.
+func (LocalLoads) Report(*worker.Worker) (loadmon.Report, bool) { return loadmon.Report{}, false }
+
+var _ Loads = LocalLoads{}

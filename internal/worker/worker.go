@@ -1,0 +1,229 @@
+// Package worker holds what kvgate knows about each inference server ("worker"): its registration,
+// its hot per-request state (in-flight and processed counts, health, drain, circuit), and the
+// registry that publishes the worker set as immutable views.
+//
+// Per-worker hot state is atomics in one struct that must not be copied; policies read it through
+// Available and Inflight without locks.
+package worker
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Type is a worker's role. The zero value is Regular.
+type Type uint8
+
+const (
+	// Regular workers serve whole requests.
+	Regular Type = iota
+	// Prefill workers run the prefill half of a disaggregated request.
+	Prefill
+	// Decode workers run the decode half of a disaggregated request.
+	Decode
+)
+
+// String returns the wire name of t.
+func (t Type) String() string {
+	switch t {
+	case Prefill:
+		return "prefill"
+	case Decode:
+		return "decode"
+	default:
+		return "regular"
+	}
+}
+
+// ParseType parses a wire worker type; "" is Regular.
+func ParseType(s string) (Type, error) {
+	switch strings.ToLower(s) {
+	case "", "regular":
+		return Regular, nil
+	case "prefill":
+		return Prefill, nil
+	case "decode":
+		return Decode, nil
+	}
+	return Regular, fmt.Errorf("unknown worker_type %q (want regular, prefill or decode)", s)
+}
+
+// Health is a worker's health-check state.
+type Health int32
+
+const (
+	// Pending: registered, not yet confirmed healthy. Not routable.
+	Pending Health = iota
+	// Ready: passing health checks. Routable.
+	Ready
+	// NotReady: failing health checks. Not routable.
+	NotReady
+)
+
+// String returns the state's name as shown in the admin API and metrics.
+func (h Health) String() string {
+	switch h {
+	case Ready:
+		return "ready"
+	case NotReady:
+		return "not_ready"
+	default:
+		return "pending"
+	}
+}
+
+// Spec is a worker's registration: what the operator (flag, admin API, discovery) says about it.
+// It is immutable once the worker is created.
+type Spec struct {
+	// URL is the worker's base URL, e.g. http://10.0.0.5:8000. Required.
+	URL string `json:"url"`
+	// Models are the model ids the worker serves; empty means "learn from /v1/models".
+	Models []string `json:"models,omitempty"`
+	// Type is the worker's role; zero is Regular.
+	Type Type `json:"-"`
+	// BootstrapPort is the prefill worker's KV bootstrap port; nil when not configured.
+	BootstrapPort *int `json:"bootstrap_port,omitempty"`
+	// Labels are free-form; "policy" selects the model's policy.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Runtime is "sglang", "vllm" or "" (unknown: learned from /v1/models owned_by).
+	Runtime string `json:"runtime,omitempty"`
+	// APIKey, when set, is sent to the worker as a bearer token.
+	APIKey string `json:"-"`
+}
+
+// Worker is one registered inference server. Its exported fields are immutable after New; all
+// mutable state is atomic. A Worker must not be copied.
+type Worker struct {
+	_ noCopy
+
+	// ID is a stable identifier derived from the URL.
+	ID string
+	// Spec is the registration.
+	Spec Spec
+	// URL is Spec.URL parsed.
+	URL *url.URL
+
+	inflight  atomic.Int64
+	processed atomic.Int64
+	health    atomic.Int32
+	draining  atomic.Bool
+	// runtime is the runtime learned after registration when Spec.Runtime is empty.
+	runtime atomic.Pointer[string]
+
+	// Breaker is the worker's circuit breaker.
+	Breaker Breaker
+}
+
+// noCopy makes go vet's copylocks check flag copies of Worker.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
+
+// ParseURL validates a worker base URL: http or https, with a host, no query or fragment. A
+// trailing slash is removed.
+func ParseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return nil, fmt.Errorf("invalid worker url %q: %w", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("invalid worker url %q: scheme must be http or https", raw)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("invalid worker url %q: missing host", raw)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("invalid worker url %q: query and fragment are not allowed", raw)
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	return u, nil
+}
+
+// IDFor returns the stable worker id for a normalized URL.
+func IDFor(u *url.URL) string {
+	sum := sha256.Sum256([]byte(u.String()))
+	return hex.EncodeToString(sum[:6])
+}
+
+// New creates a worker in the Pending state from spec, with breaker settings bc.
+func New(spec Spec, bc BreakerConfig) (*Worker, error) {
+	u, err := ParseURL(spec.URL)
+	if err != nil {
+		return nil, err
+	}
+	spec.URL = u.String()
+	w := &Worker{ID: IDFor(u), Spec: spec, URL: u}
+	w.Breaker.init(bc)
+	return w, nil
+}
+
+// Available reports whether a policy may pick w now: ready, not draining, circuit not open.
+func (w *Worker) Available() bool {
+	return Health(w.health.Load()) == Ready && !w.draining.Load() && w.Breaker.Allows(time.Now())
+}
+
+// Inflight returns the number of requests this gateway has in flight to w.
+func (w *Worker) Inflight() int64 { return w.inflight.Load() }
+
+// Processed returns the number of requests this gateway has finished on w (any outcome).
+func (w *Worker) Processed() int64 { return w.processed.Load() }
+
+// Acquire counts one request in flight. Call it just before the upstream call and call the
+// returned release exactly once (it is idempotent) when the request ends for any reason.
+func (w *Worker) Acquire() (release func()) {
+	w.inflight.Add(1)
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			w.inflight.Add(-1)
+			w.processed.Add(1)
+		}
+	}
+}
+
+// Health returns the current health state.
+func (w *Worker) Health() Health { return Health(w.health.Load()) }
+
+// SetHealth stores h and reports whether it changed.
+func (w *Worker) SetHealth(h Health) (changed bool) {
+	return Health(w.health.Swap(int32(h))) != h
+}
+
+// Draining reports whether w takes no new requests.
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// Drain stops new requests to w; in-flight requests finish.
+func (w *Worker) Drain() { w.draining.Store(true) }
+
+// Runtime returns the worker's runtime: the registered one, else the learned one, else "".
+func (w *Worker) Runtime() string {
+	if w.Spec.Runtime != "" {
+		return w.Spec.Runtime
+	}
+	if r := w.runtime.Load(); r != nil {
+		return *r
+	}
+	return ""
+}
+
+// SetRuntime records a runtime learned from the worker (its /v1/models owned_by).
+func (w *Worker) SetRuntime(r string) { w.runtime.Store(&r) }
+
+// Label returns the value of label k, or "".
+func (w *Worker) Label(k string) string { return w.Spec.Labels[k] }
+
+// Serves reports whether w serves model.
+func (w *Worker) Serves(model string) bool {
+	for _, m := range w.Spec.Models {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
