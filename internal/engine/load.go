@@ -1,0 +1,102 @@
+package engine
+
+import (
+	"math"
+	"time"
+)
+
+// Load is an engine's load report, the fields of the native /v1/loads schema plus cumulative
+// counters for Prometheus. The zero value is an idle, empty engine.
+type Load struct {
+	// Running and Waiting are the requests admitted and queued.
+	Running, Waiting int
+	// WaitingUncachedTokens is the prompt tokens of queued requests that missed the prefix
+	// cache when they were queued.
+	WaitingUncachedTokens int64
+	// UsedTokens is the KV capacity held by running requests (whole blocks); evictable cached
+	// blocks count as free. MaxTokens is the capacity.
+	UsedTokens, MaxTokens int64
+	// TokenUsage is UsedTokens/MaxTokens.
+	TokenUsage float64
+	// GenThroughput is generated tokens per second, an exponential moving average over
+	// Config.StatsWindow.
+	GenThroughput float64
+	// CacheHitRate is the share of admitted prompt tokens that hit the prefix cache, weighted by
+	// tokens, an exponential moving average over Config.StatsWindow; 0 before any admission.
+	CacheHitRate float64
+	// MaxRunning is Config.MaxRunning.
+	MaxRunning int
+	// PromptTokens and CachedTokens count the prompt tokens of admitted requests and those that
+	// hit the cache, since start (vLLM's prefix cache queries and hits).
+	PromptTokens, CachedTokens int64
+	// GeneratedTokens counts output tokens since start.
+	GeneratedTokens int64
+	// Finished, Aborted and Preemptions count those events since start.
+	Finished, Aborted, Preemptions int64
+}
+
+// Load returns the load at the engine's latest time (see Now).
+func (e *Engine) Load() Load {
+	bs := int64(e.cfg.BlockSize)
+	l := Load{
+		Running:               len(e.running),
+		Waiting:               len(e.waiting) - e.wh,
+		WaitingUncachedTokens: e.uncached,
+		UsedTokens:            int64(e.cache.used()) * bs,
+		MaxTokens:             int64(e.cache.total) * bs,
+		MaxRunning:            e.cfg.MaxRunning,
+		PromptTokens:          e.stats.prompt,
+		CachedTokens:          e.stats.cached,
+		GeneratedTokens:       e.stats.generated,
+		Finished:              e.stats.finished,
+		Aborted:               e.stats.aborted,
+		Preemptions:           e.stats.preempted,
+	}
+	l.TokenUsage = float64(l.UsedTokens) / float64(l.MaxTokens)
+	w := e.cfg.StatsWindow
+	if w > 0 {
+		l.GenThroughput = e.stats.gen.at(e.now, w) / w.Seconds()
+	}
+	if q := e.stats.queries.at(e.now, w); q > 0 {
+		l.CacheHitRate = e.stats.hits.at(e.now, w) / q
+	}
+	return l
+}
+
+// stats are the engine's counters and moving averages.
+type stats struct {
+	prompt, cached, generated    int64
+	finished, aborted, preempted int64
+	gen, hits, queries           decayed
+}
+
+func (s *stats) admit(t, w time.Duration, cached, prompt int) {
+	s.prompt += int64(prompt)
+	s.cached += int64(cached)
+	s.hits.add(t, w, float64(cached))
+	s.queries.add(t, w, float64(prompt))
+}
+
+func (s *stats) generate(t, w time.Duration, n int) {
+	s.generated += int64(n)
+	s.gen.add(t, w, float64(n))
+}
+
+// decayed is a sum whose terms decay exponentially with time constant w: a steady rate r gives
+// a value of r·w.
+type decayed struct {
+	v float64
+	t time.Duration
+}
+
+func (d *decayed) at(t, w time.Duration) float64 {
+	if t <= d.t || w <= 0 {
+		return d.v
+	}
+	return d.v * math.Exp(-float64(t-d.t)/float64(w))
+}
+
+func (d *decayed) add(t, w time.Duration, x float64) {
+	d.v = d.at(t, w) + x
+	d.t = max(t, d.t)
+}
