@@ -233,7 +233,8 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return fmt.Errorf("%w: %d+%d tokens, capacity %d", ErrTooLong, n, r.MaxTokens, e.cache.total*bs)
 	}
 	e.advance(now, false)
-	q := &req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n}
+	q := &req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
+		pinned: make([]*block, 0, len(keys))}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()

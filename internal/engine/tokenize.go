@@ -1,7 +1,8 @@
 package engine
 
 // The engine's tokenizer is deterministic and content-addressed: token i of a text is a 32-bit
-// FNV-1a hash of bytes [4i, 4i+4) (the last token may cover fewer bytes). So a text of n bytes is
+// multiplicative hash of bytes [4i, 4i+4) and their count (the last token may cover fewer
+// bytes). So a text of n bytes is
 // ceil(n/4) tokens — close to the usual "about 4 characters per token" of BPE tokenizers on
 // English — the same text always gives the same tokens, and two texts that share their first 4k
 // bytes share their first k tokens, which is what prefix caching needs.
@@ -10,10 +11,8 @@ package engine
 const BytesPerToken = 4
 
 const (
-	fnv32Offset = 2166136261
-	fnv32Prime  = 16777619
+	golden      = 0x9e3779b97f4a7c15 // 2^64 / φ, odd: multiplying by it is a bijection
 	fnv64Offset = 14695981039346656037
-	fnv64Prime  = 1099511628211
 )
 
 // TokenCount returns the number of tokens Tokenize(text) returns, without allocating.
@@ -35,23 +34,25 @@ func AppendTokens(dst []uint32, text string) []uint32 {
 	return dst
 }
 
-// tokenOf hashes one chunk of at most BytesPerToken bytes.
+// tokenOf hashes one chunk of at most BytesPerToken bytes: the bytes and their count packed in
+// a word, multiplied by an odd constant, the high half kept.
 func tokenOf(chunk string) uint32 {
-	h := uint32(fnv32Offset)
-	for j := 0; j < len(chunk); j++ {
-		h ^= uint32(chunk[j])
-		h *= fnv32Prime
+	w := uint64(len(chunk)) << 32
+	if len(chunk) == 4 {
+		w |= uint64(chunk[0]) | uint64(chunk[1])<<8 | uint64(chunk[2])<<16 | uint64(chunk[3])<<24
+	} else {
+		for j := 0; j < len(chunk); j++ {
+			w |= uint64(chunk[j]) << (8 * j)
+		}
 	}
-	return h
+	return uint32(w * golden >> 32)
 }
 
-// chainKey folds one token into a running block key.
+// chainKey folds one token into a running block key: a multiply-xorshift step, one multiply per
+// token (the key is hashed once per prompt token, the model's hottest loop).
 func chainKey(h uint64, tok uint32) uint64 {
-	for s := 0; s < 32; s += 8 {
-		h ^= uint64(byte(tok >> s))
-		h *= fnv64Prime
-	}
-	return h
+	h = (h ^ uint64(tok)) * golden
+	return h ^ h>>29
 }
 
 // blockKeys returns the keys of the full blocks of a prompt given by its tokens. Key j covers

@@ -1,0 +1,176 @@
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// workload submits a seeded random workload of n requests sharing a few prefixes, advancing the
+// engine event by event, and returns every event.
+func workload(t testing.TB, cfg Config, seed uint64, n int) []Event {
+	t.Helper()
+	e := mustNew(t, cfg)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var evs []Event
+	now := time.Duration(0)
+	for i := range n {
+		now += time.Duration(rng.ExpFloat64() * float64(20*time.Millisecond))
+		for {
+			at, ok := e.NextEvent()
+			if !ok || at > now {
+				break
+			}
+			evs = e.Advance(at, evs)
+		}
+		p := text(fmt.Sprint("sys", rng.IntN(4)), 200+rng.IntN(200)) + text(fmt.Sprint("u", i), 16+rng.IntN(100))
+		mustSubmit(t, e, now, Request{ID: uint64(i), Text: p, MaxTokens: 1 + rng.IntN(64)})
+		if rng.IntN(20) == 0 {
+			e.Abort(now, uint64(rng.IntN(i+1)))
+		}
+	}
+	return append(evs, drain(t, e, 1_000_000)...)
+}
+
+func TestSameInputsSameTimings(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.KVTokens = 8192 // small enough to evict and preempt
+	a := workload(t, cfg, 7, 300)
+	b := workload(t, cfg, 7, 300)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("two runs of the same workload gave different events")
+	}
+	if c := workload(t, cfg, 8, 300); reflect.DeepEqual(a, c) {
+		t.Fatal("different seeds gave the same events; the test workload is not random")
+	}
+}
+
+// TestFastModeMatchesTokenMode checks that decode runs change nothing but the events reported.
+func TestFastModeMatchesTokenMode(t *testing.T) {
+	for _, kv := range []int{8192, 524288} {
+		t.Run(fmt.Sprint(kv), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.KVTokens = kv
+			fast := workload(t, cfg, 3, 300)
+			cfg.EmitTokens = true
+			slow := workload(t, cfg, 3, 300)
+			tokens := map[uint64]int{}
+			var kept []Event
+			for _, ev := range slow {
+				switch ev.Kind {
+				case Tokens:
+					tokens[ev.ID] += ev.Tokens
+				case FirstToken:
+					tokens[ev.ID]++
+					kept = append(kept, ev)
+				case Finished:
+					if tokens[ev.ID] != ev.CompletionTokens {
+						t.Errorf("request %d: %d tokens streamed, %d reported", ev.ID, tokens[ev.ID], ev.CompletionTokens)
+					}
+					kept = append(kept, ev)
+				default:
+					kept = append(kept, ev)
+				}
+			}
+			if !reflect.DeepEqual(fast, kept) {
+				t.Fatalf("fast mode diverged from token mode: %d vs %d events", len(fast), len(kept))
+			}
+		})
+	}
+}
+
+func TestLoadStatistics(t *testing.T) {
+	e := mustNew(t, DefaultConfig())
+	p := text("p", 1600)
+	mustSubmit(t, e, 0, Request{ID: 1, Text: p, MaxTokens: 100})
+	mustSubmit(t, e, 0, Request{ID: 2, Text: text("q", 400), MaxTokens: 100})
+	e.Advance(300*time.Millisecond, nil)
+	l := e.Load()
+	if l.Running != 2 || l.UsedTokens < 2000 || l.TokenUsage <= 0 || l.GenThroughput <= 0 {
+		t.Errorf("busy load = %+v", l)
+	}
+	drain(t, e, 10000)
+	mustSubmit(t, e, e.Now(), Request{ID: 3, Text: p, MaxTokens: 1})
+	drain(t, e, 10000)
+	l = e.Load()
+	// Token-weighted: 1599 hits over 1600+400+1600 prompt tokens, the first two decayed a little
+	// (the third came under a second later, with a 10 s window).
+	if want := 1599.0 / 3600; l.CacheHitRate < want || l.CacheHitRate > want*1.1 {
+		t.Errorf("cache hit rate = %v, want about %v", l.CacheHitRate, want)
+	}
+	if l.PromptTokens != 3600 || l.CachedTokens != 1599 || l.GeneratedTokens != 201 || l.Finished != 3 {
+		t.Errorf("counters = %+v", l)
+	}
+	e.Advance(e.Now()+time.Minute, nil)
+	if l := e.Load(); l.GenThroughput > 1 {
+		t.Errorf("gen throughput %v a minute after the last token, want about 0", l.GenThroughput)
+	}
+}
+
+// TestCacheInvariants runs random workloads on a tiny cache and checks the block accounting
+// after every event.
+func TestCacheInvariants(t *testing.T) {
+	for seed := range uint64(5) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.KVTokens, cfg.MaxRunning = 2048, 8
+			e := mustNew(t, cfg)
+			rng := rand.New(rand.NewPCG(seed, 2))
+			now := time.Duration(0)
+			for i := range 400 {
+				now += time.Duration(rng.IntN(int(30 * time.Millisecond)))
+				e.Advance(now, nil)
+				checkInvariants(t, e)
+				p := text(fmt.Sprint("s", rng.IntN(3)), 100+rng.IntN(300))
+				_ = e.Submit(now, Request{ID: uint64(i), Text: p, MaxTokens: 1 + rng.IntN(300)})
+				if rng.IntN(10) == 0 {
+					e.Abort(now, uint64(rng.IntN(i+1)))
+				}
+				checkInvariants(t, e)
+			}
+			drain(t, e, 1_000_000)
+			checkInvariants(t, e)
+			if l := e.Load(); l.UsedTokens != 0 || e.Live() != 0 {
+				t.Errorf("idle engine holds %d tokens, %d requests", l.UsedTokens, e.Live())
+			}
+		})
+	}
+}
+
+func checkInvariants(t *testing.T, e *Engine) {
+	t.Helper()
+	c := e.cache
+	held, refs := 0, map[*block]int32{}
+	for _, r := range e.running {
+		held += r.priv
+		for _, b := range r.pinned {
+			refs[b]++
+		}
+		if r.priv < 0 {
+			t.Fatalf("request %d holds %d private blocks", r.id, r.priv)
+		}
+	}
+	for b, n := range refs {
+		if b.ref != n {
+			t.Fatalf("block ref %d, pinned by %d requests", b.ref, n)
+		}
+	}
+	lru := 0
+	for b := c.lru.next; b != &c.lru; b = b.next {
+		if b.ref != 0 || c.blocks[b.key] != b {
+			t.Fatal("LRU list holds a pinned or unknown block")
+		}
+		lru++
+	}
+	if lru != c.lruLen || len(c.blocks) != len(refs)+lru {
+		t.Fatalf("lru %d/%d, cached %d, pinned %d", lru, c.lruLen, len(c.blocks), len(refs))
+	}
+	if c.free+held+len(c.blocks) != c.total || c.free < 0 {
+		t.Fatalf("free %d + private %d + cached %d != total %d", c.free, held, len(c.blocks), c.total)
+	}
+	if len(e.running) > e.cfg.MaxRunning {
+		t.Fatalf("%d running over the limit", len(e.running))
+	}
+}
