@@ -3,7 +3,10 @@
 // effective load: the reported backlog corrected for what this gateway sent since the poll.
 package loadmon
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Report is one worker's load as it reported it at one poll. Counts are summed over data-parallel
 // ranks (in int64); ratios are averaged. Absent fields are zero.
@@ -32,5 +35,18 @@ type Report struct {
 	InflightAtPoll int64 `json:"inflight_at_poll"`
 }
 
-// Backlog is the reported running plus waiting requests.
-func (r *Report) Backlog() int64 { return r.Running + r.Waiting }
+// Backlog is the reported running plus waiting requests (DESIGN.md §1 snapshot_backlog), summed
+// in int64 and saturating rather than wrapping.
+func (r *Report) Backlog() int64 { return satAdd(r.Running, r.Waiting) }
+
+// satAdd returns a+b, saturating at the int64 bounds instead of wrapping.
+func satAdd(a, b int64) int64 {
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return math.MaxInt64
+	case a < 0 && b < 0 && s >= 0:
+		return math.MinInt64
+	}
+	return s
+}

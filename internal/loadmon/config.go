@@ -1,0 +1,115 @@
+package loadmon
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Config configures a Monitor. Every zero field takes its default, so Config{} is valid;
+// DefaultConfig spells the defaults out.
+type Config struct {
+	// Interval is how often every ready worker is polled (--load-monitor-interval). Zero means 1s.
+	Interval time.Duration
+	// Timeout bounds one worker's poll, all its requests included (runtime probe, /v1/loads,
+	// /metrics fallback); it must not exceed Interval. Zero means min(500ms, Interval/2).
+	Timeout time.Duration
+	// StaleAfter is the age (now − PolledAt) past which a worker's entry no longer counts; it
+	// must be at least Interval. Zero means 3 × Interval.
+	StaleAfter time.Duration
+	// Mode is how Load combines local and reported load. Zero is ModeEffective.
+	Mode Mode
+	// MaxBody is the most bytes read from one /v1/loads, /metrics or /v1/models response; a
+	// larger body fails the poll. Zero means 4 MiB.
+	MaxBody int
+	// Concurrency is how many polls run at once. Zero means 64. Polls mostly wait on the network,
+	// so this bounds sockets and goroutines rather than CPU.
+	Concurrency int
+	// Client sends the polls; nil means a dedicated keep-alive client (see NewClient).
+	Client *http.Client
+	// Now is the clock for PolledAt and freshness; nil means time.Now.
+	Now func() time.Time
+	// Logger receives poll-state transitions (a worker starts or stops failing, a runtime is
+	// learned); nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the DESIGN.md §3 defaults: poll every 1s, 500ms per poll (Timeout zero),
+// stale after 3s (StaleAfter zero), effective load, 4 MiB bodies, 64 polls at once.
+func DefaultConfig() Config {
+	return Config{
+		Interval:    time.Second,
+		Mode:        ModeEffective,
+		MaxBody:     4 << 20,
+		Concurrency: 64,
+	}
+}
+
+// Validate reports the first invalid field, after zero fields took their defaults.
+func (c *Config) Validate() error {
+	d := c.withDurations()
+	switch {
+	case d.Interval < 0:
+		return errors.New("load monitor interval must be >= 0")
+	case d.Timeout < 0 || d.Timeout > d.Interval:
+		return errors.New("load monitor timeout must be in [0, interval]")
+	case d.StaleAfter < d.Interval:
+		return errors.New("load monitor stale-after must be 0 or >= the interval")
+	case d.Mode > ModeMax:
+		return errors.New("unknown load mode")
+	case d.MaxBody < 0:
+		return errors.New("load monitor max body must be >= 0")
+	case d.Concurrency < 0:
+		return errors.New("load monitor concurrency must be >= 0")
+	}
+	return nil
+}
+
+// NewClient returns the HTTP client a Monitor uses when Config.Client is nil: keep-alive
+// connections (a few idle ones per worker, so each poll reuses one), no proxy, bounded dials.
+// Deadlines come from each poll's context.
+func NewClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        0, // no global cap: one idle connection per worker is the point
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+}
+
+// withDurations replaces zero durations and sizes by their defaults.
+func (c Config) withDurations() Config {
+	if c.Interval == 0 {
+		c.Interval = time.Second
+	}
+	if c.Timeout == 0 {
+		c.Timeout = max(min(500*time.Millisecond, c.Interval/2), time.Millisecond)
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = 3 * c.Interval
+	}
+	if c.MaxBody == 0 {
+		c.MaxBody = 4 << 20
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 64
+	}
+	return c
+}
+
+// withDefaults resolves every zero field, the injected dependencies included.
+func (c Config) withDefaults() Config {
+	c = c.withDurations()
+	if c.Client == nil {
+		c.Client = NewClient()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}

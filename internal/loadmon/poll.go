@@ -1,0 +1,247 @@
+package loadmon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// ErrBodyTooLarge is returned for a response body larger than Config.MaxBody.
+var ErrBodyTooLarge = errors.New("response body too large")
+
+// StatusError is a poll answered with a status other than 200.
+type StatusError struct {
+	// Code is the HTTP status code.
+	Code int
+}
+
+// Error implements error.
+func (e *StatusError) Error() string { return fmt.Sprintf("status %d", e.Code) }
+
+// probeRetry is how many intervals pass before a failed /v1/models runtime probe is retried.
+const probeRetry = 10
+
+// keepBuf is the largest read buffer a poll goroutine keeps between polls; a larger one (a worker
+// with a huge /metrics) is dropped so that it does not pin memory.
+const keepBuf = 1 << 20
+
+// pollState is what the monitor remembers about one worker between rounds. It is touched only by
+// the round that polls the worker (rounds are serialized), so it needs no lock.
+type pollState struct {
+	w     *worker.Worker
+	round uint64 // last round that saw the worker in the registry
+
+	loadsURL, metricsURL, modelsURL string
+	auth                            string // Authorization header value, or ""
+
+	source      Source    // the source that answered last, tried first
+	probed      bool      // /v1/models answered: the runtime is learned or not one we know
+	probeAfter  time.Time // no /v1/models probe before this time
+	failures    int       // consecutive failed polls
+	lastSuccess time.Time // PolledAt of the last successful poll
+}
+
+func newPollState(w *worker.Worker) *pollState {
+	base := w.URL.String()
+	st := &pollState{
+		w:          w,
+		loadsURL:   base + "/v1/loads?include=core",
+		metricsURL: base + "/metrics",
+		modelsURL:  base + "/v1/models",
+	}
+	if w.Spec.APIKey != "" {
+		st.auth = "Bearer " + w.Spec.APIKey
+	}
+	return st
+}
+
+// result is one worker's poll outcome: entry when err is nil.
+type result struct {
+	entry Entry
+	err   error
+	at    time.Time
+}
+
+// scratch is one poll goroutine's reusable read buffer.
+type scratch struct{ buf []byte }
+
+// pollWorker polls one worker within Timeout: it learns the runtime if needed, then tries the
+// runtime's sources in order (the one that answered last first) until one yields a report.
+func (m *Monitor) pollWorker(ctx context.Context, st *pollState, sc *scratch) result {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	start := m.cfg.Now()
+	rt := m.runtimeOf(ctx, st, sc, start)
+	srcs, n := sourceOrder(rt, st.source)
+	var errs [2]error
+	for i, src := range srcs[:n] {
+		inflight, sent := st.w.Inflight(), m.cfg.Now()
+		rep, err := m.fetchReport(ctx, st, src, rt, sc)
+		if err == nil {
+			rep.PolledAt, rep.InflightAtPoll = sent, inflight
+			st.source = src
+			return result{at: start, entry: Entry{Report: rep, Source: src, Runtime: rt, Latency: m.cfg.Now().Sub(start)}}
+		}
+		errs[i] = fmt.Errorf("%s: %w", src, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return result{at: start, err: errors.Join(errs[:]...)}
+}
+
+// sourceOrder returns the sources to try for runtime rt: vLLM serves only /metrics; SGLang and
+// unknown runtimes are tried with /v1/loads first (DESIGN.md §2). A source that answered last
+// time goes first, so a worker without /v1/loads costs one request per round, not two.
+func sourceOrder(rt string, last Source) (srcs [2]Source, n int) {
+	if rt == RuntimeVLLM {
+		return [2]Source{SourceMetrics}, 1
+	}
+	if last == SourceMetrics {
+		return [2]Source{SourceMetrics, SourceLoads}, 2
+	}
+	return [2]Source{SourceLoads, SourceMetrics}, 2
+}
+
+// fetchReport gets and parses one source.
+func (m *Monitor) fetchReport(ctx context.Context, st *pollState, src Source, rt string, sc *scratch) (Report, error) {
+	url := st.loadsURL
+	if src == SourceMetrics {
+		url = st.metricsURL
+	}
+	body, err := m.fetch(ctx, st, url, sc)
+	if err != nil {
+		return Report{}, err
+	}
+	if src == SourceMetrics {
+		return ParsePrometheus(body, rt)
+	}
+	return ParseLoads(body)
+}
+
+// runtimeOf returns the worker's runtime: registered (Spec.Runtime, else the "runtime" label),
+// else learned from /v1/models owned_by — probed once, retried after a failed probe — else "".
+func (m *Monitor) runtimeOf(ctx context.Context, st *pollState, sc *scratch, now time.Time) string {
+	if rt := normalizeRuntime(st.w.Runtime()); rt != "" {
+		return rt
+	}
+	if rt := normalizeRuntime(st.w.Label("runtime")); rt != "" {
+		return rt
+	}
+	if st.probed || now.Before(st.probeAfter) {
+		return ""
+	}
+	owner, err := m.probeOwner(ctx, st, sc)
+	if err != nil {
+		st.probeAfter = now.Add(probeRetry * m.cfg.Interval)
+		return ""
+	}
+	st.probed = true
+	rt := normalizeRuntime(owner)
+	if rt != "" {
+		st.w.SetRuntime(rt)
+		m.cfg.Logger.Info("worker runtime learned from /v1/models", "worker", st.w.Spec.URL, "runtime", rt)
+	}
+	return rt
+}
+
+// normalizeRuntime maps a runtime name or an owned_by value to RuntimeVLLM, RuntimeSGLang or "".
+func normalizeRuntime(s string) string {
+	s = strings.ToLower(s)
+	switch {
+	case strings.Contains(s, RuntimeVLLM):
+		return RuntimeVLLM
+	case strings.Contains(s, RuntimeSGLang):
+		return RuntimeSGLang
+	}
+	return ""
+}
+
+// probeOwner returns the owned_by of the first model in the worker's /v1/models.
+func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (string, error) {
+	body, err := m.fetch(ctx, st, st.modelsURL, sc)
+	if err != nil {
+		return "", fmt.Errorf("/v1/models: %w", err)
+	}
+	var models struct {
+		Data []struct {
+			OwnedBy string `json:"owned_by"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &models); err != nil {
+		return "", fmt.Errorf("/v1/models: %w", err)
+	}
+	for _, d := range models.Data {
+		if d.OwnedBy != "" {
+			return d.OwnedBy, nil
+		}
+	}
+	return "", nil
+}
+
+// fetch GETs url and returns its body, read into sc's buffer (valid until sc's next fetch). A
+// status other than 200, a body over MaxBody or a short body is an error.
+func (m *Monitor) fetch(ctx context.Context, st *pollState, url string, sc *scratch) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if st.auth != "" {
+		req.Header.Set("Authorization", st.auth)
+	}
+	resp, err := m.cfg.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		// Read a little so that the connection can be reused for the next poll.
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
+		return nil, &StatusError{Code: resp.StatusCode}
+	}
+	if resp.ContentLength > int64(m.cfg.MaxBody) {
+		return nil, ErrBodyTooLarge
+	}
+	return sc.read(resp.Body, m.cfg.MaxBody)
+}
+
+// read reads r to EOF into the reusable buffer, failing once more than limit bytes arrived.
+func (sc *scratch) read(r io.Reader, limit int) ([]byte, error) {
+	b := sc.buf[:0]
+	for {
+		if len(b) == cap(b) {
+			grow := min(max(cap(b), 4<<10), limit+1-len(b))
+			b = append(b, make([]byte, grow)...)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if len(b) > limit {
+			sc.keep(b)
+			return nil, ErrBodyTooLarge
+		}
+		if err == io.EOF {
+			sc.keep(b)
+			return b, nil
+		}
+		if err != nil {
+			sc.keep(b)
+			return nil, err
+		}
+	}
+}
+
+// keep retains b's storage for the next read unless it grew past keepBuf.
+func (sc *scratch) keep(b []byte) {
+	if cap(b) <= keepBuf {
+		sc.buf = b[:0]
+	} else {
+		sc.buf = nil
+	}
+}

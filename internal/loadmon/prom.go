@@ -1,0 +1,229 @@
+package loadmon
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Runtime names, as registered (--worker-runtime, the "runtime" label) or learned from /v1/models
+// owned_by.
+const (
+	RuntimeSGLang = "sglang"
+	RuntimeVLLM   = "vllm"
+)
+
+// promField is the Report field one Prometheus metric feeds.
+type promField uint8
+
+const (
+	fNone       promField = iota
+	fRunning              // vllm:num_requests_running, sglang num_running_reqs
+	fWaiting              // vllm:num_requests_waiting, sglang num_queue_reqs
+	fUsage                // vllm:kv_cache_usage_perc, sglang token_usage
+	fUsageOld             // vllm:gpu_cache_usage_perc (vLLM before kv_cache_usage_perc)
+	fHits                 // vllm:prefix_cache_hits_total
+	fQueries              // vllm:prefix_cache_queries_total
+	fThroughput           // sglang gen_throughput
+	fHitRate              // sglang cache_hit_rate
+	fUsedTokens           // sglang num_used_tokens
+	nPromFields
+)
+
+// promFieldOf maps a metric name to the field it feeds; runtime "vllm" or "sglang" restricts the
+// names to that runtime's, anything else accepts both.
+func promFieldOf(name []byte, runtime string) promField {
+	if len(name) > 5 && name[0] == 'v' && runtime != RuntimeSGLang && string(name[:5]) == "vllm:" {
+		switch string(name[5:]) {
+		case "num_requests_running":
+			return fRunning
+		case "num_requests_waiting":
+			return fWaiting
+		case "kv_cache_usage_perc":
+			return fUsage
+		case "gpu_cache_usage_perc":
+			return fUsageOld
+		case "prefix_cache_hits_total":
+			return fHits
+		case "prefix_cache_queries_total":
+			return fQueries
+		}
+		return fNone
+	}
+	// SGLang ≤ 0.5.3 prefixes "sglang:", newer versions "sglang_".
+	if len(name) > 7 && name[0] == 's' && runtime != RuntimeVLLM && string(name[:6]) == "sglang" &&
+		(name[6] == ':' || name[6] == '_') {
+		switch string(name[7:]) {
+		case "num_running_reqs":
+			return fRunning
+		case "num_queue_reqs":
+			return fWaiting
+		case "token_usage":
+			return fUsage
+		case "gen_throughput":
+			return fThroughput
+		case "cache_hit_rate":
+			return fHitRate
+		case "num_used_tokens":
+			return fUsedTokens
+		}
+	}
+	return fNone
+}
+
+// ParsePrometheus parses a Prometheus text-format /metrics body (OpenMetrics text is accepted too)
+// into a Report. runtime "vllm" or "sglang" restricts the metric names to that runtime's (both
+// SGLang prefixes, both vLLM KV-usage names); "" accepts either. Counts and throughput are summed
+// over label sets (in int64 for counts); ratios are averaged; vLLM's prefix hit rate is
+// hits_total / queries_total. HasTokenData is set when gen_throughput is present.
+//
+// Only the lines of the metrics above are parsed, in one pass with no allocation for the lines
+// skipped; a malformed line of one of them fails the body, other lines are ignored. A body
+// without both a running and a waiting metric fails with ErrNoLoadData.
+func ParsePrometheus(body []byte, runtime string) (Report, error) {
+	var (
+		r      Report
+		sum    [nPromFields]float64
+		n      [nPromFields]int
+		lineNo int
+	)
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		lineNo++
+		f, v, ok := parsePromLine(line, runtime)
+		if !ok {
+			return Report{}, fmt.Errorf("parse /metrics: malformed sample on line %d", lineNo)
+		}
+		if f == fNone || math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		n[f]++
+		switch f {
+		case fRunning:
+			r.Running = satAdd(r.Running, clampCount(v))
+		case fWaiting:
+			r.Waiting = satAdd(r.Waiting, clampCount(v))
+		case fUsedTokens:
+			r.UsedTokens = satAdd(r.UsedTokens, clampCount(v))
+		case fThroughput:
+			sum[f] = clampRate(sum[f] + clampRate(v))
+		case fHits, fQueries:
+			sum[f] += max(v, 0)
+		default: // ratios
+			sum[f] += clampRatio(v)
+		}
+	}
+	if n[fRunning] == 0 || n[fWaiting] == 0 {
+		return Report{}, fmt.Errorf("parse /metrics: %w (running and waiting request gauges)", ErrNoLoadData)
+	}
+	switch {
+	case n[fUsage] > 0:
+		r.TokenUsage = sum[fUsage] / float64(n[fUsage])
+	case n[fUsageOld] > 0:
+		r.TokenUsage = sum[fUsageOld] / float64(n[fUsageOld])
+	}
+	switch {
+	case n[fHitRate] > 0:
+		r.CacheHitRate = sum[fHitRate] / float64(n[fHitRate])
+	case sum[fQueries] > 0:
+		r.CacheHitRate = clampRatio(sum[fHits] / sum[fQueries])
+	}
+	if n[fThroughput] > 0 {
+		r.GenThroughput = sum[fThroughput]
+		r.HasTokenData = true
+	}
+	return r, nil
+}
+
+// parsePromLine parses one exposition line. It returns fNone for blank lines, comments and
+// metrics that feed no field (without looking past their name), and ok false for a malformed
+// sample of a metric that does.
+func parsePromLine(line []byte, runtime string) (f promField, v float64, ok bool) {
+	i := 0
+	for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
+		i++
+	}
+	if i == len(line) || line[i] == '#' {
+		return fNone, 0, true
+	}
+	start := i
+	for i < len(line) && isNameByte(line[i], i == start) {
+		i++
+	}
+	if f = promFieldOf(line[start:i], runtime); f == fNone {
+		return fNone, 0, true
+	}
+	if i < len(line) && line[i] == '{' {
+		end := skipLabels(line[i:])
+		if end < 0 {
+			return f, 0, false
+		}
+		i += end
+	}
+	if i == len(line) || (line[i] != ' ' && line[i] != '\t') {
+		return f, 0, false
+	}
+	for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
+		i++
+	}
+	start = i
+	for i < len(line) && line[i] != ' ' && line[i] != '\t' && line[i] != '\r' {
+		i++
+	}
+	v, ok = parseValue(line[start:i])
+	return f, v, ok
+}
+
+// isNameByte reports whether c may appear in a metric name ([a-zA-Z_:][a-zA-Z0-9_:]*).
+func isNameByte(c byte, first bool) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c == '_', c == ':':
+		return true
+	case c >= '0' && c <= '9':
+		return !first
+	}
+	return false
+}
+
+// skipLabels returns the length of the label set at the start of b ("{...}", quoted values with
+// backslash escapes, so a '}' inside a value does not end it), or -1 if it is not closed.
+func skipLabels(b []byte) int {
+	inQuote := false
+	for i := 1; i < len(b); i++ {
+		switch c := b[i]; {
+		case inQuote && c == '\\':
+			i++ // skip the escaped byte
+		case c == '"':
+			inQuote = !inQuote
+		case c == '}' && !inQuote:
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// parseValue parses a sample value. Plain non-negative integers (the common case for counts)
+// take an allocation-free fast path; anything else goes to strconv.ParseFloat.
+func parseValue(b []byte) (float64, bool) {
+	if len(b) == 0 {
+		return 0, false
+	}
+	if len(b) <= 15 {
+		var n int64
+		i := 0
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+			n = n*10 + int64(b[i]-'0')
+		}
+		if i == len(b) {
+			return float64(n), true
+		}
+	}
+	v, err := strconv.ParseFloat(string(b), 64)
+	return v, err == nil
+}
