@@ -1,0 +1,313 @@
+// Package radix is the concurrent prefix tree behind cache-aware routing: an approximate picture,
+// per model, of which worker ("tenant") was sent which prompt text. Each node holds an edge of
+// text and the tenants whose inserted text runs through it, each with the time it last did.
+//
+// One call, Route, serves one request: it descends once to the longest stored prefix of the
+// text, lets the caller choose a tenant from what it found, and records the text for that tenant
+// in the same descent. Every tenant's size (characters held) is tracked; Evict trims tenants to a
+// budget oldest-first, and Remove drops a tenant at once.
+//
+// Concurrency: every node has its own mutex. A descent holds at most two adjacent locks at a time
+// (hand over hand, parent before child), so requests whose texts diverge early share only the
+// root's lock, and only for a child lookup. After the choice, the tenant's stamps on the ancestors
+// of the deepest node are refreshed bottom-up, one lock at a time. Under concurrent splits a stamp
+// can land one node off; that only makes the picture approximate (it is a hint, not a cache), and
+// never unsound: sizes always equal the characters of the nodes a tenant is recorded on.
+//
+// Characters, not bytes: see text.go. The package starts no goroutines; the owner calls Evict.
+package radix
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Tree is a concurrent radix tree over text with tenants. Create it with New; the zero value is
+// not usable. All methods are safe for concurrent use.
+type Tree struct {
+	now  func() time.Time
+	root *node
+
+	// tenants is the current tenant table; writers hold tmu and publish a new table.
+	tenants atomic.Pointer[tenantTable]
+	tmu     sync.Mutex
+
+	matchPool sync.Pool
+}
+
+// Options configures a Tree.
+type Options struct {
+	// Now is the clock that stamps accesses for LRU eviction; nil means time.Now. The fleet
+	// simulator injects its virtual clock.
+	Now func() time.Time
+}
+
+// New returns an empty tree.
+func New(opts Options) *Tree {
+	t := &Tree{now: opts.Now, root: &node{}}
+	if t.now == nil {
+		t.now = time.Now
+	}
+	t.tenants.Store(&tenantTable{byName: map[string]*tenant{}})
+	t.matchPool.New = func() any { return new(Match) }
+	return t
+}
+
+// node is one edge of the tree. mu guards every field but parent, which is written only under
+// the lock of the node's current parent (so a reader that holds that parent's lock sees it
+// stable) and read atomically by the bottom-up stamp walk.
+type node struct {
+	mu     sync.Mutex
+	parent atomic.Pointer[node]
+	// edge is the text on the edge into this node; "" only for the root.
+	edge string
+	// key is unitKey(edge); children are kept sorted by it.
+	key int32
+	// chars is the number of characters in edge.
+	chars    int32
+	dead     bool
+	children []*node
+	tenants  []entry
+}
+
+// entry records that a tenant holds the text down to this node, and when it last did.
+type entry struct {
+	idx   uint32
+	stamp int64
+}
+
+// tenant is one tenant's identity and accounting. A removed tenant is retired: its entries are
+// ignored at once and purged lazily, and the name gets a fresh tenant if it comes back.
+type tenant struct {
+	name    string
+	idx     uint32
+	size    atomic.Int64
+	retired atomic.Bool
+}
+
+// tenantTable is an immutable index of the tenants; byIdx keeps retired tenants (nil once purged
+// is not needed: retired ones are few) so that stale entries resolve.
+type tenantTable struct {
+	byName map[string]*tenant
+	byIdx  []*tenant
+}
+
+// Match is what the descent found, handed to the chooser of Route. It is valid only during the
+// call; do not keep it.
+type Match struct {
+	// Chars is how many leading characters of the text the tree holds; 0 when none.
+	Chars int
+	// Total is the number of characters in the text.
+	Total int
+	// Tenants are the tenants recorded on the longest matched prefix, in no particular order;
+	// empty when Chars is 0.
+	Tenants []string
+}
+
+// Ratio returns Chars/Total, or 0 for an empty text.
+func (m *Match) Ratio() float64 {
+	if m.Total == 0 {
+		return 0
+	}
+	return float64(m.Chars) / float64(m.Total)
+}
+
+// Route matches text against the tree and records it for the tenant that choose returns, in one
+// descent. choose runs while the deepest matched node is locked, so that nothing can change the
+// match before the text is recorded: it must be quick and must not call the tree. If it returns
+// "", nothing is recorded. Route returns the Match as choose saw it, without Tenants.
+func (t *Tree) Route(text string, choose func(m *Match) string) (chars, total int) {
+	n := t.root
+	n.mu.Lock()
+	pos, matched, cut := 0, 0, 0 // cut: bytes of n's edge matched when the text diverges inside it
+	for pos < len(text) {
+		c := n.child(unitKey(text[pos:]))
+		if c == nil {
+			break
+		}
+		c.mu.Lock()
+		n.mu.Unlock()
+		n = c
+		k := commonPrefix(c.edge, text[pos:])
+		pos += k
+		if k < len(c.edge) {
+			cut = k
+			matched += charCount(c.edge[:k])
+			break
+		}
+		matched += int(c.chars)
+	}
+	m := t.matchPool.Get().(*Match)
+	m.Chars, m.Total = matched, charCount(text)
+	m.Tenants = m.Tenants[:0]
+	if n != t.root {
+		tab := t.tenants.Load()
+		for _, e := range n.tenants {
+			if tn := tab.byIdx[e.idx]; !tn.retired.Load() {
+				m.Tenants = append(m.Tenants, tn.name)
+			}
+		}
+	}
+	name := choose(m)
+	total = m.Total
+	clear(m.Tenants)
+	t.matchPool.Put(m)
+	if name == "" {
+		n.mu.Unlock()
+		return matched, total
+	}
+	tn := t.tenant(name)
+	stamp := t.now().UnixNano()
+	if cut > 0 {
+		n.split(cut)
+	}
+	if pos < len(text) {
+		n.addLeaf(strings.Clone(text[pos:]), tn, stamp)
+	}
+	if n != t.root {
+		n.touch(tn, stamp)
+	}
+	n.mu.Unlock()
+	if n != t.root {
+		t.touchAncestors(n, tn, stamp)
+	}
+	return matched, total
+}
+
+// Insert records text for tenant: Route with a fixed choice.
+func (t *Tree) Insert(text, tenant string) {
+	t.Route(text, func(*Match) string { return tenant })
+}
+
+// Lookup returns the longest stored prefix of text in characters and the tenants holding it,
+// without recording anything.
+func (t *Tree) Lookup(text string) (chars int, tenants []string) {
+	chars, _ = t.Route(text, func(m *Match) string {
+		tenants = slices.Clone(m.Tenants)
+		return ""
+	})
+	return chars, tenants
+}
+
+// Size returns the characters recorded for tenant; 0 for an unknown or removed tenant.
+func (t *Tree) Size(tenant string) int64 {
+	if tn := t.tenants.Load().byName[tenant]; tn != nil {
+		return tn.size.Load()
+	}
+	return 0
+}
+
+// Sizes returns tenant → characters recorded, for every current tenant.
+func (t *Tree) Sizes() map[string]int64 {
+	tab := t.tenants.Load()
+	out := make(map[string]int64, len(tab.byName))
+	for name, tn := range tab.byName {
+		out[name] = tn.size.Load()
+	}
+	return out
+}
+
+// child returns n's child whose edge starts with the character key, or nil. n is locked.
+func (n *node) child(key int32) *node {
+	i, ok := slices.BinarySearchFunc(n.children, key, cmpKey)
+	if !ok {
+		return nil
+	}
+	return n.children[i]
+}
+
+func cmpKey(c *node, key int32) int {
+	switch {
+	case c.key < key:
+		return -1
+	case c.key > key:
+		return 1
+	}
+	return 0
+}
+
+// addLeaf adds a child with edge text for tenant tn. n is locked; text is owned by the tree.
+func (n *node) addLeaf(text string, tn *tenant, stamp int64) {
+	c := &node{edge: text, key: unitKey(text), chars: int32(charCount(text))}
+	c.tenants = []entry{{idx: tn.idx, stamp: stamp}}
+	c.parent.Store(n)
+	tn.size.Add(int64(c.chars))
+	i, _ := slices.BinarySearchFunc(n.children, c.key, cmpKey)
+	n.children = slices.Insert(n.children, i, c)
+}
+
+// split cuts n's edge after k bytes (a character boundary): n keeps the first part and its
+// place in the tree, a new child takes the rest with n's children and a copy of its tenants.
+// Keeping n as the upper part means no lock above n is needed. n is locked.
+func (n *node) split(k int) {
+	rest := n.edge[k:]
+	s := &node{edge: rest, key: unitKey(rest), chars: int32(charCount(rest))}
+	s.children = n.children
+	s.tenants = slices.Clone(n.tenants)
+	s.parent.Store(n)
+	for _, c := range s.children {
+		c.parent.Store(s) // under n's lock: n was c's parent
+	}
+	n.edge = n.edge[:k]
+	n.chars -= s.chars
+	n.children = []*node{s}
+}
+
+// touch records tenant tn on n at stamp, counting n's characters if tn is new here. n is locked.
+func (n *node) touch(tn *tenant, stamp int64) {
+	for i := range n.tenants {
+		if n.tenants[i].idx == tn.idx {
+			n.tenants[i].stamp = max(n.tenants[i].stamp, stamp)
+			return
+		}
+	}
+	n.tenants = append(n.tenants, entry{idx: tn.idx, stamp: stamp})
+	tn.size.Add(int64(n.chars))
+}
+
+// touchAncestors records tn at stamp on every ancestor of n below the root, bottom-up, holding
+// one lock at a time.
+func (t *Tree) touchAncestors(n *node, tn *tenant, stamp int64) {
+	for {
+		p := n.parent.Load()
+		if p == nil || p == t.root {
+			return
+		}
+		p.mu.Lock()
+		if n.parent.Load() != p { // p was split above n meanwhile: climb from the new parent
+			p.mu.Unlock()
+			continue
+		}
+		if p.dead {
+			p.mu.Unlock()
+			return
+		}
+		p.touch(tn, stamp)
+		p.mu.Unlock()
+		n = p
+	}
+}
+
+// tenant returns the live tenant named name, creating it if needed.
+func (t *Tree) tenant(name string) *tenant {
+	if tn := t.tenants.Load().byName[name]; tn != nil {
+		return tn
+	}
+	t.tmu.Lock()
+	defer t.tmu.Unlock()
+	old := t.tenants.Load()
+	if tn := old.byName[name]; tn != nil {
+		return tn
+	}
+	tn := &tenant{name: name, idx: uint32(len(old.byIdx))}
+	tab := &tenantTable{byName: make(map[string]*tenant, len(old.byName)+1), byIdx: append(slices.Clip(old.byIdx), tn)}
+	for k, v := range old.byName {
+		tab.byName[k] = v
+	}
+	tab.byName[name] = tn
+	t.tenants.Store(tab)
+	return tn
+}
