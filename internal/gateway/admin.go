@@ -1,0 +1,317 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// AddWorkerRequest is the body of POST /workers (DESIGN.md §2).
+type AddWorkerRequest struct {
+	URL           string            `json:"url"`
+	ModelID       string            `json:"model_id,omitempty"`
+	WorkerType    string            `json:"worker_type,omitempty"`
+	BootstrapPort *int              `json:"bootstrap_port,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Runtime       string            `json:"runtime,omitempty"`
+	APIKey        string            `json:"api_key,omitempty"`
+}
+
+// RegisterError is a registration failure with the status the admin API answers.
+type RegisterError struct {
+	Status int
+	Err    error
+}
+
+func (e *RegisterError) Error() string { return e.Err.Error() }
+func (e *RegisterError) Unwrap() error { return e.Err }
+
+func regErr(status int, format string, args ...any) error {
+	return &RegisterError{Status: status, Err: fmt.Errorf(format, args...)}
+}
+
+// spec validates a registration and turns it into a worker spec.
+func (a *AddWorkerRequest) spec() (worker.Spec, error) {
+	if _, err := worker.ParseURL(a.URL); err != nil {
+		return worker.Spec{}, regErr(http.StatusBadRequest, "%v", err)
+	}
+	t, err := worker.ParseType(a.WorkerType)
+	if err != nil {
+		return worker.Spec{}, regErr(http.StatusBadRequest, "%v", err)
+	}
+	switch a.Runtime = strings.ToLower(a.Runtime); a.Runtime {
+	case "", "sglang", "vllm":
+	default:
+		return worker.Spec{}, regErr(http.StatusBadRequest, "unknown runtime %q (want sglang or vllm)", a.Runtime)
+	}
+	if a.BootstrapPort != nil && (*a.BootstrapPort <= 0 || *a.BootstrapPort > 65535) {
+		return worker.Spec{}, regErr(http.StatusBadRequest, "bootstrap_port %d is not a port", *a.BootstrapPort)
+	}
+	if l := a.Labels[policy.PolicyLabel]; l != "" {
+		if _, err := policy.Canonical(l); err != nil {
+			return worker.Spec{}, regErr(http.StatusBadRequest, "label policy: %v", err)
+		}
+	}
+	spec := worker.Spec{URL: a.URL, Type: t, BootstrapPort: a.BootstrapPort, Labels: a.Labels, Runtime: a.Runtime, APIKey: a.APIKey}
+	if a.ModelID != "" {
+		spec.Models = []string{a.ModelID}
+	}
+	return spec, nil
+}
+
+// Register validates, probes and adds a worker. The probe (GET /v1/models) learns the worker's
+// models (unless model_id was given) and its runtime (from owned_by). A worker that cannot be
+// probed is refused (502) unless model_id was given, in which case it is added not ready and the
+// health checks decide when it serves.
+func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Worker, error) {
+	spec, err := a.spec()
+	if err != nil {
+		return nil, err
+	}
+	s.addMu.Lock()
+	defer s.addMu.Unlock()
+	u, _ := worker.ParseURL(spec.URL)
+	if s.reg.View().Get(worker.IDFor(u)) != nil {
+		return nil, regErr(http.StatusConflict, "worker %s is already registered", u)
+	}
+	models, owner, perr := s.probeModels(ctx, u.String(), spec.APIKey)
+	if perr != nil && len(spec.Models) == 0 {
+		return nil, regErr(http.StatusBadGateway, "probing %s: %v", u, perr)
+	}
+	if len(spec.Models) == 0 {
+		spec.Models = models
+	}
+	if len(spec.Models) == 0 {
+		return nil, regErr(http.StatusBadGateway, "worker %s lists no models; give model_id", u)
+	}
+	w, err := worker.New(spec, s.cfg.Breaker)
+	if err != nil {
+		return nil, regErr(http.StatusBadRequest, "%v", err)
+	}
+	if owner == "vllm" || owner == "sglang" {
+		w.SetRuntime(owner)
+	}
+	if perr == nil {
+		w.SetHealth(worker.Ready)
+	} else {
+		w.SetHealth(worker.NotReady)
+	}
+	if err := s.reg.Add(w); err != nil {
+		return nil, regErr(http.StatusConflict, "%v", err)
+	}
+	s.log.Info("worker registered", "worker", w.ID, "url", w.Spec.URL, "models", w.Spec.Models,
+		"type", w.Spec.Type.String(), "runtime", w.Runtime(), "health", w.Health().String())
+	return w, nil
+}
+
+// probeModels fetches the worker's /v1/models and returns the ids and the first owned_by.
+func (s *Server) probeModels(ctx context.Context, base, key string) ([]string, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ProbeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return nil, "", err
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, "", fmt.Errorf("GET /v1/models answered %d", resp.StatusCode)
+	}
+	var list struct {
+		Data []struct {
+			ID      string `json:"id"`
+			OwnedBy string `json:"owned_by"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
+		return nil, "", fmt.Errorf("GET /v1/models: %w", err)
+	}
+	var ids []string
+	owner := ""
+	for _, m := range list.Data {
+		if m.ID != "" {
+			ids = append(ids, m.ID)
+		}
+		if owner == "" {
+			owner = strings.ToLower(m.OwnedBy)
+		}
+	}
+	return ids, owner, nil
+}
+
+// WorkerInfo is a worker as the admin API shows it.
+type WorkerInfo struct {
+	ID            string            `json:"id"`
+	URL           string            `json:"url"`
+	Models        []string          `json:"model_ids"`
+	WorkerType    string            `json:"worker_type"`
+	BootstrapPort *int              `json:"bootstrap_port"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Runtime       string            `json:"runtime,omitempty"`
+	Health        string            `json:"health"`
+	Circuit       string            `json:"circuit"`
+	Draining      bool              `json:"draining"`
+	Inflight      int64             `json:"inflight"`
+	Processed     int64             `json:"processed"`
+}
+
+func infoOf(w *worker.Worker) WorkerInfo {
+	return WorkerInfo{
+		ID: w.ID, URL: w.Spec.URL, Models: w.Spec.Models, WorkerType: w.Spec.Type.String(),
+		BootstrapPort: w.Spec.BootstrapPort, Labels: w.Spec.Labels, Runtime: w.Runtime(),
+		Health: w.Health().String(), Circuit: w.Breaker.State(time.Now()).String(),
+		Draining: w.Draining(), Inflight: w.Inflight(), Processed: w.Processed(),
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (s *Server) handleAddWorker(w http.ResponseWriter, r *http.Request) {
+	var a AddWorkerRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&a); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", "invalid worker registration: "+err.Error())
+		return
+	}
+	wk, err := s.Register(r.Context(), a)
+	if err != nil {
+		status := http.StatusInternalServerError
+		var re *RegisterError
+		if errors.As(err, &re) {
+			status = re.Status
+		}
+		writeError(w, status, registerCode(status), err.Error())
+		return
+	}
+	writeJSON(w, http.StatusCreated, infoOf(wk))
+}
+
+func registerCode(status int) string {
+	switch status {
+	case http.StatusConflict:
+		return "worker_exists"
+	case http.StatusBadGateway:
+		return "worker_unreachable"
+	}
+	return codeFor(status)
+}
+
+func (s *Server) handleListWorkers(w http.ResponseWriter, _ *http.Request) {
+	all := s.reg.View().All
+	out := make([]WorkerInfo, 0, len(all))
+	for _, wk := range all {
+		out = append(out, infoOf(wk))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": out, "total": len(out)})
+}
+
+func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
+	wk := s.reg.View().Get(r.PathValue("id"))
+	if wk == nil {
+		writeError(w, http.StatusNotFound, "worker_not_found", fmt.Sprintf("no worker with id %q", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, infoOf(wk))
+}
+
+// handleDeleteWorker drains and unregisters a worker: no new requests reach it at once, and the
+// requests already on it finish.
+func (s *Server) handleDeleteWorker(w http.ResponseWriter, r *http.Request) {
+	wk, err := s.reg.Remove(r.PathValue("id"))
+	if err != nil {
+		writeError(w, http.StatusNotFound, "worker_not_found", err.Error())
+		return
+	}
+	s.log.Info("worker removed", "worker", wk.ID, "url", wk.Spec.URL, "inflight", wk.Inflight())
+	writeJSON(w, http.StatusOK, map[string]any{"id": wk.ID, "status": "draining", "inflight": wk.Inflight()})
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	v := s.reg.View()
+	data := make([]model, 0, len(v.Models))
+	for _, m := range v.Models {
+		data = append(data, model{ID: m, Object: "model", OwnedBy: "kvgate"})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (s *Server) handleLiveness(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// handleReadiness answers 200 while at least one worker is routable, else 503 with the reason.
+func (s *Server) handleReadiness(w http.ResponseWriter, _ *http.Request) {
+	all := s.reg.View().All
+	ready := 0
+	for _, wk := range all {
+		if wk.Available() {
+			ready++
+		}
+	}
+	body := map[string]any{"ready_workers": ready, "total_workers": len(all)}
+	if ready == 0 {
+		body["status"] = "not_ready"
+		if len(all) == 0 {
+			body["reason"] = "no workers are registered"
+		} else {
+			body["reason"] = "no worker is ready"
+		}
+		writeJSON(w, http.StatusServiceUnavailable, body)
+		return
+	}
+	body["status"] = "ready"
+	writeJSON(w, http.StatusOK, body)
+}
+
+// handleGetLoads shows, per worker, its last fresh load report with its age, this gateway's
+// in-flight count, and the effective load the policies use.
+func (s *Server) handleGetLoads(w http.ResponseWriter, _ *http.Request) {
+	type entry struct {
+		ID            string   `json:"id"`
+		URL           string   `json:"url"`
+		Inflight      int64    `json:"local_inflight"`
+		EffectiveLoad int64    `json:"effective_load"`
+		Snapshot      any      `json:"snapshot"`
+		AgeSeconds    *float64 `json:"snapshot_age_seconds"`
+	}
+	now := time.Now()
+	var loads policy.Loads = policy.LocalLoads{}
+	if s.loads != nil {
+		loads = s.loads
+	}
+	out := []entry{}
+	for _, wk := range s.reg.View().All {
+		e := entry{ID: wk.ID, URL: wk.Spec.URL, Inflight: wk.Inflight(), EffectiveLoad: loads.Load(wk)}
+		if r, ok := loads.Report(wk); ok {
+			age := now.Sub(r.PolledAt).Seconds()
+			e.Snapshot, e.AgeSeconds = r, &age
+		}
+		out = append(out, e)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": out, "load_monitor": s.loads != nil})
+}

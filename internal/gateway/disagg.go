@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// serveDisaggregated runs a request on a prefill/decode pair (SGLang bootstrap protocol): it
+// picks one prefill and one decode worker, adds bootstrap_host, bootstrap_port and bootstrap_room
+// to the body, sends it to both at once, and relays the decode worker's answer.
+func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path string, body []byte, p *Parsed, pool *worker.Pool) int {
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: routingKey(r.Header)}
+	ppol, err1 := s.router.For(pool.Model+"#prefill", pool.Prefill[0])
+	dpol, err2 := s.router.For(pool.Model+"#decode", pool.Decode[0])
+	if err1 != nil || err2 != nil {
+		writeError(w, http.StatusInternalServerError, "policy_error", fmt.Sprint(err1, err2))
+		return http.StatusInternalServerError
+	}
+	pw := ppol.Pick(pool.Prefill, preq)
+	if pw == nil {
+		writeError(w, http.StatusServiceUnavailable, "no_available_worker", fmt.Sprintf("no available prefill worker for model %q", pool.Model))
+		return http.StatusServiceUnavailable
+	}
+	s.metrics.selected(ppol.Name(), pool.Model, pw)
+	pdBody := withBootstrap(body, pw)
+	id := requestID(r)
+	w.Header().Set("X-Request-Id", id)
+	req := &proxy.Request{Path: path, Header: r.Header, Body: pdBody, RequestID: id, ClientIP: clientIP(r)}
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.fwd.Discard(r.Context(), pw, req); err != nil {
+			s.log.Debug("prefill request failed", "request_id", id, "worker", pw.ID, "err", err)
+		}
+	}()
+	// The pair is fixed once the prefill side is running: a retry would need a new room.
+	picked := false
+	res := s.fwd.Forward(r.Context(), w, req, func(tried []*worker.Worker) *worker.Worker {
+		if picked {
+			return nil
+		}
+		picked = true
+		dw := dpol.Pick(pool.Decode, preq)
+		if dw != nil {
+			s.metrics.selected(dpol.Name(), pool.Model, dw)
+		}
+		return dw
+	})
+	s.finish(w, r, res, pool.Model, p.Stream, id)
+	wg.Wait()
+	return res.Status
+}
+
+// withBootstrap returns a copy of the JSON object body with the bootstrap fields first.
+func withBootstrap(body []byte, prefill *worker.Worker) []byte {
+	port := "null"
+	if bp := prefill.Spec.BootstrapPort; bp != nil {
+		port = strconv.Itoa(*bp)
+	}
+	head := `{"bootstrap_host":` + strconv.Quote(prefill.URL.Hostname()) +
+		`,"bootstrap_port":` + port +
+		`,"bootstrap_room":` + strconv.FormatUint(rand.Uint64()>>1, 10)
+	s := scanner{b: body}
+	s.ws()
+	rest := body[s.i+1:] // after '{'
+	out := make([]byte, 0, len(head)+1+len(rest))
+	out = append(out, head...)
+	r := scanner{b: rest}
+	if r.peek() != '}' {
+		out = append(out, ',')
+	}
+	return append(out, rest...)
+}

@@ -1,0 +1,190 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// fakeWorker is a minimal OpenAI-compatible worker on a loopback port whose inference handler a
+// test may replace.
+type fakeWorker struct {
+	*httptest.Server
+	model string
+
+	mu      sync.Mutex
+	handler http.HandlerFunc
+	bodies  [][]byte
+	headers []http.Header
+}
+
+func newFakeWorker(t *testing.T, model string) *fakeWorker {
+	t.Helper()
+	f := &fakeWorker{model: model}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":"sglang"}]}`, f.model)
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("POST /", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		f.mu.Lock()
+		f.bodies = append(f.bodies, body)
+		f.headers = append(f.headers, r.Header.Clone())
+		h := f.handler
+		f.mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if h == nil {
+			h = defaultInference
+		}
+		h(w, r)
+	})
+	f.Server = httptest.NewServer(mux)
+	t.Cleanup(f.Close)
+	return f
+}
+
+func (f *fakeWorker) setHandler(h http.HandlerFunc) {
+	f.mu.Lock()
+	f.handler = h
+	f.mu.Unlock()
+}
+
+func (f *fakeWorker) requests() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.bodies)
+}
+
+// defaultInference answers like an engine: three SSE chunks when streaming, else one completion.
+func defaultInference(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Stream bool `json:"stream"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	if strings.HasSuffix(r.URL.Path, "/embeddings") {
+		io.WriteString(w, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"m","usage":{"prompt_tokens":2,"total_tokens":2}}`)
+		return
+	}
+	chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		if chat {
+			io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"hello world"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+		} else {
+			io.WriteString(w, `{"id":"c1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"finish_reason":"stop","text":"hello world"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`)
+		}
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for _, tok := range []string{"hello", " ", "world"} {
+		fmt.Fprintf(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":%q}}]}\n\n", tok)
+		fl.Flush()
+	}
+	io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// testGateway is a gateway on a loopback port in front of fake workers. done receives one value
+// each time a client request's handler has returned, so tests wait on it instead of sleeping.
+type testGateway struct {
+	*Server
+	srv  *httptest.Server
+	done chan string
+}
+
+func newTestGateway(t *testing.T, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Proxy.Retry.MaxAttempts == 0 {
+		cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
+	}
+	router, err := policy.NewRouter(policyName, policy.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(cfg, worker.NewRegistry(), router, nil)
+	for _, f := range workers {
+		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g := &testGateway{Server: s, done: make(chan string, 1024)}
+	h := s.Handler()
+	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { g.done <- r.URL.Path }()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(g.srv.Close)
+	return g
+}
+
+// waitDone waits for n handler returns, failing after a bound.
+func (g *testGateway) waitDone(t *testing.T, n int) {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for i := 0; i < n; i++ {
+		select {
+		case <-g.done:
+		case <-timeout.C:
+			t.Fatalf("only %d of %d requests finished", i, n)
+		}
+	}
+}
+
+func (g *testGateway) post(t *testing.T, path, body string, hdr ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, g.srv.URL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// decodeError asserts the OpenAI error shape and returns the error object.
+func decodeError(t *testing.T, resp *http.Response) apiError {
+	t.Helper()
+	defer resp.Body.Close()
+	var e struct {
+		Error *apiError `json:"error"`
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(raw, &e); err != nil || e.Error == nil {
+		t.Fatalf("status %d: body is not an OpenAI error: %s", resp.StatusCode, raw)
+	}
+	if e.Error.Message == "" || e.Error.Type == "" || e.Error.Code == "" {
+		t.Fatalf("incomplete OpenAI error: %s", raw)
+	}
+	return *e.Error
+}
+
+func totalInflight(s *Server) int64 {
+	var n int64
+	for _, w := range s.reg.View().All {
+		n += w.Inflight()
+	}
+	return n
+}
+
+func proxyTimeout(d time.Duration) proxy.Config { return proxy.Config{RequestTimeout: d} }

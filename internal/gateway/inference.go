@@ -1,0 +1,211 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// inference returns the handler for one OpenAI-style route.
+func (s *Server) inference(path string, kind routeKind) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		status, model := s.serveInference(w, r, path, kind)
+		s.metrics.observeRequest(path, model, status, time.Since(start))
+	})
+}
+
+// serveInference handles one request and returns the status the client saw and the resolved
+// model (a bounded label: "" for requests that named no served model).
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (int, string) {
+	if max := s.cfg.MaxConcurrentRequests; max > 0 {
+		if s.inflight.Add(1) > max {
+			s.inflight.Add(-1)
+			writeError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("the gateway is at its limit of %d concurrent requests", max))
+			return http.StatusTooManyRequests, ""
+		}
+		defer s.inflight.Add(-1)
+	}
+	body, status, err := readBody(r, s.cfg.MaxPayloadSize)
+	if err != nil {
+		if status != 499 {
+			writeError(w, status, codeFor(status), err.Error())
+		}
+		return status, ""
+	}
+	p, err := parseBody(body, kind, s.cfg.RoutingPrefixBytes)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		return http.StatusBadRequest, ""
+	}
+	view := s.reg.View()
+	pool, status, msg := resolvePool(view, p.Model)
+	if pool == nil {
+		writeError(w, status, codeFor(status), msg)
+		return status, ""
+	}
+	candidates := pool.Regular
+	if len(candidates) == 0 && pool.Disaggregated() {
+		return s.serveDisaggregated(w, r, path, body, &p, pool), pool.Model
+	}
+	pol, err := s.router.For(pool.Model, candidates[0])
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
+		return http.StatusInternalServerError, pool.Model
+	}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: routingKey(r.Header)}
+	id := requestID(r)
+	w.Header().Set("X-Request-Id", id)
+	res := s.fwd.Forward(r.Context(), w, &proxy.Request{
+		Path: path, Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r),
+	}, s.picker(pol, candidates, preq))
+	s.finish(w, r, res, pool.Model, p.Stream, id)
+	return res.Status, pool.Model
+}
+
+// picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
+// retry sees those not yet tried while any of them is available, else all again.
+func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *policy.Request) proxy.Picker {
+	return func(tried []*worker.Worker) *worker.Worker {
+		c := candidates
+		if len(tried) > 0 {
+			rest := make([]*worker.Worker, 0, len(candidates))
+			for _, w := range candidates {
+				if !containsWorker(tried, w) && w.Available() {
+					rest = append(rest, w)
+				}
+			}
+			if len(rest) > 0 {
+				c = rest
+			}
+		}
+		w := pol.Pick(c, req)
+		if w != nil {
+			s.metrics.selected(pol.Name(), req.Model, w)
+		}
+		return w
+	}
+}
+
+func containsWorker(ws []*worker.Worker, w *worker.Worker) bool {
+	for _, x := range ws {
+		if x == w {
+			return true
+		}
+	}
+	return false
+}
+
+// finish writes the error for a request that never reached the client, and records metrics.
+func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result, model string, stream bool, id string) {
+	if stream && res.FirstByte > 0 && res.Status < 400 {
+		s.metrics.ttft.WithLabelValues(model).Observe(res.FirstByte.Seconds())
+	}
+	if res.Err == nil {
+		return
+	}
+	wid := ""
+	if res.Worker != nil {
+		wid = res.Worker.ID
+	}
+	s.log.Debug("request failed", "request_id", id, "model", model, "worker", wid,
+		"status", res.Status, "attempts", res.Attempts, "committed", res.Committed, "err", res.Err)
+	if res.Committed || res.Status == 499 {
+		return
+	}
+	msg := res.Err.Error()
+	if errors.Is(res.Err, proxy.ErrNoWorker) {
+		msg = fmt.Sprintf("no available worker for model %q", model)
+	}
+	writeError(w, res.Status, codeFor(res.Status), msg)
+}
+
+// resolvePool finds the pool for model: the named one, or the only one when the body names none.
+func resolvePool(v *worker.View, model string) (*worker.Pool, int, string) {
+	if len(v.Models) == 0 {
+		return nil, http.StatusServiceUnavailable, "no workers are registered"
+	}
+	if model == "" {
+		if len(v.Models) == 1 {
+			return v.Pool(v.Models[0]), 0, ""
+		}
+		return nil, http.StatusBadRequest, fmt.Sprintf("the request must name a model: this gateway serves %d models", len(v.Models))
+	}
+	if p := v.Pool(model); p != nil {
+		return p, 0, ""
+	}
+	return nil, http.StatusNotFound, fmt.Sprintf("the model %q does not exist", model)
+}
+
+// readBody reads the whole body once, into a buffer sized from Content-Length when known.
+func readBody(r *http.Request, max int64) ([]byte, int, error) {
+	if r.ContentLength > max {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)
+	}
+	var buf []byte
+	if r.ContentLength > 0 {
+		buf = make([]byte, 0, r.ContentLength+1) // +1 so ReadAll sees EOF without growing
+	} else {
+		buf = make([]byte, 0, 4096)
+	}
+	lr := io.LimitedReader{R: r.Body, N: max + 1}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if r.Context().Err() != nil {
+				return nil, 499, err
+			}
+			return nil, http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err)
+		}
+	}
+	if int64(len(buf)) > max {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", max)
+	}
+	if len(buf) == 0 {
+		return nil, http.StatusBadRequest, errors.New("the request body is empty")
+	}
+	return buf, 0, nil
+}
+
+func clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// codeFor is the machine-readable error code for a gateway-generated status.
+func codeFor(status int) string {
+	switch status {
+	case http.StatusBadRequest:
+		return "invalid_request"
+	case http.StatusNotFound:
+		return "model_not_found"
+	case http.StatusRequestEntityTooLarge:
+		return "payload_too_large"
+	case http.StatusTooManyRequests:
+		return "too_many_requests"
+	case http.StatusBadGateway:
+		return "upstream_error"
+	case http.StatusServiceUnavailable:
+		return "no_available_worker"
+	case http.StatusGatewayTimeout:
+		return "upstream_timeout"
+	}
+	return "error"
+}

@@ -1,0 +1,159 @@
+package gateway
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// Metrics holds the gateway's Prometheus metrics (prefix kvgate_) in a registry of its own, so
+// that tests and several gateways in one process never share state.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	requests   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	ttft       *prometheus.HistogramVec
+	selections *prometheus.CounterVec
+	upstream   *prometheus.CounterVec
+	retries    *prometheus.CounterVec
+	exhausted  *prometheus.CounterVec
+}
+
+var _ proxy.Observer = (*Metrics)(nil)
+
+func newMetrics(reg *worker.Registry, router *policy.Router, loads policy.Loads) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_requests_total", Help: "Client requests by route, model and status.",
+		}, []string{"route", "model", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_request_duration_seconds", Help: "Client request duration, until the response was fully relayed.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"route", "model"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "kvgate_ttft_seconds", Help: "Time to the first streamed byte relayed to the client.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"model"}),
+		selections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_policy_selections_total", Help: "Workers picked, by policy, model and worker.",
+		}, []string{"policy", "model", "worker"}),
+		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_upstream_errors_total", Help: "Failed upstream attempts by worker and kind.",
+		}, []string{"worker", "kind"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_retries_total", Help: "Attempts retried, by the reason the previous one failed.",
+		}, []string{"reason"}),
+		exhausted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_retries_exhausted_total", Help: "Requests whose last allowed attempt failed, by reason.",
+		}, []string{"reason"}),
+	}
+	m.reg.MustRegister(m.requests, m.duration, m.ttft, m.selections, m.upstream, m.retries, m.exhausted,
+		&workerCollector{reg: reg, router: router, loads: loads},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// Registry returns the Prometheus registry, for tests and for other components' collectors.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+func (m *Metrics) observeRequest(route, model string, status int, d time.Duration) {
+	m.requests.WithLabelValues(route, model, strconv.Itoa(status)).Inc()
+	m.duration.WithLabelValues(route, model).Observe(d.Seconds())
+}
+
+func (m *Metrics) selected(pol, model string, w *worker.Worker) {
+	m.selections.WithLabelValues(pol, model, w.ID).Inc()
+}
+
+// UpstreamError implements proxy.Observer.
+func (m *Metrics) UpstreamError(w *worker.Worker, kind proxy.Kind) {
+	m.upstream.WithLabelValues(w.ID, kind.String()).Inc()
+}
+
+// Retry implements proxy.Observer.
+func (m *Metrics) Retry(reason string) { m.retries.WithLabelValues(reason).Inc() }
+
+// RetriesExhausted implements proxy.Observer.
+func (m *Metrics) RetriesExhausted(reason string) { m.exhausted.WithLabelValues(reason).Inc() }
+
+// workerCollector reads per-worker state and per-policy statistics at scrape time, so the hot
+// path updates only its atomics.
+type workerCollector struct {
+	reg    *worker.Registry
+	router *policy.Router
+	loads  policy.Loads
+}
+
+var (
+	descInflight  = prometheus.NewDesc("kvgate_worker_inflight", "Requests this gateway has in flight to the worker.", []string{"worker", "url"}, nil)
+	descProcessed = prometheus.NewDesc("kvgate_worker_processed_total", "Requests this gateway finished on the worker.", []string{"worker", "url"}, nil)
+	descHealth    = prometheus.NewDesc("kvgate_worker_health", "1 for the worker's current health state (pending, ready, not_ready).", []string{"worker", "state"}, nil)
+	descCircuit   = prometheus.NewDesc("kvgate_worker_circuit_state", "1 for the worker's current circuit state (closed, open, half_open).", []string{"worker", "state"}, nil)
+	descEffective = prometheus.NewDesc("kvgate_worker_effective_load", "The worker's effective load as the policies see it.", []string{"worker"}, nil)
+	descReported  = prometheus.NewDesc("kvgate_worker_reported_backlog", "Running plus waiting requests the worker last reported (absent when stale).", []string{"worker"}, nil)
+	descUsage     = prometheus.NewDesc("kvgate_worker_token_usage", "KV-cache usage the worker last reported (absent when stale).", []string{"worker"}, nil)
+	descDecisions = prometheus.NewDesc("kvgate_policy_decisions_total", "Policy decisions by branch.", []string{"policy", "model", "branch"}, nil)
+	descTree      = prometheus.NewDesc("kvgate_policy_tree_chars", "Characters held in the prefix tree per worker.", []string{"policy", "model", "worker"}, nil)
+)
+
+func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descUsage, descDecisions, descTree} {
+		ch <- d
+	}
+}
+
+func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, w := range c.reg.View().All {
+		ch <- prometheus.MustNewConstMetric(descInflight, prometheus.GaugeValue, float64(w.Inflight()), w.ID, w.Spec.URL)
+		ch <- prometheus.MustNewConstMetric(descProcessed, prometheus.CounterValue, float64(w.Processed()), w.ID, w.Spec.URL)
+		for _, h := range []worker.Health{worker.Pending, worker.Ready, worker.NotReady} {
+			ch <- prometheus.MustNewConstMetric(descHealth, prometheus.GaugeValue, b2f(w.Health() == h), w.ID, h.String())
+		}
+		st := w.Breaker.State(now)
+		for _, s := range []worker.CircuitState{worker.Closed, worker.Open, worker.HalfOpen} {
+			ch <- prometheus.MustNewConstMetric(descCircuit, prometheus.GaugeValue, b2f(st == s), w.ID, s.String())
+		}
+		if c.loads != nil {
+			ch <- prometheus.MustNewConstMetric(descEffective, prometheus.GaugeValue, float64(c.loads.Load(w)), w.ID)
+			if r, ok := c.loads.Report(w); ok {
+				ch <- prometheus.MustNewConstMetric(descReported, prometheus.GaugeValue, float64(r.Backlog()), w.ID)
+				ch <- prometheus.MustNewConstMetric(descUsage, prometheus.GaugeValue, r.TokenUsage, w.ID)
+			}
+		}
+	}
+	for model, p := range c.router.Policies() {
+		if d, ok := p.(interface{ Decisions() map[string]uint64 }); ok {
+			for branch, n := range d.Decisions() {
+				ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), p.Name(), model, branch)
+			}
+		}
+		if t, ok := p.(interface{ TreeSizes() map[string]int64 }); ok {
+			for wid, n := range t.TreeSizes() {
+				ch <- prometheus.MustNewConstMetric(descTree, prometheus.GaugeValue, float64(n), p.Name(), model, wid)
+			}
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
