@@ -68,7 +68,7 @@ func (h *fleetHeap) Swap(i, j int) {
 	h.pos[h.idx[i]], h.pos[h.idx[j]] = i, j
 }
 func (h *fleetHeap) Push(any) { panic("fixed size") }
-func (h *fleetHeap) Pop() any  { panic("fixed size") }
+func (h *fleetHeap) Pop() any { panic("fixed size") }
 
 const never = time.Duration(1<<63 - 1)
 

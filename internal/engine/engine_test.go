@@ -227,7 +227,7 @@ func TestEvictionIsLeastRecentlyUsed(t *testing.T) {
 	}
 	run(1, a)
 	run(2, b)
-	run(3, a) // a is now more recent than b
+	run(3, a)              // a is now more recent than b
 	run(4, text("d", 704)) // 44 blocks: the 24 free ones and all 20 of b's
 	if got := run(5, a).CachedTokens; got != 319 {
 		t.Errorf("a cached %d, want 319: the most recent prompt must survive", got)

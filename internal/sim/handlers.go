@@ -1,0 +1,196 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+)
+
+// maxBody is the largest request body accepted.
+const maxBody = 32 << 20
+
+func (s *Server) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /v1/chat/completions", s.inference(chatAPI))
+	m.HandleFunc("POST /v1/completions", s.inference(completionAPI))
+	m.HandleFunc("POST /generate", s.inference(generateAPI))
+	m.HandleFunc("GET /v1/models", s.handleModels)
+	m.HandleFunc("GET /health", s.handleHealth)
+	m.HandleFunc("GET /v1/loads", s.handleLoads)
+	m.HandleFunc("GET /metrics", s.handleMetrics)
+	m.HandleFunc("POST /flush_cache", s.handleFlush)
+	m.HandleFunc("POST /reset_prefix_cache", s.handleFlush)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "",
+			"no route %s %s", r.Method, r.URL.Path)
+	})
+	s.mux = m
+}
+
+// ServeHTTP serves the simulated server's routes, with the injected faults that apply to all of
+// them (hang, slow start).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f := s.faults.Load()
+	if f.Hang {
+		select {
+		case <-r.Context().Done():
+		case <-s.stop:
+		}
+		return
+	}
+	if r.URL.Path != "/metrics" && time.Now().Before(f.slowUntil) {
+		writeError(w, http.StatusServiceUnavailable, "server_error", "loading", "",
+			"the engine is starting")
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		Created     int64  `json:"created"`
+		OwnedBy     string `json:"owned_by"`
+		MaxModelLen int    `json:"max_model_len"`
+	}
+	writeJSON(w, map[string]any{"object": "list", "data": []model{{
+		ID: s.cfg.Model, Object: "model", Created: s.start.Unix(), OwnedBy: s.cfg.Flavor,
+		MaxModelLen: s.cfg.Engine.KVTokens,
+	}}})
+}
+
+func (s *Server) handleFlush(w http.ResponseWriter, _ *http.Request) {
+	n := s.FlushCache()
+	writeJSON(w, map[string]any{"success": true, "flushed_tokens": n})
+}
+
+// inference returns the handler of one inference endpoint.
+func (s *Server) inference(kind apiKind) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", "",
+					"request body over %d bytes", maxBody)
+				return
+			}
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "reading body: %v", err)
+			return
+		}
+		req, err := parseRequest(kind, body)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "%v", err)
+			return
+		}
+		if kind != generateAPI && req.model != "" && req.model != s.cfg.Model {
+			writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+				"The model `%s` does not exist.", req.model)
+			return
+		}
+		f := s.faults.Load()
+		if s.rollError(f.ErrorRate) {
+			status := f.ErrorStatus
+			if status == 0 {
+				status = http.StatusServiceUnavailable
+			}
+			writeError(w, status, "server_error", "injected_fault", "", "injected fault: status %d", status)
+			return
+		}
+		if f.FirstTokenDelay > 0 && !s.pause(r.Context(), f.FirstTokenDelay) {
+			return
+		}
+		s.serve(r.Context(), w, kind, req, f.DieAfterTokens)
+	}
+}
+
+// pause waits d unless the client leaves or the server closes first; it reports whether d
+// passed.
+func (s *Server) pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+	case <-s.stop:
+	}
+	return false
+}
+
+// serve runs one request through the engine and writes its answer, streamed or whole.
+func (s *Server) serve(ctx context.Context, w http.ResponseWriter, kind apiKind, req request, dieAfter int) {
+	maxTokens := req.maxTokens
+	if maxTokens == 0 {
+		maxTokens = s.cfg.MaxTokens
+	}
+	id, wt, err := s.submit(req, maxTokens)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "",
+			"%v", err)
+		return
+	}
+	finished := false
+	defer func() {
+		if !finished {
+			s.abort(id)
+		}
+	}()
+	out := newWriter(w, kind, s.cfg.Model, id, req)
+	sent := 0
+	for {
+		select {
+		case <-wt.notify:
+		case <-ctx.Done():
+			return
+		case <-s.stop:
+			if sent > 0 || req.stream {
+				panic(http.ErrAbortHandler)
+			}
+			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "", "server closing")
+			return
+		}
+		s.mu.Lock()
+		tokens, done, cached, prompt := wt.tokens, wt.done, wt.cached, wt.prompt
+		s.mu.Unlock()
+		if dieAfter > 0 && tokens >= dieAfter {
+			if req.stream && dieAfter > sent {
+				out.tokens(sent, dieAfter)
+			}
+			panic(http.ErrAbortHandler) // drops the connection; the deferred abort frees the KV
+		}
+		if req.stream && tokens > sent {
+			if err := out.tokens(sent, tokens); err != nil {
+				return
+			}
+			sent = tokens
+		}
+		if done {
+			finished = true
+			out.finish(usage{PromptTokens: prompt, CompletionTokens: tokens, CachedTokens: cached})
+			return
+		}
+	}
+}
+
+// generatedText returns output tokens [from, to) of request id: a deterministic word per token,
+// 4 bytes each, so that the text is as many engine tokens long as reported.
+func generatedText(id uint64, from, to int) string {
+	b := make([]byte, 0, (to-from)*engine.BytesPerToken)
+	for i := from; i < to; i++ {
+		b = append(b, words[(id*7+uint64(i))%uint64(len(words))]...)
+	}
+	return string(b)
+}
+
+var words = [...]string{"the ", "and ", "for ", "you ", "not ", "are ", "but ", "all ",
+	"any ", "can ", "had ", "was ", "one ", "our ", "out ", "day "}

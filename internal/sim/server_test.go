@@ -1,0 +1,258 @@
+package sim
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvgate/kvgate/internal/engine"
+)
+
+// fastConfig is a cost model fast enough for tests: 1 ms steps, 1M prefill tokens/s.
+func fastConfig() Config {
+	return Config{Engine: engine.Config{DecodeBase: time.Millisecond, DecodePerReq: 100 * time.Microsecond, PrefillTPS: 1e6}}
+}
+
+func startServer(t *testing.T, cfg Config) (*Server, *httptest.Server) {
+	t.Helper()
+	s := NewServer(cfg)
+	ts := httptest.NewServer(s)
+	t.Cleanup(func() {
+		ts.Close()
+		s.Close()
+	})
+	return s, ts
+}
+
+func sdk(ts *httptest.Server) openai.Client {
+	return openai.NewClient(option.WithBaseURL(ts.URL+"/v1/"), option.WithAPIKey("test"), option.WithMaxRetries(0))
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func chatParams(prompt string, max int64) openai.ChatCompletionNewParams {
+	return openai.ChatCompletionNewParams{
+		Model:     DefaultModel,
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
+		MaxTokens: openai.Int(max),
+	}
+}
+
+var longPrompt = strings.Repeat("You are a careful assistant who answers briefly. ", 40)
+
+func TestChatCompletionUsageAndCache(t *testing.T) {
+	_, ts := startServer(t, fastConfig())
+	c, ctx := sdk(ts), testCtx(t)
+	first, err := c.Chat.Completions.New(ctx, chatParams(longPrompt, 7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPrompt := int64(engine.TokenCount(longPrompt))
+	if u := first.Usage; u.PromptTokens != wantPrompt || u.CompletionTokens != 7 || u.PromptTokensDetails.CachedTokens != 0 || u.TotalTokens != wantPrompt+7 {
+		t.Errorf("first usage = %+v, want %d prompt, 7 completion, 0 cached", u, wantPrompt)
+	}
+	if got := first.Choices[0].Message.Content; len(got) != 7*engine.BytesPerToken || first.Choices[0].FinishReason != "length" {
+		t.Errorf("content %q, finish %q", got, first.Choices[0].FinishReason)
+	}
+	second, err := c.Chat.Completions.New(ctx, chatParams(longPrompt, 7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := second.Usage.PromptTokensDetails.CachedTokens; got < wantPrompt-16 || got >= wantPrompt {
+		t.Errorf("repeated prompt cached %d of %d tokens", got, wantPrompt)
+	}
+}
+
+func TestChatCompletionStreaming(t *testing.T) {
+	_, ts := startServer(t, fastConfig())
+	c, ctx := sdk(ts), testCtx(t)
+	p := chatParams(longPrompt, 20)
+	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
+	stream := c.Chat.Completions.NewStreaming(ctx, p)
+	var acc openai.ChatCompletionAccumulator
+	chunks := 0
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+		chunks++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if chunks < 5 {
+		t.Errorf("%d chunks for 20 tokens; tokens must be streamed as they are generated", chunks)
+	}
+	if got := acc.Choices[0].Message.Content; len(got) != 20*engine.BytesPerToken {
+		t.Errorf("streamed content %q", got)
+	}
+	if acc.Usage.CompletionTokens != 20 || acc.Usage.PromptTokens != int64(engine.TokenCount(longPrompt)) {
+		t.Errorf("usage = %+v", acc.Usage)
+	}
+}
+
+func TestCompletions(t *testing.T) {
+	_, ts := startServer(t, fastConfig())
+	c, ctx := sdk(ts), testCtx(t)
+	for _, tc := range []struct {
+		name   string
+		prompt openai.CompletionNewParamsPromptUnion
+		tokens int64
+	}{
+		{"string", openai.CompletionNewParamsPromptUnion{OfString: openai.String("hello world!")}, 3},
+		{"strings", openai.CompletionNewParamsPromptUnion{OfArrayOfStrings: []string{"abcdabcd", "x"}}, 2},
+		{"tokens", openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{1, 2, 3, 4, 5}}, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			params := openai.CompletionNewParams{Model: DefaultModel, Prompt: tc.prompt, MaxTokens: openai.Int(3)}
+			res, err := c.Completions.New(ctx, params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Usage.PromptTokens != tc.tokens || res.Usage.CompletionTokens != 3 || len(res.Choices[0].Text) != 12 {
+				t.Errorf("usage %+v, text %q", res.Usage, res.Choices[0].Text)
+			}
+			stream := c.Completions.NewStreaming(ctx, params)
+			var text strings.Builder
+			for stream.Next() {
+				if ch := stream.Current().Choices; len(ch) > 0 {
+					text.WriteString(ch[0].Text)
+				}
+			}
+			if err := stream.Err(); err != nil || text.Len() != 12 {
+				t.Errorf("stream: %v, text %q", err, text.String())
+			}
+		})
+	}
+}
+
+// sse reads an SSE body into its data payloads, [DONE] included.
+func sse(t *testing.T, body io.Reader) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func post(t *testing.T, url, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(testCtx(t), http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Body.Close() })
+	return res
+}
+
+func TestGenerate(t *testing.T) {
+	_, ts := startServer(t, fastConfig())
+	res := post(t, ts.URL+"/generate", `{"text":"abcdefgh","sampling_params":{"max_new_tokens":5}}`)
+	var got struct {
+		Text     string `json:"text"`
+		MetaInfo struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"meta_info"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&got); err != nil || res.StatusCode != 200 {
+		t.Fatalf("status %d, %v", res.StatusCode, err)
+	}
+	if got.MetaInfo.PromptTokens != 2 || got.MetaInfo.CompletionTokens != 5 || len(got.Text) != 20 {
+		t.Errorf("generate = %+v", got)
+	}
+	res = post(t, ts.URL+"/generate", `{"input_ids":[1,2,3],"sampling_params":{"max_new_tokens":4},"stream":true}`)
+	events := sse(t, res.Body)
+	if len(events) < 3 || events[len(events)-1] != "[DONE]" {
+		t.Fatalf("stream events = %q", events)
+	}
+	if err := json.Unmarshal([]byte(events[len(events)-2]), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.MetaInfo.CompletionTokens != 4 || len(got.Text) != 16 || got.MetaInfo.PromptTokens != 3 {
+		t.Errorf("last chunk = %+v (text is cumulative)", got)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	_, ts := startServer(t, fastConfig())
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"malformed", "/v1/chat/completions", `{"model":`, 400, ""},
+		{"no messages", "/v1/chat/completions", `{"model":"kvgate-sim","messages":[]}`, 400, ""},
+		{"bad max tokens", "/v1/completions", `{"prompt":"x","max_tokens":-1}`, 400, ""},
+		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, 404, "model_not_found"},
+		{"too long", "/v1/completions", `{"prompt":"x","max_tokens":100000000}`, 400, "context_length_exceeded"},
+		{"unknown route", "/v1/nothing", `{}`, 404, "not_found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := post(t, ts.URL+tc.path, tc.body)
+			var e apiError
+			raw, _ := io.ReadAll(res.Body)
+			if err := json.Unmarshal(raw, &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+				t.Errorf("body %s is not an OpenAI error: %v", raw, err)
+			}
+			if res.StatusCode != tc.status || tc.code != "" && e.Error.Code != tc.code {
+				t.Errorf("status %d code %v, want %d %q", res.StatusCode, e.Error.Code, tc.status, tc.code)
+			}
+			if !strings.Contains(string(raw), `"param":`) || !strings.Contains(string(raw), `"code":`) {
+				t.Errorf("body %s lacks param or code", raw)
+			}
+		})
+	}
+	// The SDK sees the 404 as an API error with its status.
+	c := sdk(ts)
+	_, err := c.Chat.Completions.New(testCtx(t), openai.ChatCompletionNewParams{
+		Model: "nope", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Errorf("SDK error = %v, want a 404 API error", err)
+	}
+}
+
+func TestModelsAndHealth(t *testing.T) {
+	for _, flavor := range []string{FlavorSGLang, FlavorVLLM} {
+		t.Run(flavor, func(t *testing.T) {
+			cfg := fastConfig()
+			cfg.Flavor, cfg.Model = flavor, "m1"
+			_, ts := startServer(t, cfg)
+			c := sdk(ts)
+			page, err := c.Models.List(testCtx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Data) != 1 || page.Data[0].ID != "m1" || page.Data[0].OwnedBy != flavor {
+				t.Errorf("models = %+v", page.Data)
+			}
+			res, err := http.Get(ts.URL + "/health")
+			if err != nil || res.StatusCode != 200 {
+				t.Fatalf("health: %v %v", res, err)
+			}
+			res.Body.Close()
+		})
+	}
+}
