@@ -17,6 +17,9 @@ type Config struct {
 	Rand func(n int) int `yaml:"-"`
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time `yaml:"-"`
+	// NoBackground: policies start no goroutines; the caller (the virtual-time fleet simulator)
+	// calls Evict itself. False (the zero value) in the gateway.
+	NoBackground bool `yaml:"-"`
 
 	CacheAware CacheAwareConfig `yaml:",inline"`
 	PrefixHash PrefixHashConfig `yaml:",inline"`

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +25,9 @@ var builtins = []spec{
 	{name: "random", build: func(c Config) (Policy, error) { return NewRandom(c), nil }},
 	{name: "round_robin", aliases: []string{"roundrobin", "round-robin", "rr"}, build: func(c Config) (Policy, error) { return NewRoundRobin(), nil }},
 	{name: "power_of_two", aliases: []string{"poweroftwo", "power-of-two", "p2c"}, loadAware: true, build: func(c Config) (Policy, error) { return NewPowerOfTwo(c), nil }},
+	{name: "cache_aware", aliases: []string{"cacheaware", "cache-aware"}, loadAware: true, build: func(c Config) (Policy, error) { return NewCacheAware(c), nil }},
+	{name: "consistent_hashing", aliases: []string{"consistenthashing", "consistent-hashing"}, build: func(c Config) (Policy, error) { return NewConsistentHashing(c), nil }},
+	{name: "prefix_hash", aliases: []string{"prefixhash", "prefix-hash"}, loadAware: true, build: func(c Config) (Policy, error) { return NewPrefixHash(c), nil }},
 }
 
 func lookup(name string) (*spec, error) {
@@ -177,4 +182,17 @@ func (r *Router) Policies() map[string]Policy {
 		out[m] = p
 	}
 	return out
+}
+
+// Close stops the background work of every policy that has some (cache_aware's eviction loop)
+// and waits for it to exit. Call it once the router is no longer used.
+func (r *Router) Close() error {
+	ps := r.Policies()
+	var errs []error
+	for _, p := range ps {
+		if c, ok := p.(io.Closer); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,0 +1,259 @@
+package policy
+
+import (
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/radix"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// Branch names, as reported by Decisions: which way a policy decided.
+const (
+	// BranchCacheHit: cache_aware sent the request to a worker holding its prefix.
+	BranchCacheHit = "cache_hit"
+	// BranchCacheMiss: cache_aware found no prefix worth following and took the least loaded.
+	BranchCacheMiss = "cache_miss"
+	// BranchImbalanced: the pool was imbalanced, so cache_aware took the least loaded.
+	BranchImbalanced = "imbalanced"
+	// BranchHashOverflow: the hashed worker was over its load bound; the next one took the key.
+	BranchHashOverflow = "hash_overflow"
+	// BranchHash: the request went to the worker its key hashes to.
+	BranchHash = "hash"
+	// BranchNoKey: the request had nothing to hash (no routing key, no text); consistent_hashing
+	// chose at random and prefix_hash took the least loaded.
+	BranchNoKey = "no_key"
+)
+
+// DecisionReporter is implemented by policies that count their decisions by branch; the
+// gateway's metrics collector reads it at scrape time.
+type DecisionReporter interface {
+	// Decisions returns branch name → decisions taken so far. Every branch the policy can take
+	// is present, zero included.
+	Decisions() map[string]uint64
+}
+
+// TreeReporter is implemented by policies that keep a prefix tree.
+type TreeReporter interface {
+	// TreeSizes returns worker id → characters the tree records for it.
+	TreeSizes() map[string]int64
+}
+
+// counters counts decisions per branch. The zero value is ready; it must not be copied.
+type counters struct {
+	names []string
+	n     []atomic.Uint64
+}
+
+func newCounters(names ...string) *counters {
+	return &counters{names: names, n: make([]atomic.Uint64, len(names))}
+}
+
+// add counts one decision for branch i (an index into names).
+func (c *counters) add(i int) { c.n[i].Add(1) }
+
+func (c *counters) snapshot() map[string]uint64 {
+	out := make(map[string]uint64, len(c.names))
+	for i, name := range c.names {
+		out[name] = c.n[i].Load()
+	}
+	return out
+}
+
+// cand is one available worker seen by a pick, with its load and candidate index.
+type cand struct {
+	w    *worker.Worker
+	load int64
+	idx  int
+}
+
+// lessLoaded orders candidates by load, then requests processed, then candidate index. The
+// processed count spreads ties when decode outpaces prefill and loads read zero.
+func lessLoaded(a, b *cand) bool {
+	if a.load != b.load {
+		return a.load < b.load
+	}
+	if pa, pb := a.w.Processed(), b.w.Processed(); pa != pb {
+		return pa < pb
+	}
+	return a.idx < b.idx
+}
+
+// CacheAware routes a request to the worker most likely to hold its prompt prefix in KV cache,
+// unless the pool is imbalanced (DESIGN.md §1, §3). It keeps one prefix tree (one policy serves
+// one model) and, unless Config.NoBackground, one goroutine that trims the tree every
+// EvictionInterval until Close.
+type CacheAware struct {
+	cfg   CacheAwareConfig
+	loads Loads
+	tree  *radix.Tree
+	dec   *counters
+	kv    bool // a KV-usage trigger is on
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+var (
+	_ Policy           = (*CacheAware)(nil)
+	_ Forgetter        = (*CacheAware)(nil)
+	_ DecisionReporter = (*CacheAware)(nil)
+	_ TreeReporter     = (*CacheAware)(nil)
+)
+
+const (
+	caHit = iota
+	caMiss
+	caImbalanced
+)
+
+// NewCacheAware returns a CacheAware policy built from cfg and, unless cfg.NoBackground, starts
+// its eviction loop; Close stops it.
+func NewCacheAware(cfg Config) *CacheAware {
+	c := cfg.withDefaults()
+	p := &CacheAware{
+		cfg:   c.CacheAware,
+		loads: c.Loads,
+		tree:  radix.New(radix.Options{Now: c.Now}),
+		dec:   newCounters(BranchCacheHit, BranchCacheMiss, BranchImbalanced),
+		kv:    c.CacheAware.OverloadTokenUsageThreshold < 1 || c.CacheAware.BalanceTokenUsageThreshold < 1,
+		stop:  make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	if c.NoBackground {
+		close(p.done)
+		return p
+	}
+	go p.evictLoop(p.cfg.EvictionInterval)
+	return p
+}
+
+// Name returns "cache_aware".
+func (*CacheAware) Name() string { return "cache_aware" }
+
+// evictLoop runs Evict every interval until Close.
+func (p *CacheAware) evictLoop(interval time.Duration) {
+	defer close(p.done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			p.Evict()
+		}
+	}
+}
+
+// Evict trims every worker's share of the tree to MaxTreeSize characters, least recently used
+// first, now. The eviction loop calls it; the virtual-time fleet simulator calls it itself.
+func (p *CacheAware) Evict() { p.tree.Evict(int64(p.cfg.MaxTreeSize)) }
+
+// Close stops the eviction loop and waits for it to exit. It is idempotent and always returns
+// nil; it exists so that owners can treat policies as io.Closer.
+func (p *CacheAware) Close() error {
+	p.closeOnce.Do(func() { close(p.stop) })
+	<-p.done
+	return nil
+}
+
+// Forget removes the worker from the tree at once.
+func (p *CacheAware) Forget(workerID string) { p.tree.Remove(workerID) }
+
+// Decisions returns decisions by branch: cache_hit, cache_miss, imbalanced.
+func (p *CacheAware) Decisions() map[string]uint64 { return p.dec.snapshot() }
+
+// TreeSizes returns worker id → characters the tree records for it.
+func (p *CacheAware) TreeSizes() map[string]int64 { return p.tree.Sizes() }
+
+// Pick gathers the available candidates, their loads and the least loaded in one pass. If the
+// pool is imbalanced it returns the least loaded worker (still recording the text for it).
+// Otherwise it matches the text against the tree: above CacheThreshold it returns the least
+// loaded of the workers holding the matched prefix (the reference gateway takes whichever
+// holder the node last remembered; taking the least loaded keeps affinity and spreads a hot
+// prefix that several workers hold), else the least loaded worker. The text is recorded for the
+// chosen worker in the same descent.
+func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+	var buf [64]cand
+	av, minI, imbalanced := p.gather(buf[:0], candidates)
+	if len(av) == 0 {
+		return nil
+	}
+	best := &av[minI]
+	switch {
+	case imbalanced:
+		p.dec.add(caImbalanced)
+		if req.Text != "" {
+			p.tree.Insert(req.Text, best.w.ID)
+		}
+		return best.w
+	case req.Text == "":
+		p.dec.add(caMiss)
+		return best.w
+	}
+	hit := false
+	p.tree.Route(req.Text, func(m *radix.Match) string {
+		if m.Ratio() > p.cfg.CacheThreshold {
+			if h := leastLoadedHolder(av, m.Tenants); h != nil {
+				best, hit = h, true
+			}
+		}
+		return best.w.ID
+	})
+	if hit {
+		p.dec.add(caHit)
+	} else {
+		p.dec.add(caMiss)
+	}
+	return best.w
+}
+
+// gather appends the available candidates with their loads to dst and returns them, the index
+// of the least loaded, and whether the pool is imbalanced.
+func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand, minI int, imbalanced bool) {
+	av = dst
+	var maxLoad int64
+	minUse, maxUse, kvSeen := 1.0, 0.0, false
+	for i, w := range candidates {
+		if !w.Available() {
+			continue
+		}
+		av = append(av, cand{w: w, load: p.loads.Load(w), idx: i})
+		c := &av[len(av)-1]
+		if len(av) == 1 || lessLoaded(c, &av[minI]) {
+			minI = len(av) - 1
+		}
+		maxLoad = max(maxLoad, c.load)
+		if p.kv {
+			if r, ok := p.loads.Report(w); ok && r.HasTokenData {
+				minUse, maxUse, kvSeen = min(minUse, r.TokenUsage), max(maxUse, r.TokenUsage), true
+			}
+		}
+	}
+	if len(av) == 0 {
+		return av, 0, false
+	}
+	minLoad := av[minI].load
+	imbalanced = maxLoad-minLoad > p.cfg.BalanceAbsThreshold &&
+		float64(maxLoad) > p.cfg.BalanceRelThreshold*float64(minLoad)
+	if kvSeen && (maxUse > p.cfg.OverloadTokenUsageThreshold || maxUse-minUse > p.cfg.BalanceTokenUsageThreshold) {
+		imbalanced = true
+	}
+	return av, minI, imbalanced
+}
+
+// leastLoadedHolder returns the least loaded candidate whose id is among tenants, or nil.
+func leastLoadedHolder(av []cand, tenants []string) *cand {
+	var best *cand
+	for i := range av {
+		c := &av[i]
+		if slices.Contains(tenants, c.w.ID) && (best == nil || lessLoaded(c, best)) {
+			best = c
+		}
+	}
+	return best
+}
