@@ -1,0 +1,165 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestParseBody(t *testing.T) {
+	cases := []struct {
+		name   string
+		kind   routeKind
+		body   string
+		model  string
+		stream bool
+		text   string
+		bad    bool
+	}{
+		{name: "chat strings", kind: kindChat, body: `{"model":"m","stream":true,"messages":[{"role":"system","content":"sys. "},{"role":"user","content":"hi"}]}`, model: "m", stream: true, text: "sys. hi"},
+		{name: "chat parts", kind: kindChat, body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"http://x"}},{"text":"b","type":"text"}]}]}`, text: "ab"},
+		{name: "chat null content", kind: kindChat, body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[]},{"role":"user","content":"q"}]}`, text: "q"},
+		{name: "chat escapes", kind: kindChat, body: `{"messages":[{"content":"a\"b\\c\n\u00e9\ud83d\ude00"}]}`, text: "a\"b\\c\né😀"},
+		{name: "completion string", kind: kindCompletion, body: `{"model":"m","prompt":"once"}`, model: "m", text: "once"},
+		{name: "completion array", kind: kindCompletion, body: `{"prompt":["first","second"]}`, text: "first"},
+		{name: "completion tokens", kind: kindCompletion, body: `{"prompt":[1,2,3]}`, text: ""},
+		{name: "generate", kind: kindGenerate, body: `{"text":"gen","sampling_params":{"max_new_tokens":8},"stream":false}`, text: "gen"},
+		{name: "generate ids", kind: kindGenerate, body: `{"input_ids":[1,2]}`, text: ""},
+		{name: "embedding", kind: kindEmbedding, body: `{"input":"emb","model":"e"}`, model: "e", text: "emb"},
+		{name: "fields of other routes ignored", kind: kindChat, body: `{"prompt":"p","messages":[{"content":"c"}]}`, text: "c"},
+		{name: "malformed", kind: kindChat, body: `{"messages":[`, bad: true},
+		{name: "array body", kind: kindChat, body: `[]`, bad: true},
+		{name: "model not string", kind: kindChat, body: `{"model":3}`, bad: true},
+		{name: "stream not bool", kind: kindChat, body: `{"stream":"yes"}`, bad: true},
+		{name: "messages not array", kind: kindChat, body: `{"messages":{}}`, bad: true},
+		{name: "message not object", kind: kindChat, body: `{"messages":["hi"]}`, bad: true},
+		{name: "prompt number", kind: kindCompletion, body: `{"prompt":5}`, bad: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := parseBody([]byte(tc.body), tc.kind, 1024)
+			if tc.bad {
+				if !errors.Is(err, errBadBody) {
+					t.Fatalf("err = %v, want a bad-body error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Model != tc.model || p.Stream != tc.stream || p.Text != tc.text {
+				t.Errorf("got %+v, want model %q stream %v text %q", p, tc.model, tc.stream, tc.text)
+			}
+		})
+	}
+}
+
+func TestParseBodyTruncatesAtRuneBoundary(t *testing.T) {
+	body := `{"messages":[{"content":"` + strings.Repeat("é", 100) + `"}]}`
+	p, err := parseBody([]byte(body), kindChat, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Text != "éééé" || !utf8.ValidString(p.Text) {
+		t.Errorf("text %q", p.Text)
+	}
+}
+
+// refText computes the routing text with encoding/json, the naive model the scanner must match.
+func refText(body []byte, kind routeKind) (string, bool) {
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(body, &doc) != nil {
+		return "", false
+	}
+	first := func(raw json.RawMessage) (string, bool) {
+		var s string
+		if json.Unmarshal(raw, &s) == nil {
+			return s, true
+		}
+		var arr []json.RawMessage
+		if json.Unmarshal(raw, &arr) == nil {
+			if len(arr) > 0 && json.Unmarshal(arr[0], &s) == nil {
+				return s, true
+			}
+			return "", true
+		}
+		return "", string(raw) == "null"
+	}
+	field := map[routeKind]string{kindCompletion: "prompt", kindGenerate: "text", kindEmbedding: "input"}[kind]
+	if kind != kindChat {
+		raw, ok := doc[field]
+		if !ok {
+			return "", true
+		}
+		return first(raw)
+	}
+	raw, ok := doc["messages"]
+	if !ok {
+		return "", true
+	}
+	var msgs []map[string]json.RawMessage
+	if json.Unmarshal(raw, &msgs) != nil {
+		return "", false
+	}
+	var b strings.Builder
+	for _, m := range msgs {
+		if m == nil {
+			return "", false
+		}
+		var s string
+		if json.Unmarshal(m["content"], &s) == nil {
+			b.WriteString(s)
+			continue
+		}
+		var parts []json.RawMessage
+		if json.Unmarshal(m["content"], &parts) == nil {
+			for _, pr := range parts {
+				var part struct {
+					Type *string `json:"type"`
+					Text string  `json:"text"`
+				}
+				if json.Unmarshal(pr, &part) == nil && (part.Type == nil || *part.Type == "text") {
+					b.WriteString(part.Text)
+				}
+			}
+		}
+	}
+	return b.String(), true
+}
+
+func FuzzParseBody(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hello"}]}`,
+		`{"messages":[{"content":[{"type":"text","text":"a\u00e9"},{"type":"image_url"}]}]}`,
+		`{"prompt":["x","y"],"stream":true}`,
+		`{"text":"t\"q","input":"i"}`,
+		`{"messages":[{"content":"\ud800x"}]}`,
+		`{"a":[{"b":"}"}],"prompt":"z"}`,
+		`not json`,
+	} {
+		f.Add([]byte(s), uint8(0), uint16(64))
+	}
+	f.Fuzz(func(t *testing.T, body []byte, k uint8, limit uint16) {
+		kind := routeKind(k % 4)
+		lim := int(limit%2048) + 1
+		p, err := parseBody(body, kind, lim)
+		if err != nil {
+			return
+		}
+		if len(p.Text) > lim {
+			t.Fatalf("text of %d bytes over the limit %d", len(p.Text), lim)
+		}
+		want, ok := refText(body, kind)
+		if !ok || !utf8.Valid(body) || strings.Contains(string(body), `\u`) {
+			return // invalid UTF-8 and lone surrogates are replaced differently; no panic is enough
+		}
+		if !strings.HasPrefix(want, p.Text) {
+			t.Fatalf("text %q is not a prefix of %q", p.Text, want)
+		}
+		if len(want) <= lim && p.Text != want {
+			t.Fatalf("text %q, want %q", p.Text, want)
+		}
+	})
+}
