@@ -3,10 +3,365 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// runServe runs the gateway. (Being written in the gateway-core change.)
+// serveOptions is everything `kvgate serve` is told by flags and the config file.
+type serveOptions struct {
+	host, logLevel  string
+	configFile      string
+	port, promPort  int
+	logJSON         bool
+	workerURLs      listFlag
+	prefillURLs     listFlag
+	decodeURLs      listFlag
+	policyName      string
+	prefillPolicy   string
+	decodePolicy    string
+	simWorkers      int
+	shutdownGrace   time.Duration
+	loadMon         loadmon.Config
+	loadMonMode     string
+	loadMonDisabled bool
+	gw              gateway.Config
+	pol             policy.Config
+}
+
+// listFlag collects URLs given space- or comma-separated, over one or more uses of the flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, f := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' }) {
+		*l = append(*l, f)
+	}
+	return nil
+}
+
+// multiValueFlags take every following non-flag argument, as the reference gateway's do.
+var multiValueFlags = map[string]bool{"worker-urls": true, "prefill": true, "decode": true}
+
+// joinMultiValues rewrites "--worker-urls a b c" as "--worker-urls=a,b,c".
+func joinMultiValues(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		name := strings.TrimLeft(args[i], "-")
+		if !strings.HasPrefix(args[i], "-") || strings.Contains(name, "=") || !multiValueFlags[name] {
+			out = append(out, args[i])
+			continue
+		}
+		var vals []string
+		for i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+			i++
+			vals = append(vals, args[i])
+		}
+		out = append(out, "--"+name+"="+strings.Join(vals, ","))
+	}
+	return out
+}
+
+func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	*o = serveOptions{gw: gateway.DefaultConfig(), pol: policy.DefaultConfig(), loadMon: loadmon.DefaultConfig()}
+	g, p, ca := &o.gw, &o.pol, &o.pol.CacheAware
+	fs.StringVar(&o.host, "host", "0.0.0.0", "address to listen on")
+	fs.IntVar(&o.port, "port", 30000, "API port")
+	fs.IntVar(&o.promPort, "prometheus-port", 29000, "Prometheus /metrics port (0 = off)")
+	fs.Var(&o.workerURLs, "worker-urls", "worker base URLs, space- or comma-separated (none: start built-in simulated workers)")
+	fs.Var(&o.prefillURLs, "prefill", "prefill worker URLs for disaggregated serving, each URL[@BOOTSTRAP_PORT]")
+	fs.Var(&o.decodeURLs, "decode", "decode worker URLs for disaggregated serving")
+	fs.StringVar(&o.policyName, "policy", "cache_aware", "routing policy: "+strings.Join(policy.Names(), ", "))
+	fs.StringVar(&o.prefillPolicy, "prefill-policy", "", "policy among prefill workers (default: --policy)")
+	fs.StringVar(&o.decodePolicy, "decode-policy", "", "policy among decode workers (default: --policy)")
+	fs.IntVar(&o.simWorkers, "sim-workers", 4, "built-in simulated workers started when no workers are given")
+	fs.StringVar(&o.configFile, "config", "", "YAML file with the same keys as these flags (flags override it)")
+	fs.Int64Var(&g.MaxPayloadSize, "max-payload-size", g.MaxPayloadSize, "largest request body in bytes")
+	fs.DurationVar(&g.Proxy.RequestTimeout, "request-timeout", g.Proxy.RequestTimeout, "bound on one request, retries included")
+	fs.DurationVar(&g.Proxy.AttemptTimeout, "attempt-timeout", 0, "bound on one attempt up to the response headers (0 = request-timeout only)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.logJSON, "log-json", false, "log JSON lines instead of text")
+	fs.StringVar(&g.APIKey, "api-key", "", "key clients must send as a bearer token (empty = none)")
+	fs.StringVar(&g.AdminKey, "admin-key", "", "key the admin routes require (empty = none)")
+	fs.Int64Var(&g.MaxConcurrentRequests, "max-concurrent-requests", 0, "requests in flight above which clients get 429 (0 = no cap)")
+	fs.IntVar(&g.RoutingPrefixBytes, "routing-prefix-bytes", g.RoutingPrefixBytes, "bytes of the prompt that routing sees")
+	fs.IntVar(&g.Proxy.Retry.MaxAttempts, "retry-max-attempts", g.Proxy.Retry.MaxAttempts, "attempts per request in all (1 = no retries)")
+	fs.DurationVar(&g.Proxy.Retry.InitialBackoff, "retry-initial-backoff", g.Proxy.Retry.InitialBackoff, "wait before the first retry")
+	fs.DurationVar(&g.Proxy.Retry.MaxBackoff, "retry-max-backoff", g.Proxy.Retry.MaxBackoff, "longest wait between attempts")
+	fs.Float64Var(&g.Proxy.Retry.Multiplier, "retry-backoff-multiplier", g.Proxy.Retry.Multiplier, "backoff growth per attempt")
+	fs.Float64Var(&g.Proxy.Retry.Jitter, "retry-jitter", g.Proxy.Retry.Jitter, "± fraction of jitter on each wait")
+	fs.IntVar(&g.Breaker.FailureThreshold, "cb-failure-threshold", g.Breaker.FailureThreshold, "consecutive failures that open a worker's circuit")
+	fs.IntVar(&g.Breaker.SuccessThreshold, "cb-success-threshold", g.Breaker.SuccessThreshold, "half-open successes that close it")
+	fs.DurationVar(&g.Breaker.OpenTimeout, "cb-timeout", g.Breaker.OpenTimeout, "how long a circuit stays open before probing")
+	fs.BoolVar(&g.Breaker.Disabled, "disable-circuit-breaker", false, "turn circuit breakers off")
+	fs.Float64Var(&ca.CacheThreshold, "cache-threshold", ca.CacheThreshold, "cache_aware: match ratio above which affinity wins")
+	fs.Int64Var(&ca.BalanceAbsThreshold, "balance-abs-threshold", ca.BalanceAbsThreshold, "cache_aware: imbalanced if max-min load exceeds this...")
+	fs.Float64Var(&ca.BalanceRelThreshold, "balance-rel-threshold", ca.BalanceRelThreshold, "...and max > this × min")
+	fs.Float64Var(&ca.OverloadTokenUsageThreshold, "overload-token-usage-threshold", ca.OverloadTokenUsageThreshold, "cache_aware: imbalanced when a worker's KV usage exceeds this (1 = off)")
+	fs.Float64Var(&ca.BalanceTokenUsageThreshold, "balance-token-usage-threshold", ca.BalanceTokenUsageThreshold, "cache_aware: imbalanced when max-min KV usage exceeds this (1 = off)")
+	fs.DurationVar(&ca.EvictionInterval, "eviction-interval", ca.EvictionInterval, "cache_aware: how often prefix trees are trimmed")
+	fs.IntVar(&ca.MaxTreeSize, "max-tree-size", ca.MaxTreeSize, "cache_aware: characters kept per worker per model")
+	fs.IntVar(&p.PrefixHash.PrefixChars, "prefix-chars", p.PrefixHash.PrefixChars, "prefix_hash: leading characters hashed")
+	fs.Float64Var(&p.PrefixHash.LoadFactor, "prefix-hash-load-factor", p.PrefixHash.LoadFactor, "prefix_hash: load over mean at which a key moves on")
+	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
+	fs.DurationVar(&o.loadMon.Timeout, "load-monitor-timeout", 0, "bound on one load poll (0 = min(500ms, interval/2))")
+	fs.StringVar(&o.loadMonMode, "load-mode", "effective", "load the policies see: effective, local, snapshot or max")
+	fs.BoolVar(&o.loadMonDisabled, "disable-load-monitor", false, "route on this gateway's in-flight counts only")
+	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
+	return fs
+}
+
+// parseServe parses args over the config file named by --config.
+func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
+	o := &serveOptions{}
+	fs := newServeFlags(o, stderr)
+	args = joinMultiValues(args)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if o.configFile != "" {
+		if err := applyConfigFile(fs, o.configFile); err != nil {
+			return nil, err
+		}
+	}
+	mode, err := loadmon.ParseMode(o.loadMonMode)
+	if err != nil {
+		return nil, err
+	}
+	o.loadMon.Mode = mode
+	if err := o.loadMon.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.pol.Validate(); err != nil {
+		return nil, err
+	}
+	for _, n := range []string{o.policyName, o.prefillPolicy, o.decodePolicy} {
+		if n != "" {
+			if _, err := policy.Canonical(n); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return o, nil
+}
+
+func newLogger(o *serveOptions, stderr io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if o.logJSON {
+		return slog.New(slog.NewJSONHandler(stderr, opts)), nil
+	}
+	return slog.New(slog.NewTextHandler(stderr, opts)), nil
+}
+
+// runServe runs the gateway until ctx ends, then drains for the grace period.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("serve: not built yet")
+	o, err := parseServe(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		return err
+	}
+	o.gw.Logger = log
+	return serve(ctx, o, log, nil)
+}
+
+// serve wires the registry, load monitor, policies and gateway and runs the HTTP servers. ready,
+// when not nil, receives the API and metrics addresses once both listen.
+func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- [2]string) error {
+	reg := worker.NewRegistry()
+	var mon *loadmon.Monitor
+	var loads gateway.LoadSource
+	if !o.loadMonDisabled {
+		o.loadMon.Logger = log
+		mon = loadmon.New(reg, o.loadMon)
+		o.pol.Loads, loads = mon, mon
+	}
+	router, err := policy.NewRouter(o.policyName, o.pol)
+	if err != nil {
+		return err
+	}
+	defer router.Close()
+	gw := gateway.New(o.gw, reg, router, loads)
+
+	bg, stopBG := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stopBG(); wg.Wait() }()
+
+	if len(o.workerURLs)+len(o.prefillURLs)+len(o.decodeURLs) == 0 {
+		fleet, err := sim.StartFleet(bg, o.simWorkers, "127.0.0.1", 0, sim.Config{})
+		if err != nil {
+			return fmt.Errorf("starting built-in simulated workers: %w", err)
+		}
+		defer fleet.Close()
+		o.workerURLs = fleet.URLs()
+		log.Warn("no workers given: serving on built-in SIMULATED workers (kvgate sim engines, model "+sim.DefaultModel+"); pass --worker-urls to route to real servers",
+			"count", len(o.workerURLs), "urls", strings.Join(o.workerURLs, ","))
+	}
+	regs, err := registrations(o)
+	if err != nil {
+		return err
+	}
+	// Each configured worker gets one registration attempt before the gateway listens, so that
+	// it serves at once; an unreachable one keeps being retried in the background.
+	var first sync.WaitGroup
+	for _, a := range regs {
+		wg.Add(1)
+		first.Add(1)
+		go func() { defer wg.Done(); registerUntilDone(bg, gw, a, log, first.Done) }()
+	}
+	first.Wait()
+	if mon != nil && (router.LoadAware() || anyLoadAware(o)) {
+		mon.Start(bg)
+		defer mon.Stop()
+	}
+	return listenAndServe(ctx, o, gw, log, ready)
+}
+
+func anyLoadAware(o *serveOptions) bool {
+	return policy.LoadAware(o.prefillPolicy) || policy.LoadAware(o.decodePolicy)
+}
+
+// registrations turns the worker flags into admin-API registrations.
+func registrations(o *serveOptions) ([]gateway.AddWorkerRequest, error) {
+	var out []gateway.AddWorkerRequest
+	for _, u := range o.workerURLs {
+		out = append(out, gateway.AddWorkerRequest{URL: u})
+	}
+	for _, u := range o.prefillURLs {
+		a := gateway.AddWorkerRequest{URL: u, WorkerType: "prefill", Labels: policyLabel(o.prefillPolicy)}
+		if i := strings.LastIndex(u, "@"); i > 0 {
+			port, err := strconv.Atoi(u[i+1:])
+			if err != nil {
+				return nil, fmt.Errorf("--prefill %q: bad bootstrap port", u)
+			}
+			a.URL, a.BootstrapPort = u[:i], &port
+		}
+		out = append(out, a)
+	}
+	for _, u := range o.decodeURLs {
+		out = append(out, gateway.AddWorkerRequest{URL: u, WorkerType: "decode", Labels: policyLabel(o.decodePolicy)})
+	}
+	for _, a := range out {
+		if _, err := worker.ParseURL(a.URL); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func policyLabel(name string) map[string]string {
+	if name == "" {
+		return nil
+	}
+	return map[string]string{policy.PolicyLabel: name}
+}
+
+// registerUntilDone registers a configured worker, retrying while it is unreachable (it may
+// still be starting) until ctx ends.
+func registerUntilDone(ctx context.Context, gw *gateway.Server, a gateway.AddWorkerRequest, log *slog.Logger, tried func()) {
+	backoff := 500 * time.Millisecond
+	tried = sync.OnceFunc(tried)
+	defer tried()
+	for warned := false; ; {
+		_, err := gw.Register(ctx, a)
+		var re *gateway.RegisterError
+		if err == nil || !errors.As(err, &re) || re.Status != http.StatusBadGateway {
+			if err != nil {
+				log.Error("worker not registered", "url", a.URL, "err", err)
+			}
+			return
+		}
+		if !warned {
+			log.Warn("worker unreachable; retrying until it answers", "url", a.URL, "err", err)
+			warned = true
+			tried()
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+// listenAndServe runs the API and metrics servers until ctx ends, then shuts them down: new
+// connections are refused and in-flight requests get the grace period to finish.
+func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, log *slog.Logger, ready chan<- [2]string) error {
+	api := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if err != nil {
+		return err
+	}
+	servers := []*http.Server{api}
+	listeners := []net.Listener{ln}
+	addrs := [2]string{ln.Addr().String()}
+	if o.promPort > 0 || (o.promPort == 0 && ready != nil) {
+		mln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.promPort)))
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		servers = append(servers, &http.Server{Handler: gw.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second})
+		listeners = append(listeners, mln)
+		addrs[1] = mln.Addr().String()
+	}
+	log.Info("kvgate serving", "api", "http://"+addrs[0], "metrics", addrs[1], "policy", o.policyName)
+	errc := make(chan error, len(servers))
+	for i := range servers {
+		go func() { errc <- servers[i].Serve(listeners[i]) }()
+	}
+	if ready != nil {
+		ready <- addrs
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: refusing new requests, letting in-flight ones finish", "grace", o.shutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownGrace)
+	defer cancel()
+	var errs []error
+	for _, s := range servers {
+		if err := s.Shutdown(sctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for range servers {
+		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		log.Warn("shutdown grace period ended with requests still in flight", "err", errors.Join(errs...))
+	}
+	return nil
 }

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+func TestParseServeFlags(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "kvgate.yaml")
+	os.WriteFile(cfg, []byte("policy: round_robin\nport: 31111\nworker_urls:\n  - http://10.0.0.1:8000\n  - http://10.0.0.2:8000\ncache-threshold: 0.5\n"), 0o644)
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("polcy: random\n"), 0o644)
+
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string
+		check   func(t *testing.T, o *serveOptions)
+	}{
+		{name: "defaults", check: func(t *testing.T, o *serveOptions) {
+			if o.port != 30000 || o.promPort != 29000 || o.policyName != "cache_aware" || o.gw.MaxPayloadSize != 256<<20 || len(o.workerURLs) != 0 {
+				t.Errorf("defaults: %+v", o)
+			}
+		}},
+		{name: "space separated urls", args: []string{"--worker-urls", "http://a:1", "http://b:2", "--policy", "random"}, check: func(t *testing.T, o *serveOptions) {
+			if !reflect.DeepEqual([]string(o.workerURLs), []string{"http://a:1", "http://b:2"}) || o.policyName != "random" {
+				t.Errorf("urls %v policy %s", o.workerURLs, o.policyName)
+			}
+		}},
+		{name: "comma separated urls", args: []string{"--worker-urls=http://a:1,http://b:2"}, check: func(t *testing.T, o *serveOptions) {
+			if len(o.workerURLs) != 2 {
+				t.Errorf("urls %v", o.workerURLs)
+			}
+		}},
+		{name: "config file, flags override", args: []string{"--config", cfg, "--port", "32222"}, check: func(t *testing.T, o *serveOptions) {
+			if o.policyName != "round_robin" || o.port != 32222 || len(o.workerURLs) != 2 || o.pol.CacheAware.CacheThreshold != 0.5 {
+				t.Errorf("config: policy %s port %d urls %v threshold %v", o.policyName, o.port, o.workerURLs, o.pol.CacheAware.CacheThreshold)
+			}
+		}},
+		{name: "unknown policy", args: []string{"--policy", "fastest"}, wantErr: `unknown policy "fastest"`},
+		{name: "unknown config key", args: []string{"--config", bad}, wantErr: `unknown key "polcy"`},
+		{name: "missing config", args: []string{"--config", filepath.Join(dir, "none.yaml")}, wantErr: "no such file"},
+		{name: "bad threshold", args: []string{"--cache-threshold", "3"}, wantErr: "cache_threshold"},
+		{name: "bad load mode", args: []string{"--load-mode", "psychic"}, wantErr: "psychic"},
+		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected argument"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseServe(tc.args, io.Discard)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, o)
+		})
+	}
+}
+
+// TestServeBuiltinFleet starts the gateway as `kvgate` with no workers does, on loopback, and
+// asks it a question with the OpenAI SDK; then cancels and expects a clean exit.
+func TestServeBuiltinFleet(t *testing.T) {
+	o, err := parseServe([]string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--sim-workers", "2"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	o.gw.Logger = log
+	go func() { done <- serve(ctx, o, log, ready) }()
+	var addrs [2]string
+	select {
+	case addrs = <-ready:
+	case err := <-done:
+		t.Fatal(err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gateway did not start")
+	}
+	c := openai.NewClient(option.WithBaseURL("http://"+addrs[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:     "kvgate-sim",
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")},
+		MaxTokens: openai.Int(4),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Usage.CompletionTokens != 4 || resp.Choices[0].Message.Content == "" {
+		t.Errorf("response %+v", resp)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gateway did not stop")
+	}
+}
+
+func TestJoinMultiValues(t *testing.T) {
+	got := joinMultiValues([]string{"--worker-urls", "a", "b", "--port", "1", "--decode", "c", "-prefill=x"})
+	want := []string{"--worker-urls=a,b", "--port", "1", "--decode=c", "-prefill=x"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
