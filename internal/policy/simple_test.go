@@ -27,7 +27,7 @@ func readyWorkers(t testing.TB, n int) []*worker.Worker {
 // fixedLoads reports a fixed load per worker index.
 type fixedLoads map[*worker.Worker]int64
 
-func (f fixedLoads) Load(w *worker.Worker) int64                     { return f[w] }
+func (f fixedLoads) Load(w *worker.Worker) int64                  { return f[w] }
 func (f fixedLoads) Report(*worker.Worker) (loadmon.Report, bool) { return loadmon.Report{}, false }
 
 func seeded(seed uint64) func(int) int {
