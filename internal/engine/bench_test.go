@@ -104,11 +104,11 @@ type fleetResult struct {
 // simulateFleet drives engines engines in virtual time for dur under the shared-prefix
 // workload at rate requests per second, routing each system prompt to one engine (as cache-aware
 // routing would) and the rest round-robin, with a discrete-event loop over NextEvent.
-func simulateFleet(tb testing.TB, engines int, reqs []arrival, dur time.Duration) fleetResult {
+func simulateFleet(tb testing.TB, cfg Config, engines int, reqs []arrival, dur time.Duration) fleetResult {
 	es := make([]*Engine, engines)
 	h := &fleetHeap{at: make([]time.Duration, engines), idx: make([]int, engines), pos: make([]int, engines)}
 	for i := range es {
-		es[i] = mustNew(tb, DefaultConfig())
+		es[i] = mustNew(tb, cfg)
 		h.at[i], h.idx[i], h.pos[i] = never, i, i
 	}
 	resched := func(i int) {
@@ -162,7 +162,7 @@ func simulateFleet(tb testing.TB, engines int, reqs []arrival, dur time.Duration
 }
 
 func TestSimulatedFleetIsSane(t *testing.T) {
-	res := simulateFleet(t, 8, sharedPrefixArrivals(1, 20, 30*time.Second), 30*time.Second)
+	res := simulateFleet(t, DefaultConfig(), 8, sharedPrefixArrivals(1, 20, 30*time.Second), 30*time.Second)
 	if res.finished < 500 {
 		t.Fatalf("only %d requests finished", res.finished)
 	}
@@ -177,23 +177,44 @@ func TestSimulatedFleetIsSane(t *testing.T) {
 // 100 requests/s of the shared-prefix workload, 60 simulated seconds per iteration (the workload
 // is generated once, outside the timing). sim-s/wall-s is the speed-up over real time (target ≥
 // 1000); sim-s/cpu-s divides by the process's CPU time instead, which stays meaningful when
-// other jobs share the machine.
+// other jobs share the machine. The fast sub-benchmark is the fleet simulator's mode; tokens
+// runs the same fleet with an event per decode step (Config.EmitTokens), the side-by-side
+// baseline that shows what decode runs save.
 func BenchmarkFleet64(b *testing.B) {
 	const dur = 60 * time.Second
 	reqs := sharedPrefixArrivals(1, 100, dur)
-	var res fleetResult
-	cpu0 := cpuTime()
-	start := time.Now()
-	for b.Loop() {
-		res = simulateFleet(b, 64, reqs, dur)
+	for _, mode := range []struct {
+		name   string
+		tokens bool
+	}{{"fast", false}, {"tokens", true}} {
+		b.Run(mode.name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.EmitTokens = mode.tokens
+			var res fleetResult
+			cpu0 := cpuTime()
+			start := time.Now()
+			for b.Loop() {
+				res = simulateFleet(b, cfg, 64, reqs, dur)
+			}
+			wall, cpu := time.Since(start), cpuTime()-cpu0
+			sim := float64(b.N) * dur.Seconds()
+			b.ReportMetric(sim/wall.Seconds(), "sim-s/wall-s")
+			b.ReportMetric(sim/cpu.Seconds(), "sim-s/cpu-s")
+			b.ReportMetric(float64(res.events)/dur.Seconds(), "events/sim-s")
+			b.ReportMetric(float64(res.cached)/float64(res.prompt), "hit-rate")
+			b.ReportMetric(float64(res.ttftSum/time.Duration(res.finished))/1e6, "mean-ttft-ms")
+		})
 	}
-	wall, cpu := time.Since(start), cpuTime()-cpu0
-	sim := float64(b.N) * dur.Seconds()
-	b.ReportMetric(sim/wall.Seconds(), "sim-s/wall-s")
-	b.ReportMetric(sim/cpu.Seconds(), "sim-s/cpu-s")
-	b.ReportMetric(float64(res.events)/dur.Seconds(), "events/sim-s")
-	b.ReportMetric(float64(res.cached)/float64(res.prompt), "hit-rate")
-	b.ReportMetric(float64(res.ttftSum/time.Duration(res.finished))/1e6, "mean-ttft-ms")
+}
+
+// BenchmarkTokenize measures the tokenizer and block keying of a 2 KB prompt.
+func BenchmarkTokenize(b *testing.B) {
+	text := strings.Repeat("You are a careful assistant. ", 80)[:2048]
+	b.SetBytes(int64(len(text)))
+	var keys []uint64
+	for b.Loop() {
+		keys = blockKeysText(keys[:0], text, 16)
+	}
 }
 
 // cpuTime returns the user plus system CPU time of this process.

@@ -18,6 +18,9 @@
 //	e.Abort(now, 1)                  // drop a request; its KV blocks are freed at once
 //	l := e.Load()                    // the load report at the latest time
 //
+// Submit and Abort may move the next event earlier (a new request joins the next step, which
+// ends a run of identical decode steps early), so re-read NextEvent after calling them.
+//
 // Events are Admitted (with the cached prompt tokens), FirstToken (with the TTFT), Tokens (with a
 // count; only when Config.EmitTokens is set) and Finished (with prompt, cached and completion
 // tokens). A discrete-event caller loops on NextEvent and Advance; a real-time caller advances

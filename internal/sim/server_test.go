@@ -256,3 +256,39 @@ func TestModelsAndHealth(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamingPace checks that tokens reach the client at the model's pace, not all at once:
+// with the default cost model one request decodes a token every 6.35 ms.
+func TestStreamingPace(t *testing.T) {
+	_, ts := startServer(t, Config{})
+	c := sdk(ts)
+	start := time.Now()
+	stream := c.Chat.Completions.NewStreaming(testCtx(t), chatParams(strings.Repeat("abcd", 800), 30))
+	var first, last time.Time
+	tokens := 0
+	for stream.Next() {
+		ch := stream.Current().Choices
+		if len(ch) == 0 || ch[0].Delta.Content == "" {
+			continue
+		}
+		if first.IsZero() {
+			first = time.Now()
+		}
+		last = time.Now()
+		tokens += len(ch[0].Delta.Content) / engine.BytesPerToken
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if tokens != 30 {
+		t.Fatalf("%d tokens", tokens)
+	}
+	// 800 uncached prompt tokens at 8000/s: a TTFT of at least 100 ms.
+	if ttft := first.Sub(start); ttft < 100*time.Millisecond {
+		t.Errorf("TTFT %v, want at least the 100 ms prefill", ttft)
+	}
+	// Wake-up jitter may delay the first token more than the last: allow 10 %.
+	if d, want := last.Sub(first), 29*6350*time.Microsecond*9/10; d < want {
+		t.Errorf("29 inter-token gaps took %v, want at least %v", d, want)
+	}
+}
