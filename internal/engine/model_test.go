@@ -174,3 +174,38 @@ func checkInvariants(t *testing.T, e *Engine) {
 		t.Fatalf("%d running over the limit", len(e.running))
 	}
 }
+
+// FuzzEngineOps drives a small engine with an arbitrary sequence of submits, aborts, flushes and
+// time steps, checking the cache accounting after each and that every request ends.
+func FuzzEngineOps(f *testing.F) {
+	f.Add([]byte{0, 10, 20, 0, 11, 40, 2, 5, 1, 3, 0, 12, 200, 2, 255})
+	f.Add([]byte{0, 1, 255, 0, 1, 255, 0, 2, 255, 2, 100, 1, 0, 3, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		cfg := DefaultConfig()
+		cfg.KVTokens, cfg.MaxRunning, cfg.PrefillChunk = 1024, 4, 64
+		e := mustNew(t, cfg)
+		now, id := time.Duration(0), uint64(0)
+		for i := 0; i+2 < len(ops) && i < 300; i += 3 {
+			a, b := int(ops[i+1]), int(ops[i+2])
+			switch ops[i] % 4 {
+			case 0:
+				id++
+				p := text(fmt.Sprint("s", a%3), 1+a*2) + text(fmt.Sprint(id), b%20)
+				_ = e.Submit(now, Request{ID: id, Text: p, MaxTokens: 1 + b})
+			case 1:
+				e.Abort(now, uint64(a))
+			case 2:
+				now += time.Duration(a*b) * 100 * time.Microsecond
+				e.Advance(now, nil)
+			case 3:
+				e.FlushCache(now)
+			}
+			checkInvariants(t, e)
+		}
+		drain(t, e, 1_000_000)
+		checkInvariants(t, e)
+		if e.Live() != 0 || e.Load().UsedTokens != 0 {
+			t.Fatalf("idle engine holds %d requests, %d tokens", e.Live(), e.Load().UsedTokens)
+		}
+	})
+}
