@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"hash/maphash"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -246,13 +247,44 @@ func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand,
 	return av, minI, imbalanced
 }
 
-// leastLoadedHolder returns the least loaded candidate whose id is among tenants, or nil.
+// idSeed seeds the hash of the candidate table in leastLoadedHolder; the table lives for one
+// call, so a per-process seed is fine (unlike the hashing policies, which must agree across
+// replicas).
+var idSeed = maphash.MakeSeed()
+
+// leastLoadedHolder returns the least loaded candidate whose id is among tenants, or nil. A
+// popular prefix can be held by most of a large pool, so instead of comparing every candidate
+// with every tenant it indexes the candidates by id hash in a small table on the stack.
 func leastLoadedHolder(av []cand, tenants []string) *cand {
 	var best *cand
-	for i := range av {
-		c := &av[i]
-		if slices.Contains(tenants, c.w.ID) && (best == nil || lessLoaded(c, best)) {
+	consider := func(c *cand) {
+		if best == nil || lessLoaded(c, best) {
 			best = c
+		}
+	}
+	if len(av)*len(tenants) <= 64 || len(av) > 127 {
+		for i := range av {
+			if slices.Contains(tenants, av[i].w.ID) {
+				consider(&av[i])
+			}
+		}
+		return best
+	}
+	var tab [256]uint8 // av index + 1; 0 is empty. At most half full.
+	const mask = uint64(len(tab) - 1)
+	for i := range av {
+		h := maphash.String(idSeed, av[i].w.ID) & mask
+		for tab[h] != 0 {
+			h = (h + 1) & mask
+		}
+		tab[h] = uint8(i + 1)
+	}
+	for _, name := range tenants {
+		for h := maphash.String(idSeed, name) & mask; tab[h] != 0; h = (h + 1) & mask {
+			if c := &av[tab[h]-1]; c.w.ID == name {
+				consider(c)
+				break
+			}
 		}
 	}
 	return best

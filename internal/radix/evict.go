@@ -145,10 +145,11 @@ func (t *Tree) prune(n *node) {
 		n.mu.Lock()
 		removed := false
 		if !n.dead && len(n.tenants) == 0 && len(n.children) == 0 {
-			if i, ok := slices.BinarySearchFunc(p.children, n.key, cmpKey); ok && p.children[i] == n {
+			if i, ok := slices.BinarySearch(p.keys, n.key); ok && p.children[i] == n {
 				p.children = slices.Delete(p.children, i, i+1)
+				p.keys = slices.Delete(p.keys, i, i+1)
 				if len(p.children) == 0 {
-					p.children = nil
+					p.children, p.keys = nil, nil
 				}
 			}
 			n.dead = true

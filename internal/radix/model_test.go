@@ -95,7 +95,13 @@ func checkStructure(t testing.TB, tr *Tree) {
 	tab := tr.tenants.Load()
 	var rec func(n *node)
 	rec = func(n *node) {
+		if len(n.keys) != len(n.children) {
+			t.Fatalf("node %q: %d keys for %d children", n.edge, len(n.keys), len(n.children))
+		}
 		for i, c := range n.children {
+			if n.keys[i] != c.key {
+				t.Fatalf("node %q: keys out of step with children", n.edge)
+			}
 			if c.dead {
 				t.Fatalf("dead node %q still linked", c.edge)
 			}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // fakeClock is a manual clock for stamps.
@@ -248,6 +249,15 @@ func TestConcurrent(t *testing.T) {
 	for w, s := range tr.Sizes() {
 		if s > 300 {
 			t.Fatalf("%s holds %d after a quiet eviction", w, s)
+		}
+	}
+}
+
+func TestCharCount(t *testing.T) {
+	for _, s := range []string{"", "abc", strings.Repeat("x", 17), "0123456é89abcdef日本語", "\xff\x80\x80abcdefghij\xe2\x82", strings.Repeat("é€\xc3", 9) + "abcdefghijk",
+		strings.Repeat("a", 70) + "日" + strings.Repeat("b", 40) + "\xe2\x82" + strings.Repeat("c", 33)} {
+		if got, want := charCount(s), utf8.RuneCountInString(s); got != want {
+			t.Errorf("charCount(%q) = %d, want %d", s, got, want)
 		}
 	}
 }
