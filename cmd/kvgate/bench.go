@@ -3,10 +3,237 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/bench"
 )
 
-// runBench runs the bench rig. (Being written in the bench-rig change.)
+// benchFlags are the flags of `kvgate bench`.
+type benchFlags struct {
+	// Workload and arrivals, shared by both instruments.
+	workload    string
+	trace       string
+	seed        uint64
+	rate        float64
+	concurrency int
+	speedup     float64
+	duration    time.Duration
+	requests    int
+	prefixes    int
+	outTokens   int
+
+	// Output.
+	out    string
+	asJSON bool
+	label  string
+
+	// Live driver.
+	target        string
+	model         string
+	apiKey        string
+	api           string
+	timeout       time.Duration
+	maxInflight   int
+	ignoreEOS     bool
+	sessionHeader bool
+	noProgress    bool
+
+	// Fleet simulator.
+	fleet fleetFlags
+}
+
+func newBenchFlagSet(f *benchFlags, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kvgate bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `usage: kvgate bench (--target URL | --fleet) [flags]
+
+Runs a seeded workload live against any OpenAI-compatible endpoint (--target), or in virtual time
+against a simulated fleet of gateways and engines running the real policy and engine code (--fleet).
+
+`)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
+	fs.StringVar(&f.trace, "trace", "", "JSONL trace to replay (implies --workload trace)")
+	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, arrivals and simulation")
+	fs.Float64Var(&f.rate, "rate", 0, "open loop: new sessions per second (Poisson)")
+	fs.IntVar(&f.concurrency, "concurrency", 0, "closed loop: sessions in progress")
+	fs.Float64Var(&f.speedup, "speedup", 0, "trace replay: divide recorded arrival times by this (0 = 1)")
+	fs.DurationVar(&f.duration, "duration", 0, "stop sending new requests after this long (virtual time under --fleet)")
+	fs.IntVar(&f.requests, "requests", 0, "stop after sending this many requests")
+	fs.IntVar(&f.prefixes, "prefixes", 0, "shared-prefix: number of system prompts (0 = 16); long-context: tenants (0 = 150)")
+	fs.IntVar(&f.outTokens, "output-tokens", 0, "shared-prefix and long-context: output tokens per request (0 = 64)")
+	fs.StringVar(&f.out, "out", "", "directory for report.json, report.txt and PNG charts")
+	fs.BoolVar(&f.asJSON, "json", false, "print the JSON report instead of the table")
+	fs.StringVar(&f.label, "label", "", "row label of a live run (default: the target host)")
+	fs.StringVar(&f.target, "target", "", "live: base URL of an OpenAI-compatible server")
+	fs.StringVar(&f.model, "model", "", "live: model id (default: the first one in GET /v1/models)")
+	fs.StringVar(&f.apiKey, "api-key", "", "live: bearer token (default $KVGATE_BENCH_API_KEY)")
+	fs.StringVar(&f.api, "api", "chat", "live: chat or completions")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "live: per-request timeout")
+	fs.IntVar(&f.maxInflight, "max-inflight", 2048, "live, open loop: most requests in flight")
+	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "live: send ignore_eos so SGLang/vLLM generate exactly max_tokens")
+	fs.BoolVar(&f.sessionHeader, "session-header", true, "live: send each session's key as x-session-id")
+	fs.BoolVar(&f.noProgress, "no-progress", false, "live: no progress bar")
+	f.fleet.register(fs)
+	return fs
+}
+
+// runBench runs the bench rig.
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return errors.New("bench: not built yet")
+	var f benchFlags
+	fs := newBenchFlagSet(&f, stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
+	}
+	switch {
+	case f.target != "" && f.fleet.on:
+		return errors.New("bench: choose --target URL (live) or --fleet (simulated), not both")
+	case f.target == "" && !f.fleet.on:
+		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated)")
+	}
+	w, err := f.buildWorkload()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	arr := bench.Arrivals{Rate: f.rate, Concurrency: f.concurrency, Speedup: f.speedup}
+	lim := bench.Limits{Duration: f.duration, Requests: f.requests}
+	// Validate once here so that flag mistakes are reported before anything runs.
+	if _, err := bench.NewSchedule(w, arr, lim, f.seed); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	rep := &bench.Report{Command: "kvgate bench " + strings.Join(args, " ")}
+	if f.target != "" {
+		err = f.runLive(ctx, w, arr, lim, rep, stderr)
+	} else {
+		err = f.fleet.run(ctx, w, arr, lim, f.seed, f.out, rep, stderr)
+	}
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return f.emit(rep, stdout)
+}
+
+// buildWorkload makes the workload the flags name.
+func (f *benchFlags) buildWorkload() (bench.Workload, error) {
+	if f.prefixes < 0 || f.outTokens < 0 {
+		return nil, errors.New("--prefixes and --output-tokens must be >= 0")
+	}
+	if f.trace != "" {
+		if f.workload != "shared-prefix" && f.workload != "trace" {
+			return nil, fmt.Errorf("--trace replays a trace; it cannot be combined with --workload %s", f.workload)
+		}
+		return bench.LoadTrace(f.trace, f.seed)
+	}
+	w, err := bench.NewWorkload(f.workload, f.seed)
+	if err != nil {
+		return nil, err
+	}
+	switch w := w.(type) {
+	case *bench.SharedPrefix:
+		if f.prefixes > 0 {
+			w.Prefixes = f.prefixes
+		}
+		if f.outTokens > 0 {
+			w.OutputTokens = f.outTokens
+		}
+		w.Init()
+	case *bench.LongContext:
+		if f.prefixes > 0 {
+			w.Tenants = f.prefixes
+		}
+		if f.outTokens > 0 {
+			w.OutputTokens = f.outTokens
+		}
+		w.Init()
+	}
+	return w, nil
+}
+
+// runLive drives the workload against f.target.
+func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Arrivals, lim bench.Limits, rep *bench.Report, stderr io.Writer) error {
+	sched, err := bench.NewSchedule(w, arr, lim, f.seed)
+	if err != nil {
+		return err
+	}
+	key := f.apiKey
+	if key == "" {
+		key = os.Getenv("KVGATE_BENCH_API_KEY")
+	}
+	cfg := bench.LiveConfig{
+		Target: f.target, Model: f.model, APIKey: key, API: f.api, Timeout: f.timeout,
+		MaxInflight: f.maxInflight, IgnoreEOS: f.ignoreEOS, SessionHeader: f.sessionHeader,
+	}
+	if !f.noProgress {
+		cfg.Progress = stderr
+	}
+	label := f.label
+	if label == "" {
+		label = strings.TrimPrefix(strings.TrimPrefix(f.target, "http://"), "https://")
+	}
+	res, err := bench.RunLive(ctx, cfg, sched, label)
+	if err != nil {
+		return err
+	}
+	res.Summary.Workload = w.Name()
+	rep.Title = fmt.Sprintf("live: %s against %s, %s", w.Name(), f.target, arr)
+	rep.Rows = append(rep.Rows, res.Summary)
+	rep.Warnings = append(rep.Warnings, res.Warnings...)
+	if f.out != "" && len(res.Summary.TTFTQuantiles) > 0 {
+		if err := os.MkdirAll(f.out, 0o755); err != nil {
+			return err
+		}
+		return bench.TTFTCDF("TTFT CDF: "+w.Name(), rep.Rows).SavePNG(filepath.Join(f.out, "ttft-cdf.png"))
+	}
+	return nil
+}
+
+// emit prints the report and writes it under --out.
+func (f *benchFlags) emit(rep *bench.Report, stdout io.Writer) error {
+	if f.out != "" {
+		if err := os.MkdirAll(f.out, 0o755); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		for name, write := range map[string]func(io.Writer) error{"report.json": rep.WriteJSON, "report.txt": rep.WriteTable} {
+			fh, err := os.Create(filepath.Join(f.out, name))
+			if err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			werr := write(fh)
+			if cerr := fh.Close(); werr == nil {
+				werr = cerr
+			}
+			if werr != nil {
+				return fmt.Errorf("bench: writing %s: %w", name, werr)
+			}
+		}
+	}
+	if f.asJSON {
+		return rep.WriteJSON(stdout)
+	}
+	return rep.WriteTable(stdout)
+}
+
+// fleetFlags are the flags of the fleet simulator.
+type fleetFlags struct {
+	on bool
+}
+
+func (ff *fleetFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&ff.on, "fleet", false, "simulate a fleet in virtual time instead of driving a live target")
+}
+
+// run runs the fleet simulator. The simulator lands with the engine model.
+func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arrivals, lim bench.Limits, seed uint64, out string, rep *bench.Report, stderr io.Writer) error {
+	return errors.New("--fleet: the fleet simulator is not in this build yet")
 }

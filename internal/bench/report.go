@@ -1,0 +1,253 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Record is the outcome of one request.
+type Record struct {
+	// Sent is when the request was sent, as an offset from the start of the run.
+	Sent time.Duration
+	// TTFT is the time to the first content token; E2E the time to the last byte. Zero on error.
+	TTFT, E2E time.Duration
+	// ITL is the mean gap between content tokens after the first; zero with fewer than two.
+	ITL time.Duration
+	// PromptTokens, CachedTokens and OutputTokens are as the server reported them (usage), or as
+	// the simulated engine counted them.
+	PromptTokens, CachedTokens, OutputTokens int
+	// Err is the failure; "" on success.
+	Err string
+}
+
+// Collector accumulates records into the figures of a Summary without keeping the records: a
+// simulated hour of a large fleet is millions of requests. Not safe for concurrent use.
+type Collector struct {
+	ttft, e2e, itl []float64 // milliseconds
+	ok, errs       int
+	prompt, cached int64
+	output         int64
+	first, last    time.Duration
+	errKinds       map[string]int
+}
+
+// Add accounts one finished request; end is its completion offset from the start of the run.
+func (c *Collector) Add(r Record) {
+	end := r.Sent + r.E2E
+	if c.ok+c.errs == 0 || r.Sent < c.first {
+		c.first = r.Sent
+	}
+	c.last = max(c.last, end)
+	if r.Err != "" {
+		c.errs++
+		if c.errKinds == nil {
+			c.errKinds = map[string]int{}
+		}
+		if len(c.errKinds) < 16 {
+			c.errKinds[r.Err]++
+		}
+		return
+	}
+	c.ok++
+	c.prompt += int64(r.PromptTokens)
+	c.cached += int64(r.CachedTokens)
+	c.output += int64(r.OutputTokens)
+	c.ttft = append(c.ttft, ms(r.TTFT))
+	c.e2e = append(c.e2e, ms(r.E2E))
+	if r.OutputTokens > 1 {
+		c.itl = append(c.itl, ms(r.ITL))
+	}
+}
+
+// Count returns the number of records added.
+func (c *Collector) Count() int { return c.ok + c.errs }
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Summary is one row of a report: how one configuration (a policy, at a number of gateways, on a
+// workload) performed. Times are in milliseconds; rates per second of the run's span (from the
+// first request sent to the last one finished).
+type Summary struct {
+	// Label names the row (the policy, plus any variant such as "effective g=8").
+	Label string `json:"label"`
+	// Policy is the canonical policy name; "" for a live run against an opaque target.
+	Policy   string `json:"policy,omitempty"`
+	Workload string `json:"workload"`
+	Arrivals string `json:"arrivals"`
+	// Gateways and Engines describe a simulated fleet; zero for a live run.
+	Gateways int `json:"gateways,omitempty"`
+	Engines  int `json:"engines,omitempty"`
+	// LoadMode is the load signal the policy read (effective, local, snapshot, max).
+	LoadMode string `json:"load_mode,omitempty"`
+
+	OK     int `json:"ok"`
+	Errors int `json:"errors"`
+	// ErrorKinds counts failures by message (at most 16 distinct messages).
+	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
+	SpanSec    float64        `json:"span_s"`
+	ReqPerSec  float64        `json:"req_per_s"`
+	OutTokSec  float64        `json:"output_tok_per_s"`
+	// HitRate is the token-weighted prefix-cache hit rate: cached prompt tokens / prompt tokens.
+	HitRate      float64 `json:"hit_rate"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	CachedTokens int64   `json:"cached_tokens"`
+	TTFTP50      float64 `json:"ttft_p50_ms"`
+	TTFTP90      float64 `json:"ttft_p90_ms"`
+	TTFTP99      float64 `json:"ttft_p99_ms"`
+	// ITLP50 is the median over requests of each request's mean inter-token latency.
+	ITLP50 float64 `json:"itl_p50_ms"`
+	E2EP50 float64 `json:"e2e_p50_ms"`
+	E2EP99 float64 `json:"e2e_p99_ms"`
+	// Spread is max/min over engines of the time-averaged backlog (running + waiting); 0 when
+	// unknown (live runs), +Inf is reported as -1 (an engine that was never loaded).
+	Spread float64 `json:"load_spread,omitempty"`
+	// TTFTQuantiles holds TTFT at quantiles 0, 0.01, …, 1 (101 values) for CDF charts.
+	TTFTQuantiles []float64 `json:"ttft_quantiles_ms,omitempty"`
+}
+
+// Summarize turns the collected figures into a row labelled label.
+func (c *Collector) Summarize(label string) Summary {
+	s := Summary{Label: label, OK: c.ok, Errors: c.errs, PromptTokens: c.prompt, CachedTokens: c.cached}
+	if len(c.errKinds) > 0 {
+		s.ErrorKinds = make(map[string]int, len(c.errKinds))
+		for k, v := range c.errKinds {
+			s.ErrorKinds[k] = v
+		}
+	}
+	span := (c.last - c.first).Seconds()
+	s.SpanSec = round(span, 3)
+	if span > 0 {
+		s.ReqPerSec = round(float64(c.ok)/span, 3)
+		s.OutTokSec = round(float64(c.output)/span, 1)
+	}
+	if c.prompt > 0 {
+		s.HitRate = round(float64(c.cached)/float64(c.prompt), 4)
+	}
+	slices.Sort(c.ttft)
+	slices.Sort(c.e2e)
+	slices.Sort(c.itl)
+	s.TTFTP50, s.TTFTP90, s.TTFTP99 = quantile(c.ttft, 0.5), quantile(c.ttft, 0.9), quantile(c.ttft, 0.99)
+	s.ITLP50 = quantile(c.itl, 0.5)
+	s.E2EP50, s.E2EP99 = quantile(c.e2e, 0.5), quantile(c.e2e, 0.99)
+	if len(c.ttft) > 0 {
+		s.TTFTQuantiles = make([]float64, 101)
+		for i := range s.TTFTQuantiles {
+			s.TTFTQuantiles[i] = quantile(c.ttft, float64(i)/100)
+		}
+	}
+	return s
+}
+
+// quantile returns the nearest-rank q-quantile of sorted xs, rounded to microseconds; 0 if empty.
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return round(sorted[i], 3)
+}
+
+// round rounds x to d decimals, so that reports do not carry float noise.
+func round(x float64, d int) float64 {
+	p := math.Pow(10, float64(d))
+	return math.Round(x*p) / p
+}
+
+// Report is the whole output of a bench run: rows, goodput sweeps and warnings.
+type Report struct {
+	// Title says what was run.
+	Title string `json:"title"`
+	// Command is the command line that produced the report, for reproduction.
+	Command string `json:"command,omitempty"`
+	// Rows are the summaries, in run order.
+	Rows []Summary `json:"rows"`
+	// Sweeps are goodput searches, one per row label, when a sweep was run.
+	Sweeps []SweepResult `json:"sweeps,omitempty"`
+	// Warnings are caveats found while running (client bottleneck, errors).
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// WriteJSON writes r as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable writes r as aligned text tables: the rows, then the sweeps, then the warnings.
+func (r *Report) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	if r.Title != "" {
+		fmt.Fprintf(&b, "%s\n", r.Title)
+	}
+	if r.Command != "" {
+		fmt.Fprintf(&b, "$ %s\n", r.Command)
+	}
+	if len(r.Rows) > 0 {
+		b.WriteByte('\n')
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\t")
+		for _, s := range r.Rows {
+			gw := "-"
+			if s.Gateways > 0 {
+				gw = fmt.Sprint(s.Gateways)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				s.Label, gw, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate,
+				fmtMS(s.TTFTP50), fmtMS(s.TTFTP90), fmtMS(s.TTFTP99), fmtMS(s.ITLP50),
+				fmtMS(s.E2EP50), fmtMS(s.E2EP99), fmtSpread(s.Spread))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(r.Sweeps) > 0 {
+		b.WriteByte('\n')
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "policy\tSLO TTFT p99\tgoodput req/s\thit at goodput\tprobes\t")
+		for _, s := range r.Sweeps {
+			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.3f\t%d\t\n", s.Label, fmtMS(s.SLOms), s.Goodput, s.HitRate, len(s.Points))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, wn := range r.Warnings {
+		fmt.Fprintf(&b, "\nwarning: %s", wn)
+	}
+	if len(r.Warnings) > 0 {
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// fmtMS formats milliseconds with a unit that keeps three significant figures readable.
+func fmtMS(v float64) string {
+	switch {
+	case v >= 10000:
+		return fmt.Sprintf("%.1fs", v/1000)
+	case v >= 100:
+		return fmt.Sprintf("%.0fms", v)
+	case v >= 10:
+		return fmt.Sprintf("%.1fms", v)
+	}
+	return fmt.Sprintf("%.2fms", v)
+}
+
+func fmtSpread(v float64) string {
+	switch {
+	case v == 0:
+		return "-"
+	case v < 0:
+		return "inf"
+	}
+	return fmt.Sprintf("%.2f", v)
+}
