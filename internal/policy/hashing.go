@@ -12,31 +12,39 @@ import (
 // sync with the worker set, it depends only on the key and the ids (so every gateway replica
 // decides alike), and adding a worker moves only the keys the newcomer now wins, about 1/N.
 // Unavailable workers are simply skipped: their keys go to their second choice and come back
-// when they return. The hash is FNV-1a followed by a 64-bit finalizer: stable across processes
-// and versions, unlike hash/maphash's per-process seed.
+// when they return. The hash is our own fixed function (below): stable across processes,
+// versions and architectures, unlike hash/maphash's per-process seed.
 
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-// hashString returns the FNV-1a hash of s.
+// hashString returns a 64-bit hash of s, eight bytes per step (a 1 KB prefix is hashed on every
+// prefix_hash decision; byte-at-a-time FNV took over a microsecond). Little-endian word loads
+// keep the result the same on every architecture.
 func hashString(s string) uint64 {
-	h := uint64(fnvOffset)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= fnvPrime
+	const m = 0x9e3779b97f4a7c15
+	h := uint64(len(s)) * m
+	for ; len(s) >= 8; s = s[8:] {
+		w := uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+		h = (h ^ w) * m
+		h ^= h >> 32
 	}
-	return h
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * m
+		h ^= h >> 32
+	}
+	return mix64(h)
 }
 
-// score is worker id's rendezvous weight for a key hash: a finalizer (splitmix64's) over both
-// hashes so that the order of workers is independent from key to key.
-func score(key uint64, id string) uint64 {
-	z := key ^ (hashString(id) * 0x9e3779b97f4a7c15)
+// mix64 is splitmix64's finalizer: every input bit flips about half the output bits.
+func mix64(z uint64) uint64 {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	return z ^ (z >> 31)
+}
+
+// score is worker id's rendezvous weight for a key hash, mixed so that the order of workers is
+// independent from key to key.
+func score(key uint64, id string) uint64 {
+	return mix64(key ^ hashString(id)*0x9e3779b97f4a7c15)
 }
 
 // ConsistentHashing sends every request with the same routing key (Request.Key: the
@@ -203,9 +211,17 @@ func prefixChars(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for i := range s {
+	i := 0
+	for i < n && s[i] < 0x80 { // ASCII: one byte, one character
+		i++
+	}
+	if i == n {
+		return s[:n]
+	}
+	n -= i
+	for j := range s[i:] {
 		if n == 0 {
-			return s[:i]
+			return s[:i+j]
 		}
 		n--
 	}

@@ -212,6 +212,9 @@ func TestPrefixChars(t *testing.T) {
 		{"abcdef", 3, "abc"},
 		{"日本語です", 2, "日本"},
 		{"\xff\xfeabc", 3, "\xff\xfea"},
+		{"abcé日x", 5, "abcé日"},
+		{"abcé日x", 4, "abcé"},
+		{"abc", 3, "abc"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.s, func(t *testing.T) {
