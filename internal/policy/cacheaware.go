@@ -85,7 +85,7 @@ func lessLoaded(a, b *cand) bool {
 // CacheAware routes a request to the worker most likely to hold its prompt prefix in KV cache,
 // unless the pool is imbalanced (DESIGN.md §1, §3). It keeps one prefix tree (one policy serves
 // one model) and, unless Config.NoBackground, one goroutine that trims the tree every
-// EvictionInterval until Close.
+// EvictionInterval until Close. Create it with NewCacheAware; the zero value is not usable.
 type CacheAware struct {
 	cfg   CacheAwareConfig
 	loads Loads
@@ -241,8 +241,10 @@ func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand,
 	minLoad := av[minI].load
 	imbalanced = maxLoad-minLoad > p.cfg.BalanceAbsThreshold &&
 		float64(maxLoad) > p.cfg.BalanceRelThreshold*float64(minLoad)
-	if kvSeen && (maxUse > p.cfg.OverloadTokenUsageThreshold || maxUse-minUse > p.cfg.BalanceTokenUsageThreshold) {
-		imbalanced = true
+	if kvSeen {
+		overloaded := maxUse > p.cfg.OverloadTokenUsageThreshold
+		spread := maxUse-minUse > p.cfg.BalanceTokenUsageThreshold
+		imbalanced = imbalanced || overloaded || spread
 	}
 	return av, minI, imbalanced
 }

@@ -49,7 +49,8 @@ func score(key uint64, id string) uint64 {
 
 // ConsistentHashing sends every request with the same routing key (Request.Key: the
 // x-kvgate-routing-key header, else another identity header) to the same worker while it is
-// available. Requests without a key go to a random available worker.
+// available. Requests without a key go to a random available worker. Create it with
+// NewConsistentHashing; the zero value is not usable.
 type ConsistentHashing struct {
 	rand func(int) int
 	dec  *counters
@@ -108,7 +109,8 @@ func (p *ConsistentHashing) Pick(candidates []*worker.Worker, req *Request) *wor
 // PrefixHash sends requests whose routing texts share their first PrefixChars characters to the
 // same worker, with bounded load: a worker that would go above LoadFactor × the mean load hands
 // the key on to its next choice. It keeps no state, so every gateway replica maps a prefix to the
-// same worker (given the same loads) without talking to the others.
+// same worker (given the same loads) without talking to the others. Create it with
+// NewPrefixHash; the zero value is not usable.
 type PrefixHash struct {
 	cfg   PrefixHashConfig
 	loads Loads

@@ -18,6 +18,7 @@
 package radix
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -296,10 +297,7 @@ func (t *Tree) tenant(name string) *tenant {
 		return tn
 	}
 	tn := &tenant{name: name, idx: uint32(len(old.byIdx))}
-	tab := &tenantTable{byName: make(map[string]*tenant, len(old.byName)+1), byIdx: append(slices.Clip(old.byIdx), tn)}
-	for k, v := range old.byName {
-		tab.byName[k] = v
-	}
+	tab := &tenantTable{byName: maps.Clone(old.byName), byIdx: append(slices.Clip(old.byIdx), tn)}
 	tab.byName[name] = tn
 	t.tenants.Store(tab)
 	return tn
