@@ -3,6 +3,7 @@ package loadmon
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,10 @@ import (
 type Monitor struct {
 	reg *worker.Registry
 	cfg Config // resolved: no zero fields
+
+	// raw: poll plain-http workers with the raw client (Config.Client was nil); dialer dials it.
+	raw    bool
+	dialer net.Dialer
 
 	snap atomic.Pointer[Snapshot]
 
@@ -42,7 +47,8 @@ func New(reg *worker.Registry, cfg Config) *Monitor {
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("loadmon.New: %v", err))
 	}
-	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}}
+	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, raw: cfg.Client == nil,
+		dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}}
 	m.snap.Store(emptySnapshot)
 	reg.Subscribe(m.onEvent)
 	return m
@@ -64,8 +70,9 @@ func (m *Monitor) Start(ctx context.Context) {
 	m.wg.Go(func() { m.run(ctx) })
 }
 
-// Stop stops the poll loop, cancels the polls in flight and waits until every goroutine of the
-// monitor has exited. The last snapshot stays readable. Stop without Start does nothing.
+// Stop stops the poll loop, cancels the polls in flight, waits until every goroutine of the
+// monitor has exited and closes its connections. The last snapshot stays readable; Start may be
+// called again.
 func (m *Monitor) Stop() {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
@@ -73,6 +80,14 @@ func (m *Monitor) Stop() {
 		m.cancel()
 		m.wg.Wait()
 		m.cancel = nil
+	}
+	m.pollMu.Lock()
+	for _, st := range m.states {
+		st.close()
+	}
+	m.pollMu.Unlock()
+	if m.raw { // the net/http client is ours too: release its idle connections
+		m.cfg.Client.CloseIdleConnections()
 	}
 }
 
@@ -193,7 +208,10 @@ func (m *Monitor) collectTargets(view *worker.View) []*pollState {
 	for _, w := range view.All {
 		st := m.states[w.ID]
 		if st == nil || st.w != w {
-			st = newPollState(w)
+			if st != nil {
+				st.close()
+			}
+			st = newPollState(w, m.raw)
 			m.states[w.ID] = st
 		}
 		st.round = m.round
@@ -204,6 +222,7 @@ func (m *Monitor) collectTargets(view *worker.View) []*pollState {
 	if len(m.states) > len(view.All) {
 		for id, st := range m.states {
 			if st.round != m.round {
+				st.close()
 				delete(m.states, id)
 			}
 		}

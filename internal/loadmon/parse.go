@@ -1,7 +1,6 @@
 package loadmon
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -51,22 +50,56 @@ func clampRate(v float64) float64 {
 	return v
 }
 
-// loadsBody is the native GET /v1/loads?include=core body (DESIGN.md §2). Counts are decoded as
-// float64 so that a server writing 3.0 for 3 is still understood; pointers mark the token fields
-// whose presence matters.
-type loadsBody struct {
-	Loads *[]rankLoad `json:"loads"`
+// rankLoad is one data-parallel rank's entry of a /v1/loads body. Counts are read as float64 so
+// that a server writing 3.0 for 3 is still understood; the has* flags mark the token fields whose
+// presence matters (a JSON null clears them, as it would a pointer).
+type rankLoad struct {
+	running, waiting, uncached, used, maxTokens  float64
+	usage, throughput, hitRate                   float64
+	hasUncached, hasUsage, hasThroughput, hasHit bool
 }
 
-type rankLoad struct {
-	Running         float64  `json:"num_running_reqs"`
-	Waiting         float64  `json:"num_waiting_reqs"`
-	WaitingUncached *float64 `json:"num_waiting_uncached_tokens"`
-	UsedTokens      float64  `json:"num_used_tokens"`
-	MaxTokens       float64  `json:"max_total_num_tokens"`
-	TokenUsage      *float64 `json:"token_usage"`
-	GenThroughput   *float64 `json:"gen_throughput"`
-	CacheHitRate    *float64 `json:"cache_hit_rate"`
+// loadsAcc folds ranks into a Report: counts and throughput summed, ratios averaged.
+type loadsAcc struct {
+	r            Report
+	usage, hit   float64
+	nUsage, nHit int
+}
+
+func (a *loadsAcc) add(l *rankLoad) {
+	r := &a.r
+	r.Running = satAdd(r.Running, clampCount(l.running))
+	r.Waiting = satAdd(r.Waiting, clampCount(l.waiting))
+	r.MaxTokens = satAdd(r.MaxTokens, clampCount(l.maxTokens))
+	r.UsedTokens = satAdd(r.UsedTokens, clampCount(l.used))
+	if l.hasUncached {
+		r.WaitingUncachedTokens = satAdd(r.WaitingUncachedTokens, clampCount(l.uncached))
+		r.HasTokenData = true
+	}
+	if l.hasUsage {
+		a.usage += clampRatio(l.usage)
+		a.nUsage++
+		r.HasTokenData = true
+	}
+	if l.hasThroughput {
+		r.GenThroughput = clampRate(r.GenThroughput + clampRate(l.throughput))
+		r.HasTokenData = true
+	}
+	if l.hasHit {
+		a.hit += clampRatio(l.hitRate)
+		a.nHit++
+	}
+}
+
+func (a *loadsAcc) report() Report {
+	r := a.r
+	if a.nUsage > 0 {
+		r.TokenUsage = a.usage / float64(a.nUsage)
+	}
+	if a.nHit > 0 {
+		r.CacheHitRate = a.hit / float64(a.nHit)
+	}
+	return r
 }
 
 // ParseLoads parses a native /v1/loads body. Counts and throughput are summed over the
@@ -75,49 +108,83 @@ type rankLoad struct {
 // gen_throughput, token_usage or num_waiting_uncached_tokens. A body without a "loads" array
 // fails with ErrNoLoadData; an empty array is an idle worker. PolledAt and InflightAtPoll are
 // left zero for the caller.
+//
+// It accepts exactly what encoding/json would decode into the documented struct (keys matched
+// case-insensitively, the last duplicate winning, null a no-op), which the fuzz tests check
+// against encoding/json itself, but it builds nothing and allocates nothing on success.
 func ParseLoads(body []byte) (Report, error) {
-	var b loadsBody
-	if err := json.Unmarshal(body, &b); err != nil {
-		return Report{}, fmt.Errorf("parse /v1/loads: %w", err)
-	}
-	if b.Loads == nil {
+	s := jsonScanner{b: body}
+	var (
+		acc      loadsAcc
+		hasLoads bool
+	)
+	s.value(func() {
+		if s.peekNull() {
+			return
+		}
+		s.object(func(key []byte) {
+			if !keyIs(key, "loads") {
+				s.skip(0)
+				return
+			}
+			if s.peekNull() {
+				acc, hasLoads = loadsAcc{}, false
+				return
+			}
+			acc, hasLoads = loadsAcc{}, true
+			s.array(func() {
+				var l rankLoad
+				if !s.peekNull() {
+					s.object(func(key []byte) { s.rankField(&l, key) })
+				}
+				acc.add(&l)
+			})
+		})
+	})
+	switch {
+	case s.err != nil:
+		return Report{}, fmt.Errorf("parse /v1/loads: %w", s.err)
+	case !hasLoads:
 		return Report{}, fmt.Errorf("parse /v1/loads: %w", ErrNoLoadData)
 	}
-	var (
-		r                   Report
-		usage, hit          float64
-		nUsage, nHit        int
-		uncached, usedTotal int64
-	)
-	for _, l := range *b.Loads {
-		r.Running = satAdd(r.Running, clampCount(l.Running))
-		r.Waiting = satAdd(r.Waiting, clampCount(l.Waiting))
-		r.MaxTokens = satAdd(r.MaxTokens, clampCount(l.MaxTokens))
-		usedTotal = satAdd(usedTotal, clampCount(l.UsedTokens))
-		if l.WaitingUncached != nil {
-			uncached = satAdd(uncached, clampCount(*l.WaitingUncached))
-			r.HasTokenData = true
+	return acc.report(), nil
+}
+
+// rankField reads the value of key into l.
+func (s *jsonScanner) rankField(l *rankLoad, key []byte) {
+	var dst *float64
+	var has *bool
+	switch {
+	case keyIs(key, "num_running_reqs"):
+		dst = &l.running
+	case keyIs(key, "num_waiting_reqs"):
+		dst = &l.waiting
+	case keyIs(key, "num_waiting_uncached_tokens"):
+		dst, has = &l.uncached, &l.hasUncached
+	case keyIs(key, "num_used_tokens"):
+		dst = &l.used
+	case keyIs(key, "max_total_num_tokens"):
+		dst = &l.maxTokens
+	case keyIs(key, "token_usage"):
+		dst, has = &l.usage, &l.hasUsage
+	case keyIs(key, "gen_throughput"):
+		dst, has = &l.throughput, &l.hasThroughput
+	case keyIs(key, "cache_hit_rate"):
+		dst, has = &l.hitRate, &l.hasHit
+	default:
+		s.skip(0)
+		return
+	}
+	if s.peekNull() {
+		if has != nil {
+			*dst, *has = 0, false
 		}
-		if l.TokenUsage != nil {
-			usage += clampRatio(*l.TokenUsage)
-			nUsage++
-			r.HasTokenData = true
-		}
-		if l.GenThroughput != nil {
-			r.GenThroughput = clampRate(r.GenThroughput + clampRate(*l.GenThroughput))
-			r.HasTokenData = true
-		}
-		if l.CacheHitRate != nil {
-			hit += clampRatio(*l.CacheHitRate)
-			nHit++
+		return
+	}
+	if v, ok := s.number(true); ok {
+		*dst = v
+		if has != nil {
+			*has = true
 		}
 	}
-	r.WaitingUncachedTokens, r.UsedTokens = uncached, usedTotal
-	if nUsage > 0 {
-		r.TokenUsage = usage / float64(nUsage)
-	}
-	if nHit > 0 {
-		r.CacheHitRate = hit / float64(nHit)
-	}
-	return r, nil
 }

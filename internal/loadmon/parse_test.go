@@ -1,6 +1,7 @@
 package loadmon
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -170,16 +171,68 @@ func checkReport(t *testing.T, r Report) {
 	}
 }
 
+// parseLoadsReference is the obvious ParseLoads, on encoding/json: the model the allocation-free
+// scanner must agree with, body for body.
+func parseLoadsReference(body []byte) (Report, error) {
+	var b struct {
+		Loads *[]struct {
+			Running         float64  `json:"num_running_reqs"`
+			Waiting         float64  `json:"num_waiting_reqs"`
+			WaitingUncached *float64 `json:"num_waiting_uncached_tokens"`
+			UsedTokens      float64  `json:"num_used_tokens"`
+			MaxTokens       float64  `json:"max_total_num_tokens"`
+			TokenUsage      *float64 `json:"token_usage"`
+			GenThroughput   *float64 `json:"gen_throughput"`
+			CacheHitRate    *float64 `json:"cache_hit_rate"`
+		} `json:"loads"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return Report{}, err
+	}
+	if b.Loads == nil {
+		return Report{}, ErrNoLoadData
+	}
+	opt := func(p *float64) (float64, bool) {
+		if p == nil {
+			return 0, false
+		}
+		return *p, true
+	}
+	var acc loadsAcc
+	for _, l := range *b.Loads {
+		r := rankLoad{running: l.Running, waiting: l.Waiting, used: l.UsedTokens, maxTokens: l.MaxTokens}
+		r.uncached, r.hasUncached = opt(l.WaitingUncached)
+		r.usage, r.hasUsage = opt(l.TokenUsage)
+		r.throughput, r.hasThroughput = opt(l.GenThroughput)
+		r.hitRate, r.hasHit = opt(l.CacheHitRate)
+		acc.add(&r)
+	}
+	return acc.report(), nil
+}
+
+// FuzzParseLoads checks the scanner against encoding/json: same verdict, same report.
 func FuzzParseLoads(f *testing.F) {
 	for _, s := range []string{loadsTwoRanks, `{"loads":[]}`, `{"loads":[{"num_running_reqs":1e300,"token_usage":-3}]}`,
-		`{"loads":null}`, `[]`, `{"loads":[{"gen_throughput":"x"}]}`, loadsTwoRanks[:40]} {
+		`{"loads":null}`, `[]`, `{"loads":[{"gen_throughput":"x"}]}`, loadsTwoRanks[:40], `null`, ` {"loads":[null]} `,
+		`{"LOADS":[{"Num_Running_Reqs":2,"num_running_reqs":null,"token_usage":0.5,"token_usage":null}]}`,
+		`{"lo\u0061ds":[{"to\u212Aen_usage":0.5,"x":{"y":[1,true,false,null,"\ud83d\ude00"]}}]}`,
+		`{"loads":[{"num_running_reqs":-0.5e+2}]} x`, `{"loads":[{"num_running_reqs":01}]}`, `{"loads":[1]}`,
+		`{"loads":[{"num_running_reqs":1e400}]}`, "{\"loads\":[{\"a\":\"\x01\"}]}", `{"loads":[],}`, `{"a":"\ud800\u0041"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		r, err := ParseLoads(body)
-		if err == nil {
-			checkReport(t, r)
+		got, err := ParseLoads(body)
+		want, wantErr := parseLoadsReference(body)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("ParseLoads(%q) error %v, encoding/json says %v", body, err, wantErr)
 		}
+		if err != nil {
+			return
+		}
+		if got != want {
+			t.Fatalf("ParseLoads(%q) = %+v\nencoding/json gives %+v", body, got, want)
+		}
+		checkReport(t, got)
 	})
 }
 

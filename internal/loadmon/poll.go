@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -38,8 +39,14 @@ type pollState struct {
 	w     *worker.Worker
 	round uint64 // last round that saw the worker in the registry
 
-	loadsURL, metricsURL, modelsURL string
-	auth                            string // Authorization header value, or ""
+	// Requests built once per worker; each poll sends a copy bound to its context.
+	reqs [nReqKinds]*http.Request
+
+	// raw is set while the worker is polled with the raw client (see rawhttp.go), on conn.
+	raw     bool
+	addr    string
+	rawReqs [nReqKinds][]byte
+	conn    net.Conn
 
 	source      Source    // the source that answered last, tried first
 	probed      bool      // /v1/models answered: the runtime is learned or not one we know
@@ -48,18 +55,42 @@ type pollState struct {
 	lastSuccess time.Time // PolledAt of the last successful poll
 }
 
-func newPollState(w *worker.Worker) *pollState {
-	base := w.URL.String()
-	st := &pollState{
-		w:          w,
-		loadsURL:   base + "/v1/loads?include=core",
-		metricsURL: base + "/metrics",
-		modelsURL:  base + "/v1/models",
+// reqKind names the requests a poll sends.
+type reqKind uint8
+
+const (
+	reqLoads reqKind = iota
+	reqMetrics
+	reqModels
+	nReqKinds
+)
+
+var reqPaths = [nReqKinds]string{reqLoads: "/v1/loads?include=core", reqMetrics: "/metrics", reqModels: "/v1/models"}
+
+// newPollState prepares w's requests; raw selects the raw client for a plain-http worker.
+func newPollState(w *worker.Worker, raw bool) *pollState {
+	st := &pollState{w: w, raw: raw && w.URL.Scheme == "http", addr: w.URL.Host}
+	if w.URL.Port() == "" {
+		st.addr = net.JoinHostPort(w.URL.Hostname(), "80")
 	}
-	if w.Spec.APIKey != "" {
-		st.auth = "Bearer " + w.Spec.APIKey
+	for k, path := range reqPaths {
+		// The base URL was validated at registration, so this cannot fail.
+		r, _ := http.NewRequest(http.MethodGet, w.URL.String()+path, nil)
+		if w.Spec.APIKey != "" {
+			r.Header.Set("Authorization", "Bearer "+w.Spec.APIKey)
+		}
+		st.reqs[k] = r
+		st.rawReqs[k] = rawRequest(r.URL.Host, r.URL.RequestURI(), w.Spec.APIKey)
 	}
 	return st
+}
+
+// close drops the raw connection, if any.
+func (st *pollState) close() {
+	if st.conn != nil {
+		st.conn.Close()
+		st.conn = nil
+	}
 }
 
 // result is one worker's poll outcome: entry when err is nil.
@@ -112,11 +143,11 @@ func sourceOrder(rt string, last Source) (srcs [2]Source, n int) {
 
 // fetchReport gets and parses one source.
 func (m *Monitor) fetchReport(ctx context.Context, st *pollState, src Source, rt string, sc *scratch) (Report, error) {
-	url := st.loadsURL
+	kind := reqLoads
 	if src == SourceMetrics {
-		url = st.metricsURL
+		kind = reqMetrics
 	}
-	body, err := m.fetch(ctx, st, url, sc)
+	body, err := m.fetch(ctx, st, kind, sc)
 	if err != nil {
 		return Report{}, err
 	}
@@ -166,7 +197,7 @@ func normalizeRuntime(s string) string {
 
 // probeOwner returns the owned_by of the first model in the worker's /v1/models.
 func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (string, error) {
-	body, err := m.fetch(ctx, st, st.modelsURL, sc)
+	body, err := m.fetch(ctx, st, reqModels, sc)
 	if err != nil {
 		return "", fmt.Errorf("/v1/models: %w", err)
 	}
@@ -186,17 +217,21 @@ func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (s
 	return "", nil
 }
 
-// fetch GETs url and returns its body, read into sc's buffer (valid until sc's next fetch). A
-// status other than 200, a body over MaxBody or a short body is an error.
-func (m *Monitor) fetch(ctx context.Context, st *pollState, url string, sc *scratch) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
+// fetch sends request kind to the worker and returns the body, read into sc's buffer (valid
+// until sc's next fetch). A status other than 200, a body over MaxBody or a short body is an
+// error. A worker whose answer the raw client cannot read is polled through net/http from then on.
+func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *scratch) ([]byte, error) {
+	if st.raw {
+		body, err := m.rawFetch(ctx, st, kind, sc)
+		if !errors.Is(err, errRawUnsupported) {
+			return body, err
+		}
+		st.raw = false
+		st.close()
+		m.cfg.Logger.Info("worker's HTTP is outside the raw poll client's subset; polling it with net/http",
+			"worker", st.w.Spec.URL)
 	}
-	if st.auth != "" {
-		req.Header.Set("Authorization", st.auth)
-	}
-	resp, err := m.cfg.Client.Do(req)
+	resp, err := m.cfg.Client.Do(st.reqs[kind].WithContext(ctx))
 	if err != nil {
 		return nil, err
 	}

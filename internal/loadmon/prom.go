@@ -208,8 +208,9 @@ func skipLabels(b []byte) int {
 	return -1
 }
 
-// parseValue parses a sample value. Plain non-negative integers (the common case for counts)
-// take an allocation-free fast path; anything else goes to strconv.ParseFloat.
+// parseValue parses a sample value. Integers, also written "12.0" as Python clients do (the
+// common case for counts), take an allocation-free fast path; anything else goes to
+// strconv.ParseFloat.
 func parseValue(b []byte) (float64, bool) {
 	if len(b) == 0 {
 		return 0, false
@@ -220,7 +221,16 @@ func parseValue(b []byte) (float64, bool) {
 		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
 			n = n*10 + int64(b[i]-'0')
 		}
-		if i == len(b) {
+		if i > 0 && i < len(b) && b[i] == '.' {
+			j := i + 1
+			for j < len(b) && b[j] == '0' {
+				j++
+			}
+			if j == len(b) {
+				i = j
+			}
+		}
+		if i > 0 && i == len(b) {
 			return float64(n), true
 		}
 	}

@@ -1,0 +1,258 @@
+package loadmon
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// The poll-cost measurement (issue 5: polling 1000 workers every second must cost < 5 % of one
+// core). It runs only when asked, because it takes ~20 s and ~2000 file descriptors:
+//
+//	KVGATE_LOADMON_COST=1000 go test -run '^TestPollCost$' -v ./internal/loadmon/
+//
+// The simulated workers live in a child process (this test binary re-executed as
+// TestHelperFleet), so getrusage(RUSAGE_SELF) in this process counts only the monitor: the HTTP
+// client, reading, parsing, snapshot building, GC. Half the workers are SGLang-like (native
+// /v1/loads), half vLLM-like (a /metrics body of realistic size, histograms included).
+
+const (
+	costEnv   = "KVGATE_LOADMON_COST"
+	helperEnv = "KVGATE_LOADMON_FLEET"
+)
+
+// vllmRealisticMetrics is vllmMetrics padded with histogram series to the size of a real vLLM
+// /metrics page (tens of KB); the parser must skip them.
+var vllmRealisticMetrics = func() string {
+	var b strings.Builder
+	b.WriteString(vllmMetrics)
+	for _, h := range []string{"time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
+		"request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+		"request_prompt_tokens", "request_generation_tokens", "iteration_tokens_total"} {
+		fmt.Fprintf(&b, "# HELP vllm:%s Histogram.\n# TYPE vllm:%s histogram\n", h, h)
+		for i := range 24 {
+			fmt.Fprintf(&b, "vllm:%s_bucket{engine=\"0\",le=\"%g\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} %d.0\n", h, 0.001*float64(int(1)<<i), i*37)
+		}
+		fmt.Fprintf(&b, "vllm:%s_count{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 888.0\n", h)
+		fmt.Fprintf(&b, "vllm:%s_sum{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\"} 123.4\n", h)
+	}
+	return b.String()
+}()
+
+// TestHelperFleet is not a test: re-executed with KVGATE_LOADMON_FLEET=n it serves n simulated
+// workers on loopback, prints their addresses, and exits when its stdin closes (so it cannot
+// outlive the measuring process).
+func TestHelperFleet(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv(helperEnv))
+	if n <= 0 {
+		t.Skip("helper process for TestPollCost")
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/loads", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, busyLoads) })
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, vllmRealisticMetrics) })
+	out := bufio.NewWriter(os.Stdout)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go http.Serve(ln, mux) // ends with the process
+		fmt.Fprintln(out, "ADDR", ln.Addr())
+	}
+	fmt.Fprintln(out, "READY")
+	out.Flush()
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// costRuntime returns the runtime of the i-th measured worker: KVGATE_LOADMON_COST_MIX=loads
+// makes all of them native /v1/loads, =metrics all vLLM /metrics; the default alternates.
+func costRuntime(i int) string {
+	switch os.Getenv("KVGATE_LOADMON_COST_MIX") {
+	case "loads":
+		return RuntimeSGLang
+	case "metrics":
+		return RuntimeVLLM
+	}
+	if i%2 == 1 {
+		return RuntimeVLLM
+	}
+	return RuntimeSGLang
+}
+
+// cpuTime returns this process's user+system CPU time.
+func cpuTime(t testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func TestPollCost(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv(costEnv))
+	if n <= 0 {
+		t.Skipf("set %s=<workers> to measure the poll cost", costEnv)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFleet$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d", helperEnv, n), costEnv+"=")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close() // the helper exits on EOF
+		cmd.Wait()
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		t.Logf("simulated workers' process used %.2fs CPU in all (not counted above)",
+			time.Duration(ru.Utime.Nano()+ru.Stime.Nano()).Seconds())
+	}()
+
+	reg := worker.NewRegistry()
+	sc := bufio.NewScanner(stdout)
+	for i := 0; sc.Scan() && sc.Text() != "READY"; {
+		addr, ok := strings.CutPrefix(sc.Text(), "ADDR ")
+		if !ok {
+			continue
+		}
+		w, err := worker.New(worker.Spec{URL: "http://" + addr, Runtime: costRuntime(i)}, worker.BreakerConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.SetHealth(worker.Ready)
+		addWorkers(t, reg, w)
+		i++
+	}
+	if got := len(reg.View().All); got != n {
+		t.Fatalf("helper served %d workers, want %d", got, n)
+	}
+
+	var vllm int
+	for i := range n {
+		if costRuntime(i) == RuntimeVLLM {
+			vllm++
+		}
+	}
+	t.Logf("%d workers (%d native /v1/loads of %d B, %d vLLM /metrics of %d B), interval 1s, concurrency 64",
+		n, n-vllm, len(busyLoads), vllm, len(vllmRealisticMetrics))
+	// The default (raw client) and net/http side by side, twice each, interleaved, so that the
+	// machine's background load hits both alike.
+	clients := []struct {
+		name   string
+		client *http.Client
+	}{{"raw HTTP/1.1 (default)", nil}, {"net/http", NewClient()}}
+	var share [2]float64
+	for rep := range 2 {
+		for i, c := range clients {
+			s := measurePolling(t, reg, c.client, 7*time.Second)
+			share[i] += s / 2
+			t.Logf("  %-22s window %d: %.2f%% of one core", c.name, rep, 100*s)
+		}
+	}
+	for i, c := range clients {
+		t.Logf("%-22s %.2f%% of one core = %.1f µs CPU per poll", c.name, 100*share[i], share[i]/float64(n)*1e6)
+	}
+	t.Logf("raw / net/http CPU ratio: %.2f", share[0]/share[1])
+	if share[0] > 0.05 {
+		t.Errorf("polling costs %.2f%% of one core, budget 5%%", 100*share[0])
+	}
+}
+
+// measurePolling runs a monitor of reg with client (nil: the default) for window after two
+// warm-up rounds and returns its CPU time per wall second. Every published round must hold an
+// entry for every worker.
+func measurePolling(t *testing.T, reg *worker.Registry, client *http.Client, window time.Duration) float64 {
+	n := len(reg.View().All)
+	m := New(reg, Config{Client: client, Logger: slog.New(slog.DiscardHandler)})
+	defer m.Stop()
+	ctx := t.Context()
+	m.PollOnce(ctx) // warm-up rounds: dial every worker
+	m.PollOnce(ctx)
+	m.Start(ctx)
+	wall0, cpu0 := time.Now(), cpuTime(t)
+	rounds, lastAt := 0, time.Time{}
+	for deadline := wall0.Add(window); time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond) // sampling the published snapshots over a fixed window
+		if s := m.Snapshot(); !s.At.Equal(lastAt) {
+			lastAt = s.At
+			rounds++
+			if s.Len() != n {
+				t.Errorf("round at %v has %d entries, want %d", s.At, s.Len(), n)
+			}
+		}
+	}
+	cpu, wall := cpuTime(t)-cpu0, time.Since(wall0)
+	if min := int(window/time.Second) - 1; rounds < min {
+		t.Errorf("%d rounds in %v, want at least %d", rounds, wall, min)
+	}
+	return cpu.Seconds() / wall.Seconds()
+}
+
+// BenchmarkPollOnce measures one round over in-process loopback workers (the servers' CPU is
+// included here, so the figure is an upper bound; TestPollCost separates them).
+func BenchmarkPollOnce(b *testing.B) {
+	for _, n := range []int{10, 100} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			reg := worker.NewRegistry()
+			mux := http.NewServeMux()
+			mux.HandleFunc("/v1/loads", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, busyLoads) })
+			mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, vllmRealisticMetrics) })
+			for i := range n {
+				srv := httptest.NewServer(mux)
+				b.Cleanup(srv.Close)
+				rt := RuntimeSGLang
+				if i%2 == 1 {
+					rt = RuntimeVLLM
+				}
+				w, err := worker.New(worker.Spec{URL: srv.URL, Runtime: rt}, worker.BreakerConfig{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				w.SetHealth(worker.Ready)
+				if err := reg.Add(w); err != nil {
+					b.Fatal(err)
+				}
+			}
+			m := New(reg, Config{Logger: slog.New(slog.DiscardHandler)})
+			b.Cleanup(m.Stop)
+			m.PollOnce(b.Context())
+			b.ReportAllocs()
+			for b.Loop() {
+				m.PollOnce(b.Context())
+			}
+			if m.Snapshot().Len() != n {
+				b.Fatalf("%d entries, want %d", m.Snapshot().Len(), n)
+			}
+		})
+	}
+}
+
+func BenchmarkParsePrometheusRealistic(b *testing.B) {
+	body := []byte(vllmRealisticMetrics)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParsePrometheus(body, RuntimeVLLM); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
