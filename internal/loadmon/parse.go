@@ -74,7 +74,7 @@ func (a *loadsAcc) add(l *rankLoad) {
 	r.UsedTokens = satAdd(r.UsedTokens, clampCount(l.used))
 	if l.hasUncached {
 		r.WaitingUncachedTokens = satAdd(r.WaitingUncachedTokens, clampCount(l.uncached))
-		r.HasTokenData = true
+		r.HasTokenData, r.HasUncachedTokens = true, true
 	}
 	if l.hasUsage {
 		a.usage += clampRatio(l.usage)

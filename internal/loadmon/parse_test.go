@@ -60,7 +60,7 @@ func TestParseLoads(t *testing.T) {
 	}{
 		{"two ranks sum counts and average ratios", loadsTwoRanks, Report{
 			Running: 8, Waiting: 3, WaitingUncachedTokens: 612, UsedTokens: 21480, MaxTokens: 1048576,
-			TokenUsage: 0.06, GenThroughput: 912.5, CacheHitRate: 0.51, HasTokenData: true}, nil},
+			TokenUsage: 0.06, GenThroughput: 912.5, CacheHitRate: 0.51, HasTokenData: true, HasUncachedTokens: true}, nil},
 		{"counts only has no token data", `{"loads":[{"num_running_reqs":2,"num_waiting_reqs":1}]}`,
 			Report{Running: 2, Waiting: 1}, nil},
 		{"empty loads is an idle worker", `{"loads":[]}`, Report{}, nil},
@@ -102,6 +102,7 @@ func reportsClose(a, b Report) bool {
 	near := func(x, y float64) bool { return math.Abs(x-y) < 1e-9 }
 	return a.Running == b.Running && a.Waiting == b.Waiting && a.WaitingUncachedTokens == b.WaitingUncachedTokens &&
 		a.UsedTokens == b.UsedTokens && a.MaxTokens == b.MaxTokens && a.HasTokenData == b.HasTokenData &&
+		a.HasUncachedTokens == b.HasUncachedTokens &&
 		near(a.TokenUsage, b.TokenUsage) && near(a.GenThroughput, b.GenThroughput) && near(a.CacheHitRate, b.CacheHitRate)
 }
 

@@ -27,7 +27,10 @@ type Report struct {
 	// CacheHitRate is the prefix-cache hit rate in [0,1].
 	CacheHitRate float64 `json:"cache_hit_rate"`
 	// HasTokenData is true when the source reported token-level fields (usage, throughput).
-	HasTokenData bool `json:"-"`
+	HasTokenData bool `json:"has_token_data"`
+	// HasUncachedTokens is true when WaitingUncachedTokens was reported (native /v1/loads), so
+	// that a zero means "nothing to prefill" rather than "unknown".
+	HasUncachedTokens bool `json:"has_uncached_tokens"`
 
 	// PolledAt is when the poll was sent.
 	PolledAt time.Time `json:"polled_at"`
