@@ -27,7 +27,10 @@ type Config struct {
 	// Concurrency is how many polls run at once. Zero means 64. Polls mostly wait on the network,
 	// so this bounds sockets and goroutines rather than CPU.
 	Concurrency int
-	// Client sends the polls; nil means a dedicated keep-alive client (see NewClient).
+	// Client sends the polls. nil (the default) means the monitor's own raw HTTP/1.1 client
+	// for http:// workers (see rawhttp.go; about half the CPU of net/http) and NewClient for
+	// https:// ones and for answers the raw client does not read. A non-nil Client is used for
+	// every poll (tests inject transports this way).
 	Client *http.Client
 	// Now is the clock for PolledAt and freshness; nil means time.Now.
 	Now func() time.Time

@@ -65,8 +65,9 @@ func TestStartStop(t *testing.T) {
 				if got := tr.requests.Load(); got != 4 {
 					t.Fatalf("%d polls after 3.5 intervals, want 4", got)
 				}
-				if s := m.Snapshot(); s.Len() != 1 || s.At.Sub(start) != 3*time.Second {
-					t.Fatalf("snapshot at %v with %d entries, want the 3s round with 1", s.At.Sub(start), s.Len())
+				if s := m.Snapshot(); s.Len() != 1 || s.At.Sub(start) != 3*time.Second || s.Round != 4 || s.Polled != 1 {
+					t.Fatalf("snapshot at %v, round %d, %d polled, %d entries; want the 3s round (4th) with 1",
+						s.At.Sub(start), s.Round, s.Polled, s.Len())
 				}
 				tt.stop(cancel, m)
 				n := tr.requests.Load()

@@ -193,11 +193,12 @@ func (m *Monitor) PollOnce(ctx context.Context) {
 	defer m.pollMu.Unlock()
 	view := m.reg.View()
 	targets := m.collectTargets(view)
+	start := m.cfg.Now()
 	results := m.pollAll(ctx, targets)
 	if ctx.Err() != nil {
 		return // shutting down: keep the last snapshot rather than publish cancelled polls
 	}
-	m.publish(view, targets, results)
+	m.publish(view, targets, results, start)
 }
 
 // collectTargets returns the workers to poll this round, creating the state of new workers and
@@ -263,8 +264,10 @@ func (m *Monitor) pollAll(ctx context.Context, targets []*pollState) []result {
 }
 
 // publish builds the round's snapshot, logs poll-state transitions and stores the snapshot.
-func (m *Monitor) publish(view *worker.View, targets []*pollState, results []result) {
-	s := &Snapshot{At: m.cfg.Now(), entries: make(map[string]Entry, len(targets))}
+func (m *Monitor) publish(view *worker.View, targets []*pollState, results []result, start time.Time) {
+	now := m.cfg.Now()
+	s := &Snapshot{At: now, Round: m.round, Took: now.Sub(start), Polled: len(targets),
+		entries: make(map[string]Entry, len(targets))}
 	for i, st := range targets {
 		res := &results[i]
 		id := st.w.ID

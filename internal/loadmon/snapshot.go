@@ -64,7 +64,14 @@ type Failure struct {
 // polled (not ready, draining, just added) has neither an Entry nor a Failure.
 type Snapshot struct {
 	// At is when the snapshot was published; zero for the empty snapshot a Monitor starts with.
-	At       time.Time
+	At time.Time
+	// Round numbers the polling rounds (1 for the first); zero for the empty snapshot.
+	Round uint64
+	// Took is how long the round took, first poll sent to last answer read.
+	Took time.Duration
+	// Polled is how many workers the round polled (each has an entry or a failure).
+	Polled int
+
 	entries  map[string]Entry
 	failures map[string]Failure
 }
@@ -105,7 +112,7 @@ func (s *Snapshot) without(id string) *Snapshot {
 	if !e && !f {
 		return s
 	}
-	n := &Snapshot{At: s.At, entries: make(map[string]Entry, len(s.entries)), failures: make(map[string]Failure, len(s.failures))}
+	n := &Snapshot{At: s.At, Round: s.Round, Took: s.Took, Polled: s.Polled, entries: make(map[string]Entry, len(s.entries)), failures: make(map[string]Failure, len(s.failures))}
 	for k, v := range s.entries {
 		if k != id {
 			n.entries[k] = v
