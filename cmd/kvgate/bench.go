@@ -8,10 +8,15 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
 )
 
 // benchFlags are the flags of `kvgate bench`.
@@ -226,14 +231,147 @@ func (f *benchFlags) emit(rep *bench.Report, stdout io.Writer) error {
 
 // fleetFlags are the flags of the fleet simulator.
 type fleetFlags struct {
-	on bool
+	on           bool
+	engines      int
+	gateways     string
+	policies     string
+	modes        string
+	spread       string
+	pollInterval time.Duration
+	staleAfter   time.Duration
+	parallel     int
+	engine       engine.Config
+	cacheThresh  float64
+	balanceAbs   int64
+	balanceRel   float64
+	treeSize     int
+
+	sweep      bool
+	slo        time.Duration
+	sweepLo    float64
+	sweepHi    float64
+	sweepSteps int
 }
 
 func (ff *fleetFlags) register(fs *flag.FlagSet) {
+	d := engine.DefaultConfig()
+	pd := policy.DefaultConfig()
 	fs.BoolVar(&ff.on, "fleet", false, "simulate a fleet in virtual time instead of driving a live target")
+	fs.IntVar(&ff.engines, "engines", 8, "fleet: number of engines")
+	fs.StringVar(&ff.gateways, "gateways", "1", "fleet: comma-separated gateway replica counts, one run each (e.g. 1,2,4,8)")
+	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+")")
+	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (effective, local, snapshot, max)")
+	fs.StringVar(&ff.spread, "spread", "uniform", "fleet: how requests reach gateways: uniform or session")
+	fs.DurationVar(&ff.pollInterval, "poll-interval", time.Second, "fleet: load monitor interval")
+	fs.DurationVar(&ff.staleAfter, "stale-after", 0, "fleet: report staleness bound (0 = 3 intervals)")
+	fs.IntVar(&ff.parallel, "parallel", 0, "fleet: simulations run at once (0 = GOMAXPROCS; results do not depend on it)")
+	fs.IntVar(&ff.engine.KVTokens, "kv-tokens", d.KVTokens, "fleet engine: KV-cache capacity in tokens")
+	fs.IntVar(&ff.engine.MaxRunning, "max-running", d.MaxRunning, "fleet engine: most running requests")
+	fs.IntVar(&ff.engine.PrefillChunk, "prefill-chunk", d.PrefillChunk, "fleet engine: prefill tokens per step")
+	fs.Float64Var(&ff.engine.PrefillTPS, "prefill-tps", d.PrefillTPS, "fleet engine: prefill tokens per second")
+	fs.DurationVar(&ff.engine.DecodeBase, "decode-base", d.DecodeBase, "fleet engine: fixed cost of a decode step")
+	fs.DurationVar(&ff.engine.DecodePerReq, "decode-per-req", d.DecodePerReq, "fleet engine: added step cost per decoding request")
+	fs.Float64Var(&ff.cacheThresh, "cache-threshold", pd.CacheAware.CacheThreshold, "fleet policy: cache_aware match ratio above which affinity wins")
+	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
+	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
+	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
+	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
+	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
+	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
+	fs.IntVar(&ff.sweepSteps, "sweep-steps", 6, "fleet sweep: bisection steps")
 }
 
-// run runs the fleet simulator. The simulator lands with the engine model.
+// experiment builds the grid the flags describe.
+func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench.Limits, seed uint64) (*fleet.Experiment, error) {
+	x := &fleet.Experiment{Workload: w, Arrivals: arr, Limits: lim, Seed: seed, Parallel: ff.parallel}
+	spread, err := fleet.ParseSpread(ff.spread)
+	if err != nil {
+		return nil, err
+	}
+	pc := policy.DefaultConfig()
+	pc.CacheAware.CacheThreshold = ff.cacheThresh
+	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
+	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
+	pc.CacheAware.MaxTreeSize = ff.treeSize
+	x.Base = fleet.Config{
+		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
+		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
+	}
+	if ff.engines < 1 {
+		return nil, fmt.Errorf("--engines %d must be at least 1", ff.engines)
+	}
+	if ff.parallel < 0 {
+		return nil, fmt.Errorf("--parallel %d must be >= 0", ff.parallel)
+	}
+	for _, p := range splitList(ff.policies) {
+		if p == "all" {
+			x.Policies = append(x.Policies, policy.Names()...)
+			continue
+		}
+		if _, err := policy.Canonical(p); err != nil {
+			return nil, fmt.Errorf("--policies: %w", err)
+		}
+		x.Policies = append(x.Policies, p)
+	}
+	for _, g := range splitList(ff.gateways) {
+		n, err := strconv.Atoi(g)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--gateways: %q is not a positive count", g)
+		}
+		x.Gateways = append(x.Gateways, n)
+	}
+	for _, m := range splitList(ff.modes) {
+		mode, err := loadmon.ParseMode(m)
+		if err != nil {
+			return nil, fmt.Errorf("--load-modes: %w", err)
+		}
+		x.Modes = append(x.Modes, mode)
+	}
+	if len(x.Policies) == 0 || len(x.Gateways) == 0 || len(x.Modes) == 0 {
+		return nil, errors.New("--policies, --gateways and --load-modes must each name at least one value")
+	}
+	return x, x.Validate()
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// run runs the fleet grid (or its goodput sweep) and fills rep.
 func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arrivals, lim bench.Limits, seed uint64, out string, rep *bench.Report, stderr io.Writer) error {
-	return errors.New("--fleet: the fleet simulator is not in this build yet")
+	x, err := ff.experiment(w, arr, lim, seed)
+	if err != nil {
+		return err
+	}
+	rep.Title = fmt.Sprintf("fleet: %s, %s, %d engines, spread %s, seed %d", w.Name(), arr, ff.engines, ff.spread, seed)
+	if ff.sweep {
+		if arr.Rate <= 0 {
+			return errors.New("--sweep needs --rate, the first rate tried")
+		}
+		hi := ff.sweepHi
+		if hi == 0 {
+			hi = 64 * arr.Rate
+		}
+		sc := bench.SweepConfig{SLO: ff.slo, Lo: arr.Rate, Hi: hi, Steps: ff.sweepSteps, MaxErrorRate: 0.001}
+		if rep.Sweeps, err = x.Sweep(ctx, sc); err != nil {
+			return err
+		}
+	} else if rep.Rows, err = x.Run(ctx); err != nil {
+		return err
+	}
+	if out == "" {
+		return nil
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	_, err = fleet.Charts(out, w.Name(), rep.Rows, rep.Sweeps)
+	return err
 }

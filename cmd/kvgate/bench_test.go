@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -22,6 +24,12 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"bad api", []string{"--target", "http://127.0.0.1:1", "--api", "x", "--model", "m", "--rate", "1", "--requests", "1"}, "chat or completions"},
 		{"stray arg", []string{"--target", "http://127.0.0.1:1", "extra"}, "unexpected argument"},
 		{"bad flag", []string{"--rate", "fast"}, "invalid value"},
+		{"unknown policy", []string{"--fleet", "--policies", "fastest", "--rate", "1", "--requests", "1"}, "unknown policy"},
+		{"bad gateways", []string{"--fleet", "--gateways", "1,x", "--rate", "1", "--requests", "1"}, "not a positive count"},
+		{"bad load mode", []string{"--fleet", "--load-modes", "psychic", "--rate", "1", "--requests", "1"}, "unknown load mode"},
+		{"bad spread", []string{"--fleet", "--spread", "sideways", "--rate", "1", "--requests", "1"}, "unknown spread"},
+		{"bad engine", []string{"--fleet", "--max-running", "-3", "--rate", "1", "--requests", "1"}, "max running"},
+		{"sweep closed loop", []string{"--fleet", "--sweep", "--concurrency", "2", "--requests", "5"}, "--sweep needs --rate"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -34,5 +42,25 @@ func TestBenchFlagErrors(t *testing.T) {
 				t.Fatalf("error %q, want one containing %q", msg, tc.want)
 			}
 		})
+	}
+}
+
+func TestBenchFleetWritesReportAndCharts(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--fleet", "--engines", "2", "--gateways", "1,2", "--policies", "round_robin,cache_aware",
+		"--rate", "5", "--duration", "20s", "--out", dir}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for _, want := range []string{"round_robin", "cache_aware", "shared-prefix"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, f := range []string{"report.json", "report.txt", "ttft-cdf.png", "hit-vs-gateways.png", "p99-vs-gateways.png"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("missing %s: %v", f, err)
+		}
 	}
 }

@@ -97,9 +97,12 @@ type Summary struct {
 	HitRate      float64 `json:"hit_rate"`
 	PromptTokens int64   `json:"prompt_tokens"`
 	CachedTokens int64   `json:"cached_tokens"`
-	TTFTP50      float64 `json:"ttft_p50_ms"`
-	TTFTP90      float64 `json:"ttft_p90_ms"`
-	TTFTP99      float64 `json:"ttft_p99_ms"`
+	// TTFTMean and E2EMean are arithmetic means (what queueing formulas predict).
+	TTFTMean float64 `json:"ttft_mean_ms"`
+	E2EMean  float64 `json:"e2e_mean_ms"`
+	TTFTP50  float64 `json:"ttft_p50_ms"`
+	TTFTP90  float64 `json:"ttft_p90_ms"`
+	TTFTP99  float64 `json:"ttft_p99_ms"`
 	// ITLP50 is the median over requests of each request's mean inter-token latency.
 	ITLP50 float64 `json:"itl_p50_ms"`
 	E2EP50 float64 `json:"e2e_p50_ms"`
@@ -129,6 +132,7 @@ func (c *Collector) Summarize(label string) Summary {
 	if c.prompt > 0 {
 		s.HitRate = round(float64(c.cached)/float64(c.prompt), 4)
 	}
+	s.TTFTMean, s.E2EMean = round(mean(c.ttft), 3), round(mean(c.e2e), 3)
 	slices.Sort(c.ttft)
 	slices.Sort(c.e2e)
 	slices.Sort(c.itl)
@@ -142,6 +146,18 @@ func (c *Collector) Summarize(label string) Summary {
 		}
 	}
 	return s
+}
+
+// mean returns the arithmetic mean of xs, 0 if empty.
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	t := 0.0
+	for _, x := range xs {
+		t += x
+	}
+	return t / float64(len(xs))
 }
 
 // quantile returns the nearest-rank q-quantile of sorted xs, rounded to microseconds; 0 if empty.

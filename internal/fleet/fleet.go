@@ -1,0 +1,168 @@
+// Package fleet is a discrete-event simulator, in virtual time, of G gateway replicas in front of
+// W inference engines. Each simulated gateway has its own worker objects (its own in-flight
+// counters), its own policy instance built by policy.New (its own prefix tree), and its own load
+// monitor, which polls every engine at the configured interval, with a random phase per replica,
+// so that every snapshot is exactly as stale as in production; load is computed by
+// loadmon.Effective, the function the gateway uses. Engines are engine.Engine, the model that
+// `kvgate sim` serves on real ports. Nothing here is a re-implementation of routing: a result
+// measured in the simulator is the result of the code that serves traffic.
+//
+// The simulator is single-threaded and deterministic: the same configuration, workload and seed
+// give the same Summary, byte for byte. Requests reach a gateway chosen uniformly at random or by
+// a hash of the session key (what a load balancer with session affinity in front of the replicas
+// would do), then the gateway's policy picks an engine; the request holds the worker's in-flight
+// slot of that gateway from the pick until the engine reports it finished.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
+)
+
+// Spread says how requests are spread over the gateway replicas. The zero value is
+// SpreadUniform.
+type Spread uint8
+
+const (
+	// SpreadUniform sends each request to a gateway chosen uniformly at random (a plain L4 load
+	// balancer or DNS round robin in front of the replicas).
+	SpreadUniform Spread = iota
+	// SpreadSession sends every request of a session to the same gateway (session affinity).
+	SpreadSession
+)
+
+// String returns the flag name of s.
+func (s Spread) String() string {
+	if s == SpreadSession {
+		return "session"
+	}
+	return "uniform"
+}
+
+// ParseSpread parses "uniform" (or "") and "session".
+func ParseSpread(s string) (Spread, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "uniform":
+		return SpreadUniform, nil
+	case "session":
+		return SpreadSession, nil
+	}
+	return SpreadUniform, fmt.Errorf("unknown spread %q (want uniform or session)", s)
+}
+
+// Config describes one simulated fleet. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Engines is the number of engines (W). Default 8.
+	Engines int
+	// Gateways is the number of gateway replicas (G). Default 1.
+	Gateways int
+	// Policy is the routing policy name (any name or alias policy.New accepts). Default
+	// cache_aware.
+	Policy string
+	// PolicyConfig holds the policy knobs. Its Loads, Rand, Now and NoBackground are set by the
+	// simulator for each gateway. The zero value means policy.DefaultConfig().
+	PolicyConfig policy.Config
+	// LoadMode is how a gateway computes load from its counters and the snapshot. Zero is
+	// ModeEffective.
+	LoadMode loadmon.Mode
+	// PollInterval is the load monitor's interval. Default 1 s (DESIGN.md §3).
+	PollInterval time.Duration
+	// StaleAfter is the age past which a report no longer counts. Default 3 × PollInterval.
+	StaleAfter time.Duration
+	// Spread is how requests are spread over gateways. Zero is SpreadUniform.
+	Spread Spread
+	// Engine is every engine's cost model and capacity. Zero fields take engine defaults.
+	Engine engine.Config
+	// RoutingPrefixBytes is how much of the routing text policies see, as in the gateway.
+	// Default 8192.
+	RoutingPrefixBytes int
+	// Seed seeds the gateway choice, the policies' randomness and the poll phases. The workload's
+	// own seed is separate.
+	Seed uint64
+}
+
+// DefaultConfig returns the defaults: 8 engines, 1 gateway, cache_aware on effective load, 1 s
+// polls stale after 3 s, uniform spread, default engines, 8192-byte routing text.
+func DefaultConfig() Config {
+	return Config{
+		Engines:            8,
+		Gateways:           1,
+		Policy:             "cache_aware",
+		PolicyConfig:       policy.DefaultConfig(),
+		PollInterval:       time.Second,
+		StaleAfter:         3 * time.Second,
+		RoutingPrefixBytes: 8192,
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Engines == 0 {
+		c.Engines = d.Engines
+	}
+	if c.Gateways == 0 {
+		c.Gateways = d.Gateways
+	}
+	if c.Policy == "" {
+		c.Policy = d.Policy
+	}
+	if c.PolicyConfig.CacheAware == (policy.CacheAwareConfig{}) && c.PolicyConfig.PrefixHash == (policy.PrefixHashConfig{}) {
+		c.PolicyConfig.CacheAware, c.PolicyConfig.PrefixHash = d.PolicyConfig.CacheAware, d.PolicyConfig.PrefixHash
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = d.PollInterval
+	}
+	if c.StaleAfter == 0 {
+		c.StaleAfter = 3 * c.PollInterval
+	}
+	if c.RoutingPrefixBytes == 0 {
+		c.RoutingPrefixBytes = d.RoutingPrefixBytes
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c, after defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Engines < 1 || c.Engines > 4096:
+		return fmt.Errorf("fleet: engines %d must be in [1, 4096]", c.Engines)
+	case c.Gateways < 1 || c.Gateways > 256:
+		return fmt.Errorf("fleet: gateways %d must be in [1, 256]", c.Gateways)
+	case c.PollInterval < time.Millisecond:
+		return fmt.Errorf("fleet: poll interval %v must be at least 1ms", c.PollInterval)
+	case c.StaleAfter < c.PollInterval:
+		return fmt.Errorf("fleet: stale-after %v must be at least the poll interval %v", c.StaleAfter, c.PollInterval)
+	case c.RoutingPrefixBytes < 1:
+		return errors.New("fleet: routing prefix bytes must be positive")
+	}
+	if _, err := policy.Canonical(c.Policy); err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	if err := c.PolicyConfig.Validate(); err != nil {
+		return fmt.Errorf("fleet: policy config: %w", err)
+	}
+	if err := c.Engine.Validate(); err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	return nil
+}
+
+// Label returns a row label for c: the policy, plus the load mode when it is not the default.
+func (c Config) Label() string {
+	c = c.withDefaults()
+	name, err := policy.Canonical(c.Policy)
+	if err != nil {
+		name = c.Policy
+	}
+	if c.LoadMode != loadmon.ModeEffective {
+		name += "/" + c.LoadMode.String()
+	}
+	return name
+}

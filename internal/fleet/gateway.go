@@ -1,0 +1,158 @@
+package fleet
+
+import (
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// simModel is the model id every simulated engine serves.
+const simModel = "sim-model"
+
+// gateway is one simulated gateway replica: its own worker objects for every engine, its own
+// policy, and its own view of the load reports, which it refreshes by polling.
+type gateway struct {
+	s       *sim
+	idx     int
+	workers []*worker.Worker
+	index   map[*worker.Worker]int
+	pol     policy.Policy
+	evictor interface{ Evict() }
+	rng     *rand.Rand
+
+	reports []loadmon.Report
+	polled  []bool
+	phase   time.Duration
+	req     policy.Request
+}
+
+var _ policy.Loads = (*gateway)(nil)
+
+// newGateway builds replica g of s.
+func newGateway(s *sim, g int) (*gateway, error) {
+	gw := &gateway{
+		s:       s,
+		idx:     g,
+		index:   make(map[*worker.Worker]int, len(s.engines)),
+		rng:     rand.New(rand.NewPCG(s.cfg.Seed, uint64(g)+1)),
+		reports: make([]loadmon.Report, len(s.engines)),
+		polled:  make([]bool, len(s.engines)),
+	}
+	for i := range s.engines {
+		w, err := worker.New(worker.Spec{URL: fmt.Sprintf("http://engine-%d:8000", i), Models: []string{simModel}}, worker.BreakerConfig{Disabled: true})
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
+		w.SetHealth(worker.Ready)
+		gw.workers = append(gw.workers, w)
+		gw.index[w] = i
+	}
+	pc := s.cfg.PolicyConfig
+	pc.Loads = gw
+	pc.Rand = func(n int) int { return gw.rng.IntN(n) }
+	pc.Now = func() time.Time { return epoch.Add(s.now) }
+	pc.NoBackground = true
+	pol, err := policy.New(s.cfg.Policy, pc)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
+	}
+	gw.pol = pol
+	gw.evictor, _ = pol.(interface{ Evict() })
+	// Replicas start at different moments, so their polls are not aligned.
+	gw.phase = time.Duration(gw.rng.Int64N(int64(s.cfg.PollInterval)))
+	return gw, nil
+}
+
+// close stops whatever the policy runs.
+func (g *gateway) close() {
+	if c, ok := g.pol.(io.Closer); ok {
+		c.Close()
+	}
+}
+
+// schedule queues the first poll and the first tree eviction.
+func (g *gateway) schedule() {
+	g.s.push(event{at: g.phase, kind: evPoll, idx: g.idx})
+	if g.evictor != nil {
+		g.s.push(event{at: g.phase + g.s.cfg.PolicyConfig.CacheAware.EvictionInterval, kind: evEvict, idx: g.idx})
+	}
+}
+
+// pick asks the policy for a worker for text and returns it with its engine index.
+func (g *gateway) pick(text, key string) (*worker.Worker, int) {
+	if len(text) > g.s.cfg.RoutingPrefixBytes {
+		text = text[:g.s.cfg.RoutingPrefixBytes]
+	}
+	g.req = policy.Request{Model: simModel, Text: text, Key: key}
+	w := g.pol.Pick(g.workers, &g.req)
+	if w == nil {
+		return nil, -1
+	}
+	return w, g.index[w]
+}
+
+// poll reads every engine's load now, as the load monitor does at each interval, recording this
+// gateway's in-flight count at the moment of the poll, and queues the next poll.
+func (g *gateway) poll() {
+	s := g.s
+	polledAt := epoch.Add(s.now)
+	for i, se := range s.engines {
+		s.syncEngine(i)
+		l := se.e.Load()
+		g.reports[i] = loadmon.Report{
+			Running: int64(l.Running), Waiting: int64(l.Waiting),
+			WaitingUncachedTokens: l.WaitingUncachedTokens,
+			UsedTokens:            l.UsedTokens, MaxTokens: l.MaxTokens, TokenUsage: l.TokenUsage,
+			GenThroughput: l.GenThroughput, CacheHitRate: l.CacheHitRate, HasTokenData: true,
+			PolledAt: polledAt, InflightAtPoll: g.workers[i].Inflight(),
+		}
+		g.polled[i] = true
+	}
+	if g.idx == 0 {
+		s.sample()
+	}
+	s.push(event{at: s.now + s.cfg.PollInterval, kind: evPoll, idx: g.idx})
+}
+
+// evict trims the policy's trees and queues the next eviction.
+func (g *gateway) evict() {
+	g.evictor.Evict()
+	g.s.push(event{at: g.s.now + g.s.cfg.PolicyConfig.CacheAware.EvictionInterval, kind: evEvict, idx: g.idx})
+}
+
+// report returns the last report for engine i and whether it is fresh.
+func (g *gateway) report(i int) (loadmon.Report, bool) {
+	if !g.polled[i] {
+		return loadmon.Report{}, false
+	}
+	r := g.reports[i]
+	return r, epoch.Add(g.s.now).Sub(r.PolledAt) <= g.s.cfg.StaleAfter
+}
+
+// Load returns w's load as this gateway sees it, by loadmon.Effective.
+func (g *gateway) Load(w *worker.Worker) int64 {
+	i, ok := g.index[w]
+	if !ok {
+		return w.Inflight()
+	}
+	r, fresh := g.report(i)
+	return loadmon.Effective(g.s.cfg.LoadMode, w.Inflight(), r, fresh)
+}
+
+// Report returns w's last fresh report.
+func (g *gateway) Report(w *worker.Worker) (loadmon.Report, bool) {
+	i, ok := g.index[w]
+	if !ok {
+		return loadmon.Report{}, false
+	}
+	r, fresh := g.report(i)
+	if !fresh {
+		return loadmon.Report{}, false
+	}
+	return r, true
+}

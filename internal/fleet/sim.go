@@ -1,0 +1,380 @@
+package fleet
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/policy"
+)
+
+// epoch is virtual time zero as a wall-clock time, for the clocks handed to policies and the
+// PolledAt of reports. Fixed, so that nothing in a run depends on when it ran.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// eventKind says what a queued event does.
+type eventKind uint8
+
+const (
+	evArrival eventKind = iota // open loop: a new session arrives
+	evTurn                     // a session's next turn is due
+	evEngine                   // an engine's next event is due
+	evPoll                     // a gateway polls every engine
+	evEvict                    // a gateway trims its policy's trees
+)
+
+// event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
+// deterministic.
+type event struct {
+	at   time.Duration
+	seq  uint64
+	kind eventKind
+	idx  int    // engine or gateway index
+	ver  uint64 // evEngine: the engine's wake version when queued
+	sess *active
+}
+
+type queue []event
+
+func (q queue) Len() int { return len(q) }
+func (q queue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q queue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *queue) Push(x any)   { *q = append(*q, x.(event)) }
+func (q *queue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+// active is a session in progress.
+type active struct {
+	s    bench.Session
+	next int // index of the next turn to send
+	gw   int // the session's gateway under SpreadSession
+}
+
+// flight is a request in an engine.
+type flight struct {
+	sess    *active
+	gw      int
+	release func()
+	sent    time.Duration
+	eng     int
+}
+
+// simEngine is one engine and its wake bookkeeping.
+type simEngine struct {
+	e       *engine.Engine
+	ver     uint64        // bumped whenever the engine's next event may have changed
+	queued  bool          // an evEngine for ver is in the queue
+	queueAt time.Duration // and when
+	backlog float64       // sum of sampled backlogs, for the load spread
+}
+
+// sim is one run.
+type sim struct {
+	cfg   Config
+	sched *bench.Schedule
+	rng   *rand.Rand
+
+	now     time.Duration
+	seq     uint64
+	q       queue
+	engines []*simEngine
+	gws     []*gateway
+	flights map[uint64]*flight
+	nextID  uint64
+	// sessions counts sessions in progress plus a pending open-loop arrival; the run ends when
+	// it and the flights reach zero.
+	sessions int
+	samples  int
+	coll     bench.Collector
+	evs      []engine.Event
+	noWorker int
+}
+
+// Run simulates the workload of sched on the fleet cfg and returns its summary, labelled
+// cfg.Label(). ctx cancels a long run between events.
+func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary, error) {
+	if err := cfg.Validate(); err != nil {
+		return bench.Summary{}, err
+	}
+	cfg = cfg.withDefaults()
+	s := &sim{
+		cfg:     cfg,
+		sched:   sched,
+		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
+		flights: map[uint64]*flight{},
+	}
+	if err := s.build(); err != nil {
+		return bench.Summary{}, err
+	}
+	defer s.close()
+	s.start()
+	for n := 0; s.q.Len() > 0; n++ {
+		if n&0xfff == 0 && ctx.Err() != nil {
+			return bench.Summary{}, ctx.Err()
+		}
+		ev := heap.Pop(&s.q).(event)
+		s.now = ev.at
+		s.dispatch(ev)
+	}
+	sum := s.coll.Summarize(cfg.Label())
+	canon, _ := policy.Canonical(cfg.Policy)
+	sum.Policy, sum.Gateways, sum.Engines, sum.LoadMode = canon, cfg.Gateways, cfg.Engines, cfg.LoadMode.String()
+	sum.Arrivals = sched.Arrivals().String()
+	sum.Spread = s.spread()
+	return sum, nil
+}
+
+// build creates the engines and gateways.
+func (s *sim) build() error {
+	s.engines = make([]*simEngine, s.cfg.Engines)
+	for i := range s.engines {
+		e, err := engine.New(s.cfg.Engine)
+		if err != nil {
+			return fmt.Errorf("fleet: %w", err)
+		}
+		s.engines[i] = &simEngine{e: e}
+	}
+	s.gws = make([]*gateway, s.cfg.Gateways)
+	for g := range s.gws {
+		gw, err := newGateway(s, g)
+		if err != nil {
+			return err
+		}
+		s.gws[g] = gw
+	}
+	return nil
+}
+
+// close releases what the policies hold.
+func (s *sim) close() {
+	for _, g := range s.gws {
+		if g != nil {
+			g.close()
+		}
+	}
+}
+
+// push queues an event at at.
+func (s *sim) push(ev event) {
+	ev.seq = s.seq
+	s.seq++
+	heap.Push(&s.q, ev)
+}
+
+// start queues the first sessions and the gateways' periodic work.
+func (s *sim) start() {
+	if s.sched.Arrivals().Closed() {
+		for i := 0; i < s.sched.Arrivals().Concurrency; i++ {
+			if !s.startSession(0) {
+				break
+			}
+		}
+	} else {
+		s.queueArrival()
+	}
+	for _, g := range s.gws {
+		g.schedule()
+	}
+}
+
+// queueArrival queues the next open-loop session, if any.
+func (s *sim) queueArrival() {
+	sess, at, ok := s.sched.NextSession()
+	if !ok {
+		return
+	}
+	s.sessions++
+	s.push(event{at: at, kind: evArrival, sess: s.newActive(sess)})
+}
+
+// startSession starts the next session now (closed loop) and reports whether there was one.
+func (s *sim) startSession(at time.Duration) bool {
+	if s.sched.Done(at) {
+		return false
+	}
+	sess, _, ok := s.sched.NextSession()
+	if !ok {
+		return false
+	}
+	s.sessions++
+	s.push(event{at: at, kind: evTurn, sess: s.newActive(sess)})
+	return true
+}
+
+func (s *sim) newActive(sess bench.Session) *active {
+	a := &active{s: sess}
+	if s.cfg.Spread == SpreadSession {
+		h := fnv.New64a()
+		h.Write([]byte(sess.Key))
+		a.gw = int(h.Sum64() % uint64(len(s.gws)))
+	}
+	return a
+}
+
+// dispatch handles one event at s.now.
+func (s *sim) dispatch(ev event) {
+	switch ev.kind {
+	case evArrival:
+		s.queueArrival()
+		s.sendTurn(ev.sess)
+	case evTurn:
+		s.sendTurn(ev.sess)
+	case evEngine:
+		se := s.engines[ev.idx]
+		if ev.ver != se.ver {
+			return // superseded by a later wake
+		}
+		se.queued = false
+		s.syncEngine(ev.idx)
+	case evPoll:
+		if s.live() {
+			s.gws[ev.idx].poll()
+		}
+	case evEvict:
+		if s.live() {
+			s.gws[ev.idx].evict()
+		}
+	}
+}
+
+// live reports whether anything is still to happen besides periodic gateway work.
+func (s *sim) live() bool { return s.sessions > 0 || len(s.flights) > 0 }
+
+// sendTurn sends the session's next turn through a gateway, or ends the session.
+func (s *sim) sendTurn(a *active) {
+	if a.next >= len(a.s.Turns) || !s.sched.Admit(s.now) {
+		s.endSession()
+		return
+	}
+	t := &a.s.Turns[a.next]
+	a.next++
+	g := a.gw
+	if s.cfg.Spread == SpreadUniform && len(s.gws) > 1 {
+		g = s.rng.IntN(len(s.gws))
+	}
+	gw := s.gws[g]
+	text := t.Text()
+	w, idx := gw.pick(text, a.s.Key)
+	if w == nil {
+		s.noWorker++
+		s.coll.Add(bench.Record{Sent: s.now, Err: "no available worker"})
+		s.endSession()
+		return
+	}
+	id := s.nextID
+	s.nextID++
+	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx}
+	se := s.engines[idx]
+	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
+		f.release()
+		s.coll.Add(bench.Record{Sent: s.now, Err: err.Error()})
+		s.endSession()
+		return
+	}
+	s.flights[id] = f
+	s.wake(idx)
+}
+
+// endSession accounts a finished session; under a closed loop it starts the next one.
+func (s *sim) endSession() {
+	s.sessions--
+	if s.sched.Arrivals().Closed() {
+		s.startSession(s.now)
+	}
+}
+
+// wake makes sure the queue holds the engine's next event.
+func (s *sim) wake(i int) {
+	se := s.engines[i]
+	at, ok := se.e.NextEvent()
+	if !ok {
+		se.ver++
+		se.queued = false
+		return
+	}
+	at = max(at, s.now)
+	if se.queued && se.queueAt == at {
+		return
+	}
+	se.ver++
+	se.queued, se.queueAt = true, at
+	s.push(event{at: at, kind: evEngine, idx: i, ver: se.ver})
+}
+
+// syncEngine moves engine i to now, handles what happened, and queues its next event.
+func (s *sim) syncEngine(i int) {
+	se := s.engines[i]
+	s.evs = se.e.Advance(s.now, s.evs[:0])
+	for _, ev := range s.evs {
+		if ev.Kind == engine.Finished {
+			s.finish(ev)
+		}
+	}
+	s.wake(i)
+}
+
+// finish records a finished request, frees its slot, and schedules the session's next turn.
+func (s *sim) finish(ev engine.Event) {
+	f, ok := s.flights[ev.ID]
+	if !ok {
+		return
+	}
+	delete(s.flights, ev.ID)
+	f.release()
+	rec := bench.Record{
+		Sent: f.sent, TTFT: ev.TTFT, E2E: ev.At - f.sent,
+		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
+	}
+	if ev.CompletionTokens > 1 {
+		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)
+	}
+	s.coll.Add(rec)
+	a := f.sess
+	if a.next >= len(a.s.Turns) {
+		s.endSession()
+		return
+	}
+	s.push(event{at: ev.At + a.s.Turns[a.next].Think, kind: evTurn, sess: a})
+}
+
+// sample adds every engine's backlog to the spread statistics.
+func (s *sim) sample() {
+	for _, se := range s.engines {
+		l := se.e.Load()
+		se.backlog += float64(l.Running + l.Waiting)
+	}
+	s.samples++
+}
+
+// spread returns max/min of the engines' mean sampled backlog, -1 when some engine was never
+// loaded while another was, and 0 without samples.
+func (s *sim) spread() float64 {
+	if s.samples == 0 {
+		return 0
+	}
+	lo, hi := s.engines[0].backlog, s.engines[0].backlog
+	for _, se := range s.engines[1:] {
+		lo, hi = min(lo, se.backlog), max(hi, se.backlog)
+	}
+	switch {
+	case hi == 0:
+		return 0
+	case lo == 0:
+		return -1
+	}
+	return float64(int64(hi/lo*1000+0.5)) / 1000
+}
