@@ -210,7 +210,25 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	defer func() { stopBG(); wg.Wait() }()
+	defer func() {
+		stopBG()
+		wg.Wait()
+		if mon != nil {
+			mon.Stop() // after the registration goroutines, which may start it, have exited
+		}
+	}()
+	if mon != nil {
+		// Polling runs whenever any load-aware policy exists: the default, the pools', or one
+		// a worker registered later names in its policy label.
+		if router.LoadAware() || anyLoadAware(o) {
+			mon.Start(bg)
+		}
+		reg.Subscribe(func(e worker.Event) {
+			if !e.Removed && policy.LoadAware(e.Worker.Label(policy.PolicyLabel)) {
+				mon.Start(bg)
+			}
+		})
+	}
 
 	if len(o.workerURLs)+len(o.prefillURLs)+len(o.decodeURLs) == 0 {
 		fleet, err := sim.StartFleet(bg, o.simWorkers, "127.0.0.1", 0, sim.Config{})
@@ -235,10 +253,6 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		go func() { defer wg.Done(); registerUntilDone(bg, gw, a, log, first.Done) }()
 	}
 	first.Wait()
-	if mon != nil && (router.LoadAware() || anyLoadAware(o)) {
-		mon.Start(bg)
-		defer mon.Stop()
-	}
 	return listenAndServe(ctx, o, gw, log, ready)
 }
 
