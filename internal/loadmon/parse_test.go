@@ -300,3 +300,15 @@ func BenchmarkParseLoads(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkParseLoadsReference is encoding/json on the same body, for the side-by-side ratio.
+func BenchmarkParseLoadsReference(b *testing.B) {
+	body := []byte(loadsTwoRanks)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := parseLoadsReference(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
