@@ -28,7 +28,7 @@ type Config struct {
 	// so this bounds sockets and goroutines rather than CPU.
 	Concurrency int
 	// Client sends the polls. nil (the default) means the monitor's own raw HTTP/1.1 client
-	// for http:// workers (see rawhttp.go; about half the CPU of net/http) and NewClient for
+	// for http:// workers (see rawhttp.go; 0.6× the CPU of net/http) and NewClient for
 	// https:// ones and for answers the raw client does not read. A non-nil Client is used for
 	// every poll (tests inject transports this way).
 	Client *http.Client

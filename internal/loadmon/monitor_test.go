@@ -463,3 +463,109 @@ func TestReadersDuringPolls(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+func TestConcurrencyBound(t *testing.T) {
+	const limit, workers = 3, 10
+	reg := worker.NewRegistry()
+	m, _, _ := testMonitor(t, reg, Config{Concurrency: limit})
+	var cur, peak atomic.Int32
+	full := make(chan struct{}) // closed once `limit` polls are in the handler at once
+	var once sync.Once
+	h := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		n := cur.Add(1)
+		defer cur.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		if n >= limit {
+			once.Do(func() { close(full) })
+		}
+		select { // the first polls wait until the bound is reached, so the peak is exact
+		case <-full:
+		case <-r.Context().Done():
+		}
+		io.WriteString(rw, busyLoads)
+	})
+	for range workers {
+		w, _ := fakeWorker(t, worker.Spec{Runtime: "sglang"}, map[string]http.Handler{"/v1/loads": h})
+		addWorkers(t, reg, w)
+	}
+	m.PollOnce(t.Context())
+	if got := m.Snapshot().Len(); got != workers {
+		t.Fatalf("%d entries, want %d", got, workers)
+	}
+	if got := peak.Load(); got != limit {
+		t.Fatalf("peak concurrent polls %d, want exactly %d", got, limit)
+	}
+}
+
+func TestRuntimeProbeRetry(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, clk, _ := testMonitor(t, reg, Config{Interval: time.Second})
+	var modelsUp atomic.Bool
+	w, h := fakeWorker(t, worker.Spec{}, map[string]http.Handler{
+		"/v1/models": http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			if !modelsUp.Load() {
+				http.Error(rw, "starting", http.StatusServiceUnavailable)
+				return
+			}
+			io.WriteString(rw, modelsVLLM)
+		}),
+		"/metrics": serveBody(200, vllmMetrics),
+	})
+	addWorkers(t, reg, w)
+	steps := []struct {
+		advance   time.Duration
+		modelsUp  bool
+		wantProbe int // /v1/models requests so far
+	}{
+		{0, false, 1},                // probe fails: unknown runtime, /v1/loads then /metrics
+		{time.Second, true, 1},       // no probe again before 10 intervals
+		{9 * time.Second, true, 2},   // probe retried, runtime learned
+		{100 * time.Second, true, 2}, // learned: never probed again
+	}
+	for i, s := range steps {
+		clk.Advance(s.advance)
+		modelsUp.Store(s.modelsUp)
+		m.PollOnce(t.Context())
+		if got := h.get("/v1/models"); got != s.wantProbe {
+			t.Fatalf("step %d: %d probes, want %d", i, got, s.wantProbe)
+		}
+		if _, ok := m.Report(w); !ok {
+			t.Fatalf("step %d: no report; /metrics works whatever the runtime", i)
+		}
+	}
+	if w.Runtime() != RuntimeVLLM {
+		t.Fatalf("runtime %q, want vllm", w.Runtime())
+	}
+}
+
+func TestStopCancelsPollsInFlight(t *testing.T) {
+	reg := worker.NewRegistry()
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	w, _ := fakeWorker(t, worker.Spec{Runtime: "vllm"}, map[string]http.Handler{"/metrics": http.HandlerFunc(
+		func(_ http.ResponseWriter, r *http.Request) {
+			select {
+			case arrived <- struct{}{}:
+			default:
+			}
+			select {
+			case <-r.Context().Done():
+			case <-release:
+			}
+		})})
+	addWorkers(t, reg, w)
+	// A poll that would block for a minute unless Stop cancels it.
+	m, _, _ := testMonitor(t, reg, Config{Interval: 2 * time.Minute, Timeout: time.Minute})
+	m.Start(t.Context())
+	<-arrived
+	start := time.Now()
+	m.Stop()
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("Stop took %v: the poll in flight was not cancelled", took)
+	}
+	if s := m.Snapshot(); s.Len() != 0 || s.Round != 0 {
+		t.Fatalf("a cancelled round was published: round %d, %d entries", s.Round, s.Len())
+	}
+}

@@ -17,7 +17,7 @@ import (
 // For plain-http workers polled with the default client, the monitor therefore speaks the small
 // subset of HTTP/1.1 a GET needs on a keep-alive connection it owns: one write, reads straight
 // into the poll's buffer, Content-Length or chunked bodies. Anything outside that subset (a
-// Content-Encoding, another Transfer-Encoding, a 1xx answer) returns errRawUnsupported and the
+// Content-Encoding, another Transfer-Encoding, a 1xx or 3xx answer) returns errRawUnsupported and the
 // worker is polled through net/http from then on. TestPollCost measures the difference.
 
 // errRawUnsupported says the raw client met HTTP it does not speak; the caller falls back.
@@ -178,7 +178,9 @@ func parseHeader(b []byte) (respHeader, error) {
 		return h, errors.New("malformed status code")
 	}
 	h.status, h.keep = code, line[7] == '1'
-	if code < 200 {
+	if code < 200 || (code >= 300 && code < 400) {
+		// 1xx, and redirects (Starlette answers /metrics with 307 to /metrics/ where the
+		// Prometheus app is mounted): net/http handles both.
 		return h, errRawUnsupported
 	}
 	for len(rest) > 0 {

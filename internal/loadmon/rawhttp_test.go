@@ -34,6 +34,7 @@ func TestReadResponse(t *testing.T) {
 		{"until EOF", "HTTP/1.1 200 OK\r\n\r\nto the end", "to the end", false, nil},
 		{"status 404", "HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found", "", false, &StatusError{Code: 404}},
 		{"1xx is left to net/http", "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n", "", false, errRawUnsupported},
+		{"redirect is left to net/http", "HTTP/1.1 307 Temporary Redirect\r\nLocation: /metrics/\r\nContent-Length: 0\r\n\r\n", "", false, errRawUnsupported},
 		{"gzip is left to net/http", "HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 1\r\n\r\nx", "", false, errRawUnsupported},
 		{"other transfer coding is left to net/http", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "", false, errRawUnsupported},
 		{"folded header is left to net/http", "HTTP/1.1 200 OK\r\nX-A: b\r\n c\r\nContent-Length: 1\r\n\r\nx", "", false, errRawUnsupported},
@@ -144,6 +145,23 @@ func TestRawFallsBackToNetHTTP(t *testing.T) {
 	}
 	if got := logs.count("worker's HTTP is outside"); got != 1 {
 		t.Fatalf("fallback logged %d times, want 1", got)
+	}
+}
+
+func TestRedirectedMetrics(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, _, _ := testMonitor(t, reg, Config{})
+	w, _ := fakeWorker(t, worker.Spec{Runtime: "vllm"}, map[string]http.Handler{
+		"/metrics":  http.RedirectHandler("/metrics/", http.StatusTemporaryRedirect),
+		"/metrics/": serveBody(200, vllmMetrics),
+	})
+	addWorkers(t, reg, w)
+	for range 2 {
+		m.PollOnce(t.Context())
+		if r, ok := m.Report(w); !ok || r.Backlog() != 13 {
+			f, _ := m.Snapshot().Failure(w.ID)
+			t.Fatalf("report %+v %v, want backlog 13; failure %+v", r, ok, f)
+		}
 	}
 }
 

@@ -17,9 +17,10 @@ type Report struct {
 	Waiting int64 `json:"num_waiting_reqs"`
 	// WaitingUncachedTokens is the prompt tokens of queued requests that miss the prefix cache.
 	WaitingUncachedTokens int64 `json:"num_waiting_uncached_tokens"`
-	// UsedTokens and MaxTokens are the KV cache's used and total token capacity.
+	// UsedTokens is the KV cache's used token capacity.
 	UsedTokens int64 `json:"num_used_tokens"`
-	MaxTokens  int64 `json:"max_total_num_tokens"`
+	// MaxTokens is the KV cache's total token capacity.
+	MaxTokens int64 `json:"max_total_num_tokens"`
 	// TokenUsage is KV-cache usage in [0,1].
 	TokenUsage float64 `json:"token_usage"`
 	// GenThroughput is generated tokens per second.
