@@ -261,3 +261,31 @@ func TestCharCount(t *testing.T) {
 		}
 	}
 }
+
+// TestDisjointPrefixesDoNotSerialize holds one request inside its choice (its deepest node
+// locked) and routes requests with other prefixes meanwhile: with a global lock they would
+// wait, and this test would hang.
+func TestDisjointPrefixesDoNotSerialize(t *testing.T) {
+	tr := New(Options{})
+	tr.Insert("system prompt A: hello", "w1")
+	tr.Insert("system prompt B: hello", "w2")
+	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tr.Route("system prompt A: hello again", func(*Match) string {
+			close(entered)
+			<-release
+			return "w1"
+		})
+	}()
+	<-entered
+	for _, text := range []string{"system prompt B: bye", "unrelated", "system prompt C"} {
+		tr.Insert(text, "w3")
+	}
+	if n, ts := tr.Lookup("system prompt B: bye"); n != 20 || !slices.Equal(ts, []string{"w3"}) {
+		t.Fatalf("Lookup = %d %v while another request was choosing", n, ts)
+	}
+	close(release)
+	<-done
+	checkStructure(t, tr)
+}
