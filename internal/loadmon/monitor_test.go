@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -567,5 +568,47 @@ func TestStopCancelsPollsInFlight(t *testing.T) {
 	}
 	if s := m.Snapshot(); s.Len() != 0 || s.Round != 0 {
 		t.Fatalf("a cancelled round was published: round %d, %d entries", s.Round, s.Len())
+	}
+}
+
+func TestVLLMThroughputFromCounter(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, clk, _ := testMonitor(t, reg, Config{Interval: time.Second})
+	var total atomic.Int64
+	w, _ := fakeWorker(t, worker.Spec{Runtime: "vllm"}, map[string]http.Handler{"/metrics": http.HandlerFunc(
+		func(rw http.ResponseWriter, _ *http.Request) {
+			fmt.Fprintf(rw, "%svllm:generation_tokens_total{engine=\"0\"} %d.0\n", vllmMetrics, total.Load())
+		})})
+	addWorkers(t, reg, w)
+	steps := []struct {
+		name    string
+		advance time.Duration
+		total   int64
+		want    float64 // GenThroughput; 0: no token data
+	}{
+		{"first poll: no rate yet", 0, 1000, 0},
+		{"2000 tokens in 1s", time.Second, 3000, 2000},
+		{"500 tokens in 0.5s", time.Second / 2, 3500, 1000},
+		{"restarted worker: counter went back", time.Second, 200, 0},
+		{"after a restart", 2 * time.Second, 1200, 500},
+		{"polls too far apart", 4 * time.Second, 5200, 0},
+		{"idle", time.Second, 5200, -1}, // token data with zero throughput
+	}
+	for _, s := range steps {
+		clk.Advance(s.advance)
+		total.Store(s.total)
+		m.PollOnce(t.Context())
+		r, ok := m.Report(w)
+		if !ok {
+			t.Fatalf("%s: no report", s.name)
+		}
+		switch {
+		case s.want == 0 && r.HasTokenData:
+			t.Fatalf("%s: token data %+v, want none", s.name, r)
+		case s.want == -1 && (!r.HasTokenData || r.GenThroughput != 0):
+			t.Fatalf("%s: %+v, want token data with zero throughput", s.name, r)
+		case s.want > 0 && (!r.HasTokenData || math.Abs(r.GenThroughput-s.want) > 1e-9):
+			t.Fatalf("%s: throughput %v (token data %v), want %v", s.name, r.GenThroughput, r.HasTokenData, s.want)
+		}
 	}
 }

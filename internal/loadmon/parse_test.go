@@ -102,7 +102,7 @@ func reportsClose(a, b Report) bool {
 	near := func(x, y float64) bool { return math.Abs(x-y) < 1e-9 }
 	return a.Running == b.Running && a.Waiting == b.Waiting && a.WaitingUncachedTokens == b.WaitingUncachedTokens &&
 		a.UsedTokens == b.UsedTokens && a.MaxTokens == b.MaxTokens && a.HasTokenData == b.HasTokenData &&
-		a.HasUncachedTokens == b.HasUncachedTokens &&
+		a.HasUncachedTokens == b.HasUncachedTokens && a.GenTokensTotal == b.GenTokensTotal &&
 		near(a.TokenUsage, b.TokenUsage) && near(a.GenThroughput, b.GenThroughput) && near(a.CacheHitRate, b.CacheHitRate)
 }
 
@@ -116,6 +116,8 @@ func TestParsePrometheus(t *testing.T) {
 	}{
 		{"vllm sums label sets, averages usage, hit ratio from counters", vllmMetrics, RuntimeVLLM,
 			Report{Running: 6, Waiting: 7, TokenUsage: 0.375, CacheHitRate: 0.25}, nil},
+		{"vllm generated-tokens counter", vllmMetrics + "vllm:generation_tokens_total{engine=\"0\"} 1500.0\nvllm:generation_tokens_total{engine=\"1\"} 500\n",
+			RuntimeVLLM, Report{Running: 6, Waiting: 7, TokenUsage: 0.375, CacheHitRate: 0.25, GenTokensTotal: 2000}, nil},
 		{"vllm old kv usage name", vllmOldMetrics, RuntimeVLLM, Report{Running: 1, Waiting: 2, TokenUsage: 0.75}, nil},
 		{"vllm with unknown runtime", vllmMetrics, "", Report{Running: 6, Waiting: 7, TokenUsage: 0.375, CacheHitRate: 0.25}, nil},
 		{"sglang colon prefix", sglangOldMetrics, RuntimeSGLang, Report{Running: 12, Waiting: 3, TokenUsage: 0.3,

@@ -53,6 +53,10 @@ type pollState struct {
 	probeAfter  time.Time // no /v1/models probe before this time
 	failures    int       // consecutive failed polls
 	lastSuccess time.Time // PolledAt of the last successful poll
+
+	// The last GenTokensTotal seen and its PolledAt, for deriveThroughput.
+	genTotal int64
+	genAt    time.Time
 }
 
 // reqKind names the requests a poll sends.
@@ -117,6 +121,7 @@ func (m *Monitor) pollWorker(ctx context.Context, st *pollState, sc *scratch) re
 		rep, err := m.fetchReport(ctx, st, src, rt, sc)
 		if err == nil {
 			rep.PolledAt, rep.InflightAtPoll = sent, inflight
+			st.deriveThroughput(&rep, m.cfg.StaleAfter)
 			st.source = src
 			return result{at: start, entry: Entry{Report: rep, Source: src, Runtime: rt, Latency: m.cfg.Now().Sub(start)}}
 		}
@@ -126,6 +131,25 @@ func (m *Monitor) pollWorker(ctx context.Context, st *pollState, sc *scratch) re
 		}
 	}
 	return result{at: start, err: errors.Join(errs[:]...)}
+}
+
+// deriveThroughput fills a report without a throughput gauge (vLLM) from the growth of its
+// generated-tokens counter since the previous poll. The first poll, a counter that went back (a
+// restarted worker), and polls less than nothing or more than maxGap apart give no rate, and the
+// report stays without token data: least_load then ranks on effective load, as for any worker
+// without token data.
+func (st *pollState) deriveThroughput(r *Report, maxGap time.Duration) {
+	prev, prevAt := st.genTotal, st.genAt
+	st.genTotal, st.genAt = r.GenTokensTotal, r.PolledAt
+	if r.HasTokenData || r.GenTokensTotal == 0 || prevAt.IsZero() {
+		return
+	}
+	dt := r.PolledAt.Sub(prevAt)
+	if dt <= 0 || dt > maxGap || r.GenTokensTotal < prev {
+		return
+	}
+	r.GenThroughput = clampRate(float64(r.GenTokensTotal-prev) / dt.Seconds())
+	r.HasTokenData = true
 }
 
 // sourceOrder returns the sources to try for runtime rt: vLLM serves only /metrics; SGLang and

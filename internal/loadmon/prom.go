@@ -28,6 +28,7 @@ const (
 	fThroughput           // sglang gen_throughput
 	fHitRate              // sglang cache_hit_rate
 	fUsedTokens           // sglang num_used_tokens
+	fGenTokens            // vllm:generation_tokens_total
 	nPromFields
 )
 
@@ -48,6 +49,8 @@ func promFieldOf(name []byte, runtime string) promField {
 			return fHits
 		case "prefix_cache_queries_total":
 			return fQueries
+		case "generation_tokens_total":
+			return fGenTokens
 		}
 		return fNone
 	}
@@ -76,7 +79,9 @@ func promFieldOf(name []byte, runtime string) promField {
 // into a Report. runtime "vllm" or "sglang" restricts the metric names to that runtime's (both
 // SGLang prefixes, both vLLM KV-usage names); "" accepts either. Counts and throughput are summed
 // over label sets (in int64 for counts); ratios are averaged; vLLM's prefix hit rate is
-// hits_total / queries_total. HasTokenData is set when gen_throughput is present.
+// hits_total / queries_total. HasTokenData is set when gen_throughput is present; vLLM has no
+// such gauge, but its generation_tokens_total counter goes to GenTokensTotal, from which the
+// Monitor derives GenThroughput between two polls.
 //
 // Only the lines of the metrics above are parsed, in one pass with no allocation for the lines
 // skipped; a malformed line of one of them fails the body, other lines are ignored. A body
@@ -111,6 +116,8 @@ func ParsePrometheus(body []byte, runtime string) (Report, error) {
 			r.Waiting = satAdd(r.Waiting, clampCount(v))
 		case fUsedTokens:
 			r.UsedTokens = satAdd(r.UsedTokens, clampCount(v))
+		case fGenTokens:
+			r.GenTokensTotal = satAdd(r.GenTokensTotal, clampCount(v))
 		case fThroughput:
 			sum[f] = clampRate(sum[f] + clampRate(v))
 		case fHits, fQueries:

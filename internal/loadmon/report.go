@@ -25,6 +25,10 @@ type Report struct {
 	TokenUsage float64 `json:"token_usage"`
 	// GenThroughput is generated tokens per second.
 	GenThroughput float64 `json:"gen_throughput"`
+	// GenTokensTotal is the worker's cumulative generated tokens (vLLM's
+	// generation_tokens_total counter); zero when not reported. The Monitor turns its growth
+	// between two polls into GenThroughput for runtimes that report no throughput gauge.
+	GenTokensTotal int64 `json:"generation_tokens_total,omitempty"`
 	// CacheHitRate is the prefix-cache hit rate in [0,1].
 	CacheHitRate float64 `json:"cache_hit_rate"`
 	// HasTokenData is true when the source reported token-level fields (usage, throughput).

@@ -33,7 +33,8 @@ const (
 )
 
 // LeastLoad picks the available worker with the least expected wait. When some available
-// candidate has no fresh token-level report (a vLLM /metrics worker, a failed or stale poll),
+// candidate has no fresh token-level report (a failed or stale poll, a vLLM worker before its
+// second poll gives a throughput, a server that reports only request counts),
 // seconds and request counts do not compare, so the whole pick falls back to the least
 // effective load. Ties go to the lower effective load, then fewer processed requests, then the
 // earlier candidate. Zero value unusable: use NewLeastLoad.
