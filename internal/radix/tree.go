@@ -120,8 +120,8 @@ func (m *Match) Ratio() float64 {
 
 // Route matches text against the tree and records it for the tenant that choose returns, in one
 // descent. choose runs while the deepest matched node is locked, so that nothing can change the
-// match before the text is recorded: it must be quick and must not call the tree. If it returns
-// "", nothing is recorded. Route returns the Match as choose saw it, without Tenants.
+// match before the text is recorded: it must be quick, must not panic and must not call the
+// tree. If it returns "", nothing is recorded. Route returns the Match's Chars and Total.
 func (t *Tree) Route(text string, choose func(m *Match) string) (chars, total int) {
 	n := t.root
 	n.mu.Lock()
