@@ -24,7 +24,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	cfg, faults, faulty, err := flags.Config()
 	if err != nil {
-		return fmt.Errorf("sim: %w", err)
+		return err
 	}
 	fleet, err := sim.StartFleet(ctx, flags.Count, flags.Host, flags.BasePort, cfg)
 	if err != nil {

@@ -292,3 +292,27 @@ func TestStreamingPace(t *testing.T) {
 		t.Errorf("29 inter-token gaps took %v, want at least %v", d, want)
 	}
 }
+
+// TestRepeatedPromptIsFasterOverHTTP checks that the real-time front keeps the model's cache
+// effect: a 3200-token prompt prefills in 400 ms; repeated, all but its last block hit.
+func TestRepeatedPromptIsFasterOverHTTP(t *testing.T) {
+	_, ts := startServer(t, Config{})
+	c := sdk(ts)
+	prompt := strings.Repeat("abcd", 3200)
+	ttft := func() time.Duration {
+		start := time.Now()
+		stream := c.Chat.Completions.NewStreaming(testCtx(t), chatParams(prompt, 2))
+		defer stream.Close()
+		if !stream.Next() {
+			t.Fatalf("no chunk: %v", stream.Err())
+		}
+		d := time.Since(start)
+		for stream.Next() {
+		}
+		return d
+	}
+	cold, warm := ttft(), ttft()
+	if cold < 400*time.Millisecond || warm > cold/4 {
+		t.Errorf("cold TTFT %v (want ≥ 400 ms), warm %v (want under a quarter of it)", cold, warm)
+	}
+}
