@@ -208,9 +208,12 @@ func TestErrorStatuses(t *testing.T) {
 		{name: "no available worker", setup: func(g *testGateway, f *fakeWorker) {
 			g.reg.View().All[0].SetHealth(worker.NotReady)
 		}, body: `{"model":"m","messages":[]}`, status: 503},
-		{name: "upstream transport failure", setup: func(g *testGateway, f *fakeWorker) {
+		{name: "every worker unreachable", setup: func(g *testGateway, f *fakeWorker) {
 			f.CloseClientConnections()
 			f.Listener.Close()
+		}, body: `{"model":"m","messages":[]}`, status: 503},
+		{name: "upstream transport failure", setup: func(g *testGateway, f *fakeWorker) {
+			f.setHandler(func(w http.ResponseWriter, r *http.Request) { panic(http.ErrAbortHandler) })
 		}, body: `{"model":"m","messages":[]}`, status: 502},
 		{name: "upstream timeout", cfg: Config{Proxy: proxyTimeout(100 * time.Millisecond)}, setup: func(g *testGateway, f *fakeWorker) {
 			f.setHandler(hang)

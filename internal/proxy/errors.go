@@ -23,6 +23,9 @@ const (
 	KindStatus
 	// KindStreamBroken: the response broke after bytes reached the client.
 	KindStreamBroken
+	// KindConnect: the worker refused or did not take the connection; nothing was sent (502, or
+	// 503 when every attempt of a request failed this way: then no worker was available).
+	KindConnect
 )
 
 // String returns the kind's metric label.
@@ -38,6 +41,8 @@ func (k Kind) String() string {
 		return "status"
 	case KindStreamBroken:
 		return "stream_broken"
+	case KindConnect:
+		return "connect"
 	default:
 		return "transport"
 	}

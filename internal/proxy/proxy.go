@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -174,12 +175,15 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 	var (
 		tried []*worker.Worker
 		res   Result
+		// reached is false while no attempt has reached a worker (every one failed to connect).
+		reached bool
+		skips   int
 	)
 	for attempt := 1; ; attempt++ {
 		w := pick(tried)
 		if w == nil {
-			if res.Err == nil {
-				res.Err = &Error{Kind: KindNoWorker, Err: ErrNoWorker}
+			if res.Err == nil || !reached {
+				res.Err = noWorker(res.Err)
 			}
 			if res.Attempts > 0 {
 				f.obs.RetriesExhausted("no_worker")
@@ -188,8 +192,18 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			return res
 		}
 		tried = append(tried, w)
-		res.Worker, res.Attempts = w, attempt
 		resp, err := f.attempt(ctx, w, req)
+		if errors.Is(err, errNotAdmitted) {
+			// The breaker refused (its half-open probe slots are taken): not an attempt.
+			if skips++; skips > maxSkips {
+				res.Err = noWorker(res.Err)
+				res.Status = Status(res.Err)
+				return res
+			}
+			attempt--
+			continue
+		}
+		res.Worker, res.Attempts = w, attempt
 		last := attempt >= f.cfg.Retry.MaxAttempts
 		if err != nil {
 			res.Err, res.Status = err, Status(err)
@@ -197,13 +211,18 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			if errors.As(err, &e) && e.Kind == KindCanceled {
 				return res
 			}
+			reached = reached || e.Kind != KindConnect
 			f.obs.UpstreamError(w, e.Kind)
 			if last || ctx.Err() != nil {
 				f.obs.RetriesExhausted(e.Kind.String())
+				if !reached {
+					res.Err = noWorker(res.Err)
+					res.Status = Status(res.Err)
+				}
 				return res
 			}
 			f.obs.Retry(e.Kind.String())
-		} else if retryableStatus(resp.StatusCode) && !last {
+		} else if reached = true; retryableStatus(resp.StatusCode) && !last {
 			resp.finish(resp.StatusCode)
 			res.Err = &Error{Kind: KindStatus, Worker: w.ID, StatusCode: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
 			f.obs.UpstreamError(w, KindStatus)
@@ -226,6 +245,21 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			return res
 		}
 	}
+}
+
+// maxSkips bounds how many picked workers a request may pass over because their breaker refused.
+const maxSkips = 8
+
+// errNotAdmitted says the picked worker's breaker refused the request before anything was sent.
+var errNotAdmitted = errors.New("circuit breaker refused the request")
+
+// noWorker is the error for a request that no worker could take; last, when set, is the reason the
+// last worker tried could not.
+func noWorker(last error) error {
+	if last == nil {
+		return &Error{Kind: KindNoWorker, Err: ErrNoWorker}
+	}
+	return &Error{Kind: KindNoWorker, Err: fmt.Errorf("%w: no worker could be reached (last: %w)", ErrNoWorker, last)}
 }
 
 func statusReason(code int) string {
@@ -295,10 +329,22 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 	if w.Spec.APIKey != "" {
 		u.Header.Set("Authorization", "Bearer "+w.Spec.APIKey)
 	}
+	done, abandon, admitted := w.Breaker.Begin(time.Now())
+	if !admitted {
+		if stopTimer != nil {
+			stopTimer()
+		}
+		cancel()
+		return nil, &Error{Kind: KindNoWorker, Worker: w.ID, Err: errNotAdmitted}
+	}
 	release := w.Acquire()
-	done, abandon := w.Breaker.Begin(time.Now())
 	resp, err := f.client.Do(u)
 	timedOut := stopTimer != nil && !stopTimer()
+	if err == nil && timedOut {
+		// The attempt timer fired just as the headers arrived: the body is already cancelled.
+		_ = resp.Body.Close()
+		err = context.DeadlineExceeded
+	}
 	if err != nil {
 		cancel()
 		release()
@@ -308,6 +354,8 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 			kind = KindCanceled
 		case ctx.Err() != nil || timedOut || isTimeout(err):
 			kind = KindTimeout
+		case isConnect(err):
+			kind = KindConnect
 		}
 		if kind == KindCanceled {
 			abandon()
@@ -317,6 +365,12 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		return nil, &Error{Kind: kind, Worker: w.ID, Err: err}
 	}
 	return &upstream{Response: resp, cancel: cancel, release: release, done: done, abandon: abandon}, nil
+}
+
+// isConnect reports whether err is a failure to connect: nothing reached the worker.
+func isConnect(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 func isTimeout(err error) bool {

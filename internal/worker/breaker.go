@@ -1,6 +1,9 @@
 package worker
 
 import (
+	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +21,8 @@ type BreakerConfig struct {
 	HalfOpenProbes int `yaml:"half_open_probes"`
 	// Disabled turns the breaker off: it always allows.
 	Disabled bool `yaml:"disabled"`
+	// Clock returns the current time; nil means time.Now. Tests inject a fake clock here.
+	Clock func() time.Time `yaml:"-"`
 }
 
 // DefaultBreakerConfig returns the defaults of DESIGN.md §3.
@@ -39,7 +44,84 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 	if c.HalfOpenProbes <= 0 {
 		c.HalfOpenProbes = d.HalfOpenProbes
 	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
 	return c
+}
+
+// Worker labels that override the gateway-wide breaker settings for one worker. Their names are
+// the flag names with underscores.
+const (
+	LabelCBFailureThreshold = "cb_failure_threshold"
+	LabelCBSuccessThreshold = "cb_success_threshold"
+	LabelCBTimeout          = "cb_timeout"
+	LabelCBHalfOpenProbes   = "cb_half_open_probes"
+	LabelCBDisabled         = "disable_circuit_breaker"
+)
+
+// WithLabels returns c overridden by the worker labels cb_failure_threshold, cb_success_threshold,
+// cb_timeout (a Go duration), cb_half_open_probes and disable_circuit_breaker; absent labels keep
+// c's value. It fails on a label whose value does not parse or is not positive.
+func (c BreakerConfig) WithLabels(labels map[string]string) (BreakerConfig, error) {
+	for _, o := range []struct {
+		key string
+		dst *int
+	}{
+		{LabelCBFailureThreshold, &c.FailureThreshold},
+		{LabelCBSuccessThreshold, &c.SuccessThreshold},
+		{LabelCBHalfOpenProbes, &c.HalfOpenProbes},
+	} {
+		if err := positiveIntLabel(labels, o.key, o.dst); err != nil {
+			return c, err
+		}
+	}
+	if err := positiveDurationLabel(labels, LabelCBTimeout, &c.OpenTimeout); err != nil {
+		return c, err
+	}
+	if err := boolLabel(labels, LabelCBDisabled, &c.Disabled); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func positiveIntLabel(labels map[string]string, key string, dst *int) error {
+	v, ok := labels[key]
+	if !ok {
+		return nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n <= 0 {
+		return fmt.Errorf("label %s=%q: want a positive integer", key, v)
+	}
+	*dst = n
+	return nil
+}
+
+func positiveDurationLabel(labels map[string]string, key string, dst *time.Duration) error {
+	v, ok := labels[key]
+	if !ok {
+		return nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil || d <= 0 {
+		return fmt.Errorf("label %s=%q: want a positive duration such as 5s", key, v)
+	}
+	*dst = d
+	return nil
+}
+
+func boolLabel(labels map[string]string, key string, dst *bool) error {
+	v, ok := labels[key]
+	if !ok {
+		return nil
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		return fmt.Errorf("label %s=%q: want true or false", key, v)
+	}
+	*dst = b
+	return nil
 }
 
 // CircuitState is a breaker's state.
@@ -68,13 +150,18 @@ func (s CircuitState) String() string {
 
 // Breaker is a per-worker circuit breaker. Only the worker's own failures (transport errors, 5xx,
 // timeouts) are to be recorded as failures: never a client cancel or a client-caused 4xx. The zero
-// value is not usable; workers initialise theirs in New.
+// value is not usable; use NewBreaker, or the one New gives each worker.
+//
+// The Closed path is lock-free. Only the outcomes of requests admitted in the current state count
+// (a generation number tells them apart), so a slow request admitted before the circuit opened
+// cannot close it again, and a straggler from an earlier closed period cannot reopen it.
 type Breaker struct {
 	cfg BreakerConfig
 
 	state    atomic.Int32
-	openedAt atomic.Int64 // unix nanos when last opened
-	probes   atomic.Int32 // half-open probes in flight
+	gen      atomic.Uint64 // bumped on every transition
+	openedAt atomic.Int64  // unix nanos when last opened
+	probes   atomic.Int32  // half-open probes in flight
 
 	mu        sync.Mutex
 	failures  int
@@ -83,7 +170,17 @@ type Breaker struct {
 	onChange func(from, to CircuitState)
 }
 
+// NewBreaker returns a closed breaker configured by cfg (zero fields take the defaults).
+func NewBreaker(cfg BreakerConfig) *Breaker {
+	b := &Breaker{}
+	b.init(cfg)
+	return b
+}
+
 func (b *Breaker) init(cfg BreakerConfig) { b.cfg = cfg.withDefaults() }
+
+// Config returns the breaker's settings with defaults applied.
+func (b *Breaker) Config() BreakerConfig { return b.cfg }
 
 // OnChange registers fn to be told of every transition. Call it before the worker is shared.
 func (b *Breaker) OnChange(fn func(from, to CircuitState)) { b.onChange = fn }
@@ -97,7 +194,7 @@ func (b *Breaker) State(now time.Time) CircuitState {
 	return s
 }
 
-// Allows reports whether a request may be sent now. It does not reserve a probe slot.
+// Allows reports whether a request may be sent now. It does not reserve a probe slot: Begin does.
 func (b *Breaker) Allows(now time.Time) bool {
 	if b.cfg.Disabled {
 		return true
@@ -112,13 +209,41 @@ func (b *Breaker) Allows(now time.Time) bool {
 	}
 }
 
-// Begin marks the start of a request to the worker and returns a func that records its outcome:
-// done(true) success, done(false) a worker failure. A request that ended for a reason that is not
-// the worker's (client cancel, client 4xx) must call neither; call the returned abandon instead.
-func (b *Breaker) Begin(now time.Time) (done func(ok bool), abandon func()) {
-	probe := !b.cfg.Disabled && b.State(now) == HalfOpen
-	if probe {
-		b.probes.Add(1)
+// transition is one state change to report after the lock is released.
+type transition struct{ from, to CircuitState }
+
+// Begin admits a request to the worker and returns a func that records its outcome: done(true)
+// success, done(false) a worker failure. A request that ended for a reason that is not the
+// worker's (client cancel, client 4xx) must call neither; call the returned abandon instead.
+// Exactly one of them must be called; later calls do nothing.
+//
+// admitted is false when the circuit is open, or half-open with every probe slot taken; then done
+// and abandon are no-ops and the request must go elsewhere.
+func (b *Breaker) Begin(now time.Time) (done func(ok bool), abandon func(), admitted bool) {
+	gen := b.gen.Load()
+	probe := false
+	if !b.cfg.Disabled && CircuitState(b.state.Load()) != Closed {
+		var ts []transition
+		b.mu.Lock()
+		ts = b.advanceLocked(now, ts)
+		switch CircuitState(b.state.Load()) {
+		case Open:
+			admitted = false
+		case HalfOpen:
+			if admitted = int(b.probes.Load()) < b.cfg.HalfOpenProbes; admitted {
+				b.probes.Add(1)
+				probe = true
+			}
+		default:
+			admitted = true
+		}
+		gen = b.gen.Load()
+		fn := b.onChange
+		b.mu.Unlock()
+		notify(fn, ts)
+		if !admitted {
+			return func(bool) {}, func() {}, false
+		}
 	}
 	var once atomic.Bool
 	release := func() bool {
@@ -132,59 +257,69 @@ func (b *Breaker) Begin(now time.Time) (done func(ok bool), abandon func()) {
 	}
 	done = func(ok bool) {
 		if release() {
-			b.record(ok, time.Now())
+			b.record(ok, gen, b.cfg.Clock())
 		}
 	}
 	abandon = func() { release() }
-	return done, abandon
+	return done, abandon, true
 }
 
-func (b *Breaker) record(ok bool, now time.Time) {
+// advanceLocked turns Open into HalfOpen once the open timeout has passed.
+func (b *Breaker) advanceLocked(now time.Time, ts []transition) []transition {
+	if CircuitState(b.state.Load()) == Open && b.State(now) == HalfOpen {
+		ts = b.setLocked(Open, HalfOpen, now, ts)
+	}
+	return ts
+}
+
+// setLocked moves the breaker from one state to another, starting a new generation.
+func (b *Breaker) setLocked(from, to CircuitState, now time.Time, ts []transition) []transition {
+	b.failures, b.successes = 0, 0
+	if to == Open {
+		b.openedAt.Store(now.UnixNano())
+	}
+	b.gen.Add(1)
+	b.state.Store(int32(to))
+	return append(ts, transition{from, to})
+}
+
+func notify(fn func(from, to CircuitState), ts []transition) {
+	if fn == nil {
+		return
+	}
+	for _, t := range ts {
+		fn(t.from, t.to)
+	}
+}
+
+// record counts the outcome of a request admitted in generation gen.
+func (b *Breaker) record(ok bool, gen uint64, now time.Time) {
 	if b.cfg.Disabled {
 		return
 	}
+	var buf [2]transition
+	ts := buf[:0]
 	b.mu.Lock()
-	var changes [2][2]CircuitState
-	n := 0
-	from := b.State(now)
-	if stored := CircuitState(b.state.Load()); stored != from {
-		// The open timeout passed: this outcome is the first seen half-open.
-		b.state.Store(int32(from))
-		b.failures, b.successes = 0, 0
-		changes[n] = [2]CircuitState{stored, from}
-		n++
+	if gen != b.gen.Load() {
+		// Admitted in an earlier state: its outcome says nothing about this one.
+		b.mu.Unlock()
+		return
 	}
-	to := from
-	switch from {
+	switch from := CircuitState(b.state.Load()); from {
 	case Closed:
 		if ok {
 			b.failures = 0
 		} else if b.failures++; b.failures >= b.cfg.FailureThreshold {
-			to = Open
+			ts = b.setLocked(Closed, Open, now, ts)
 		}
 	case HalfOpen:
 		if !ok {
-			to = Open
+			ts = b.setLocked(HalfOpen, Open, now, ts)
 		} else if b.successes++; b.successes >= b.cfg.SuccessThreshold {
-			to = Closed
+			ts = b.setLocked(HalfOpen, Closed, now, ts)
 		}
-	case Open:
-		// A request admitted before the circuit opened: its outcome changes nothing.
-	}
-	if to != from {
-		b.failures, b.successes = 0, 0
-		if to == Open {
-			b.openedAt.Store(now.UnixNano())
-		}
-		b.state.Store(int32(to))
-		changes[n] = [2]CircuitState{from, to}
-		n++
 	}
 	fn := b.onChange
 	b.mu.Unlock()
-	if fn != nil {
-		for _, c := range changes[:n] {
-			fn(c[0], c[1])
-		}
-	}
+	notify(fn, ts)
 }
