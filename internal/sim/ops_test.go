@@ -118,8 +118,15 @@ func TestMetricsParseWithFlavorNames(t *testing.T) {
 			raw, _ := io.ReadAll(res.Body)
 			res.Body.Close()
 			// promlint parses the text with Prometheus's own parser; a malformed exposition is an error.
-			if _, err := promlint.New(strings.NewReader(string(raw))).Lint(); err != nil {
+			problems, err := promlint.New(strings.NewReader(string(raw))).Lint()
+			if err != nil {
 				t.Fatalf("not Prometheus text: %v\n%s", err, raw)
+			}
+			// The real servers' names contain ':', which the linter flags; nothing else may be wrong.
+			for _, p := range problems {
+				if !strings.Contains(p.Text, "should not contain ':'") {
+					t.Errorf("lint: %s: %s", p.Metric, p.Text)
+				}
 			}
 			found := map[string]bool{}
 			for _, m := range typeLine.FindAllStringSubmatch(string(raw), -1) {
