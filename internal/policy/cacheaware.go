@@ -197,9 +197,12 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 		return best.w
 	}
 	hit := false
-	p.tree.Route(req.Text, func(m *radix.Match) string {
+	// Every worker holding more than the threshold of the text is a candidate, not only those
+	// on the deepest matched node: under load the prefix spreads to more workers, and the least
+	// loaded of them keeps the hit without queueing behind the first holder.
+	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
 		if m.Ratio() > p.cfg.CacheThreshold {
-			if h := leastLoadedHolder(av, m.Tenants); h != nil {
+			if h := leastLoadedHolder(av, m.Holders); h != nil {
 				best, hit = h, true
 			}
 		}

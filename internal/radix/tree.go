@@ -108,6 +108,9 @@ type Match struct {
 	// Tenants are the tenants recorded on the longest matched prefix, in no particular order;
 	// empty when Chars is 0.
 	Tenants []string
+	// Holders are the tenants that hold more than the holder ratio given to RouteHolders of the
+	// text (a superset of Tenants when the match exceeds that ratio); empty otherwise.
+	Holders []string
 }
 
 // Ratio returns Chars/Total, or 0 for an empty text.
@@ -118,11 +121,34 @@ func (m *Match) Ratio() float64 {
 	return float64(m.Chars) / float64(m.Total)
 }
 
+// appendTenants appends the live tenants of n, which the caller has locked.
+func (t *Tree) appendTenants(dst []string, n *node) []string {
+	tab := t.tenants.Load()
+	for _, e := range n.tenants {
+		if tn := tab.byIdx[e.idx]; !tn.retired.Load() {
+			dst = append(dst, tn.name)
+		}
+	}
+	return dst
+}
+
 // Route matches text against the tree and records it for the tenant that choose returns, in one
 // descent. choose runs while the deepest matched node is locked, so that nothing can change the
-// match before the text is recorded: it must be quick, must not panic and must not call the
-// tree. If it returns "", nothing is recorded. Route returns the Match's Chars and Total.
+// match before the text is recorded: it must be quick and must not call the tree. If it returns
+// "", nothing is recorded. Route returns the Match as choose saw it, without Tenants.
 func (t *Tree) Route(text string, choose func(m *Match) string) (chars, total int) {
+	return t.RouteHolders(text, 1, choose)
+}
+
+// RouteHolders is Route that also gives choose the Holders: every tenant that holds more than
+// ratio of the text, not only those on the deepest matched node. A node's tenants include the
+// tenants of all nodes below it, so they are the tenants of the shallowest node on the path at
+// which more than ratio of the text has matched, collected in the same descent.
+func (t *Tree) RouteHolders(text string, ratio float64, choose func(m *Match) string) (chars, total int) {
+	m := t.matchPool.Get().(*Match)
+	m.Total = charCount(text)
+	need := int(ratio*float64(m.Total)) + 1 // matched > ratio × total
+	m.Holders = m.Holders[:0]
 	n := t.root
 	n.mu.Lock()
 	pos, matched, cut := 0, 0, 0 // cut: bytes of n's edge matched when the text diverges inside it
@@ -136,27 +162,29 @@ func (t *Tree) Route(text string, choose func(m *Match) string) (chars, total in
 		n = c
 		k := commonPrefix(c.edge, text[pos:])
 		pos += k
+		before := matched
 		if k < len(c.edge) {
 			cut = k
 			matched += charCount(c.edge[:k])
+		} else {
+			matched += int(c.chars)
+		}
+		if before < need && matched >= need {
+			m.Holders = t.appendTenants(m.Holders, c)
+		}
+		if cut > 0 {
 			break
 		}
-		matched += int(c.chars)
 	}
-	m := t.matchPool.Get().(*Match)
-	m.Chars, m.Total = matched, charCount(text)
+	m.Chars = matched
 	m.Tenants = m.Tenants[:0]
 	if n != t.root {
-		tab := t.tenants.Load()
-		for _, e := range n.tenants {
-			if tn := tab.byIdx[e.idx]; !tn.retired.Load() {
-				m.Tenants = append(m.Tenants, tn.name)
-			}
-		}
+		m.Tenants = t.appendTenants(m.Tenants, n)
 	}
 	name := choose(m)
 	total = m.Total
 	clear(m.Tenants)
+	clear(m.Holders)
 	t.matchPool.Put(m)
 	if name == "" {
 		n.mu.Unlock()

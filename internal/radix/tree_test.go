@@ -289,3 +289,42 @@ func TestDisjointPrefixesDoNotSerialize(t *testing.T) {
 	<-done
 	checkStructure(t, tr)
 }
+
+// TestRouteHolders: the holders of more than the ratio are every tenant that shares enough of
+// the text, while Tenants are only those on the deepest matched node.
+func TestRouteHolders(t *testing.T) {
+	tr := New(Options{})
+	prefix := strings.Repeat("p", 80)
+	tr.Insert(prefix+"aaaaaaaaaaaaaaaaaaaa", "a")
+	tr.Insert(prefix+"bbbbbbbbbbbbbbbbbbbb", "b")
+	tr.Insert(prefix[:30], "short")
+	cases := []struct {
+		ratio       float64
+		tenants     []string
+		holders     []string
+		wantMatched int
+	}{
+		{ratio: 0.5, tenants: []string{"a"}, holders: []string{"a", "b"}, wantMatched: 90},
+		{ratio: 0.85, tenants: []string{"a"}, holders: []string{"a"}, wantMatched: 90},
+		{ratio: 0.2, tenants: []string{"a"}, holders: []string{"a", "b", "short"}, wantMatched: 90},
+		{ratio: 0.95, tenants: []string{"a"}, holders: nil, wantMatched: 90},
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprint(tc.ratio), func(t *testing.T) {
+			var tenants, holders []string
+			chars, total := tr.RouteHolders(prefix+"aaaaaaaaaaXXXXXXXXXX", tc.ratio, func(m *Match) string {
+				tenants = append([]string(nil), m.Tenants...)
+				holders = append([]string(nil), m.Holders...)
+				return ""
+			})
+			slices.Sort(tenants)
+			slices.Sort(holders)
+			if chars != tc.wantMatched || total != 100 {
+				t.Fatalf("matched %d of %d", chars, total)
+			}
+			if !slices.Equal(tenants, tc.tenants) || !slices.Equal(holders, tc.holders) {
+				t.Errorf("tenants %v holders %v, want %v and %v", tenants, holders, tc.tenants, tc.holders)
+			}
+		})
+	}
+}
