@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -92,9 +93,9 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 	if len(spec.Models) == 0 {
 		return nil, regErr(http.StatusBadGateway, "worker %s lists no models; give model_id", u)
 	}
-	w, err := worker.New(spec, s.cfg.Breaker)
+	w, err := s.newWorker(spec)
 	if err != nil {
-		return nil, regErr(http.StatusBadRequest, "%v", err)
+		return nil, err
 	}
 	if owner == "vllm" || owner == "sglang" {
 		w.SetRuntime(owner)
@@ -288,30 +289,18 @@ func (s *Server) handleReadiness(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
-// handleGetLoads shows, per worker, its last fresh load report with its age, this gateway's
-// in-flight count, and the effective load the policies use.
+// handleGetLoads shows, per worker, its last load report with its age and freshness, why its
+// last poll failed (if it did), this gateway's in-flight count, and the effective load the
+// policies use. Without a load monitor it shows local in-flight counts only.
 func (s *Server) handleGetLoads(w http.ResponseWriter, _ *http.Request) {
-	type entry struct {
-		ID            string   `json:"id"`
-		URL           string   `json:"url"`
-		Inflight      int64    `json:"local_inflight"`
-		EffectiveLoad int64    `json:"effective_load"`
-		Snapshot      any      `json:"snapshot"`
-		AgeSeconds    *float64 `json:"snapshot_age_seconds"`
+	if wl, ok := s.loads.(interface{ WorkerLoads() []loadmon.WorkerLoad }); ok {
+		writeJSON(w, http.StatusOK, map[string]any{"load_monitor": true, "workers": wl.WorkerLoads()})
+		return
 	}
-	now := time.Now()
-	var loads policy.Loads = policy.LocalLoads{}
-	if s.loads != nil {
-		loads = s.loads
+	all := s.reg.View().All
+	out := make([]loadmon.WorkerLoad, 0, len(all))
+	for _, wk := range all {
+		out = append(out, loadmon.WorkerLoad{ID: wk.ID, URL: wk.Spec.URL, Local: wk.Inflight(), Effective: wk.Inflight()})
 	}
-	out := []entry{}
-	for _, wk := range s.reg.View().All {
-		e := entry{ID: wk.ID, URL: wk.Spec.URL, Inflight: wk.Inflight(), EffectiveLoad: loads.Load(wk)}
-		if r, ok := loads.Report(wk); ok {
-			age := now.Sub(r.PolledAt).Seconds()
-			e.Snapshot, e.AgeSeconds = r, &age
-		}
-		out = append(out, e)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": out, "load_monitor": s.loads != nil})
+	writeJSON(w, http.StatusOK, map[string]any{"load_monitor": false, "workers": out})
 }
