@@ -93,9 +93,9 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 	if len(spec.Models) == 0 {
 		return nil, regErr(http.StatusBadGateway, "worker %s lists no models; give model_id", u)
 	}
-	w, err := s.newWorker(spec)
+	w, err := worker.New(spec, s.cfg.Breaker)
 	if err != nil {
-		return nil, err
+		return nil, regErr(http.StatusBadRequest, "%v", err)
 	}
 	if owner == "vllm" || owner == "sglang" {
 		w.SetRuntime(owner)
