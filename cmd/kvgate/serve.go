@@ -110,6 +110,13 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&g.Breaker.SuccessThreshold, "cb-success-threshold", g.Breaker.SuccessThreshold, "half-open successes that close it")
 	fs.DurationVar(&g.Breaker.OpenTimeout, "cb-timeout", g.Breaker.OpenTimeout, "how long a circuit stays open before probing")
 	fs.BoolVar(&g.Breaker.Disabled, "disable-circuit-breaker", false, "turn circuit breakers off")
+	fs.IntVar(&g.Breaker.HalfOpenProbes, "cb-half-open-probes", g.Breaker.HalfOpenProbes, "requests a half-open circuit admits at once")
+	fs.StringVar(&g.Health.Path, "health-check-path", g.Health.Path, "route each worker's health is checked on (GET, 2xx = healthy)")
+	fs.DurationVar(&g.Health.Interval, "health-check-interval", g.Health.Interval, "time between two health checks of a worker")
+	fs.DurationVar(&g.Health.Timeout, "health-check-timeout", g.Health.Timeout, "bound on one health check")
+	fs.IntVar(&g.Health.SuccessThreshold, "health-success-threshold", g.Health.SuccessThreshold, "consecutive passed checks that make a worker ready")
+	fs.IntVar(&g.Health.FailureThreshold, "health-failure-threshold", g.Health.FailureThreshold, "consecutive failed checks that make a worker not ready")
+	fs.BoolVar(&g.Health.Disabled, "disable-health-check", false, "turn active health checks off (workers are taken as ready)")
 	fs.Float64Var(&ca.CacheThreshold, "cache-threshold", ca.CacheThreshold, "cache_aware: match ratio above which affinity wins")
 	fs.Int64Var(&ca.BalanceAbsThreshold, "balance-abs-threshold", ca.BalanceAbsThreshold, "cache_aware: imbalanced if max-min load exceeds this...")
 	fs.Float64Var(&ca.BalanceRelThreshold, "balance-rel-threshold", ca.BalanceRelThreshold, "...and max > this × min")
@@ -152,6 +159,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 		return nil, err
 	}
 	if err := o.pol.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.gw.Health.Validate(); err != nil {
 		return nil, err
 	}
 	for _, n := range []string{o.policyName, o.prefillPolicy, o.decodePolicy} {
@@ -217,6 +227,8 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 			mon.Stop() // after the registration goroutines, which may start it, have exited
 		}
 	}()
+	gw.Start(bg) // health checks follow the registry from here on
+	defer gw.Stop()
 	if mon != nil {
 		// Polling runs whenever any load-aware policy exists: the default, the pools', or one
 		// a worker registered later names in its policy label.
@@ -367,6 +379,8 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 	for _, s := range servers {
 		if err := s.Shutdown(sctx); err != nil {
 			errs = append(errs, err)
+			// The grace period is over: cut what is left, so that its workers see the cancel.
+			_ = s.Close()
 		}
 	}
 	for range servers {

@@ -93,9 +93,9 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 	if len(spec.Models) == 0 {
 		return nil, regErr(http.StatusBadGateway, "worker %s lists no models; give model_id", u)
 	}
-	w, err := worker.New(spec, s.cfg.Breaker)
+	w, err := s.newWorker(spec)
 	if err != nil {
-		return nil, regErr(http.StatusBadRequest, "%v", err)
+		return nil, err
 	}
 	if owner == "vllm" || owner == "sglang" {
 		w.SetRuntime(owner)

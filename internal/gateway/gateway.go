@@ -34,8 +34,11 @@ type Config struct {
 	MaxConcurrentRequests int64
 	// ProbeTimeout bounds the registration probe of a worker. Default 5s.
 	ProbeTimeout time.Duration
-	// Breaker configures each worker's circuit breaker.
+	// Breaker configures each worker's circuit breaker; worker labels override it per worker.
 	Breaker worker.BreakerConfig
+	// Health configures the active health checks that Start runs; worker labels override it per
+	// worker.
+	Health worker.HealthConfig
 	// Proxy configures forwarding, timeouts and retries.
 	Proxy proxy.Config
 	// Logger receives request and lifecycle logs; nil means slog.Default().
@@ -49,6 +52,7 @@ func DefaultConfig() Config {
 		RoutingPrefixBytes: 8192,
 		ProbeTimeout:       5 * time.Second,
 		Breaker:            worker.DefaultBreakerConfig(),
+		Health:             worker.DefaultHealthConfig(),
 		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig()},
 	}
 }
@@ -69,6 +73,8 @@ type Server struct {
 	client  *http.Client
 
 	inflight atomic.Int64
+	// checker runs the active health checks between Start and Stop.
+	checker *worker.Checker
 	// addMu serialises registrations so duplicate checks and probes do not race.
 	addMu sync.Mutex
 }
@@ -99,8 +105,10 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	reg.Subscribe(func(e worker.Event) {
 		if e.Removed {
 			router.Forget(e.Worker.ID)
+			s.metrics.forgetWorker(e.Worker.ID)
 		}
 	})
+	s.checker = s.newChecker()
 	return s
 }
 

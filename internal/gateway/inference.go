@@ -122,7 +122,7 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result
 	}
 	msg := res.Err.Error()
 	if errors.Is(res.Err, proxy.ErrNoWorker) {
-		msg = fmt.Sprintf("no available worker for model %q", model)
+		msg = s.unavailableMessage(model, res.Err)
 	}
 	writeError(w, res.Status, codeFor(res.Status), msg)
 }

@@ -26,6 +26,8 @@ type Metrics struct {
 	upstream   *prometheus.CounterVec
 	retries    *prometheus.CounterVec
 	exhausted  *prometheus.CounterVec
+	healthTo   *prometheus.CounterVec
+	circuitTo  *prometheus.CounterVec
 }
 
 var _ proxy.Observer = (*Metrics)(nil)
@@ -56,8 +58,14 @@ func newMetrics(reg *worker.Registry, router *policy.Router, loads policy.Loads)
 		exhausted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvgate_retries_exhausted_total", Help: "Requests whose last allowed attempt failed, by reason.",
 		}, []string{"reason"}),
+		healthTo: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_worker_health_transitions_total", Help: "Health-state changes by worker and new state.",
+		}, []string{"worker", "to"}),
+		circuitTo: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_worker_circuit_transitions_total", Help: "Circuit-breaker state changes by worker and new state.",
+		}, []string{"worker", "to"}),
 	}
-	m.reg.MustRegister(m.requests, m.duration, m.ttft, m.selections, m.upstream, m.retries, m.exhausted,
+	m.reg.MustRegister(m.requests, m.duration, m.ttft, m.selections, m.upstream, m.retries, m.exhausted, m.healthTo, m.circuitTo,
 		&workerCollector{reg: reg, router: router, loads: loads},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -1,0 +1,97 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// Start runs the gateway's background work, the active health checks, until ctx ends or Stop
+// is called.
+func (s *Server) Start(ctx context.Context) { s.checker.Start(ctx) }
+
+// Stop ends what Start began and waits for it to exit. It is idempotent.
+func (s *Server) Stop() { s.checker.Stop() }
+
+// newChecker builds the health checker, reporting transitions to the metrics.
+func (s *Server) newChecker() *worker.Checker {
+	return worker.NewChecker(s.reg, s.cfg.Health, worker.CheckerOptions{
+		Logger: s.log,
+		OnTransition: func(w *worker.Worker, _, to worker.Health) {
+			s.metrics.healthTo.WithLabelValues(w.ID, to.String()).Inc()
+		},
+	})
+}
+
+// newWorker creates a worker from a validated spec with the gateway's breaker settings overridden
+// by its labels, and hooks its breaker to the log and the metrics.
+func (s *Server) newWorker(spec worker.Spec) (*worker.Worker, error) {
+	bc, err := s.cfg.Breaker.WithLabels(spec.Labels)
+	if err != nil {
+		return nil, regErr(http.StatusBadRequest, "%v", err)
+	}
+	if _, err := s.cfg.Health.WithLabels(spec.Labels); err != nil {
+		return nil, regErr(http.StatusBadRequest, "%v", err)
+	}
+	w, err := worker.New(spec, bc)
+	if err != nil {
+		return nil, regErr(http.StatusBadRequest, "%v", err)
+	}
+	id, url := w.ID, w.Spec.URL
+	w.Breaker.OnChange(func(from, to worker.CircuitState) {
+		lvl := slog.LevelInfo
+		if to == worker.Open {
+			lvl = slog.LevelWarn
+		}
+		s.log.Log(context.Background(), lvl, "worker circuit changed", "worker", id, "url", url,
+			"from", from.String(), "to", to.String())
+		s.metrics.circuitTo.WithLabelValues(id, to.String()).Inc()
+	})
+	return w, nil
+}
+
+// unavailableMessage explains a 503: how many of the model's workers exist and why none could
+// take the request, and the last upstream error when there was one.
+func (s *Server) unavailableMessage(model string, err error) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "no available worker for model %q", model)
+	pool := s.reg.View().Pool(model)
+	if pool == nil {
+		return b.String()
+	}
+	var notReady, draining, open, avail int
+	all := append(append(append([]*worker.Worker(nil), pool.Regular...), pool.Prefill...), pool.Decode...)
+	now := time.Now()
+	for _, w := range all {
+		switch {
+		case w.Draining():
+			draining++
+		case w.Health() != worker.Ready:
+			notReady++
+		case !w.Breaker.Allows(now):
+			open++
+		default:
+			avail++
+		}
+	}
+	fmt.Fprintf(&b, ": %d workers, %d not ready, %d circuit open, %d draining", len(all), notReady, open, draining)
+	if avail > 0 {
+		fmt.Fprintf(&b, ", %d unreachable", avail)
+	}
+	if msg := err.Error(); strings.Contains(msg, "(last: ") {
+		b.WriteString(" ")
+		b.WriteString(msg[strings.Index(msg, "(last: "):])
+	}
+	return b.String()
+}
+
+// forgetWorker drops a removed worker's transition series.
+func (m *Metrics) forgetWorker(id string) {
+	m.healthTo.DeletePartialMatch(map[string]string{"worker": id})
+	m.circuitTo.DeletePartialMatch(map[string]string{"worker": id})
+}
