@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -69,13 +70,10 @@ func withBootstrap(body []byte, prefill *worker.Worker) []byte {
 	head := `{"bootstrap_host":` + strconv.Quote(prefill.URL.Hostname()) +
 		`,"bootstrap_port":` + port +
 		`,"bootstrap_room":` + strconv.FormatUint(rand.Uint64()>>1, 10)
-	s := scanner{b: body}
-	s.ws()
-	rest := body[s.i+1:] // after '{'
+	rest := bytes.TrimLeft(body, " \t\r\n")[1:] // after '{': the body parsed as an object
 	out := make([]byte, 0, len(head)+1+len(rest))
 	out = append(out, head...)
-	r := scanner{b: rest}
-	if r.peek() != '}' {
+	if r := bytes.TrimLeft(rest, " \t\r\n"); len(r) > 0 && r[0] != '}' {
 		out = append(out, ',')
 	}
 	return append(out, rest...)

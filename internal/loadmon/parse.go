@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
 // ErrNoLoadData is returned by the parsers for a well-formed body that carries no load report
@@ -113,45 +115,48 @@ func (a *loadsAcc) report() Report {
 // case-insensitively, the last duplicate winning, null a no-op), which the fuzz tests check
 // against encoding/json itself, but it builds nothing and allocates nothing on success.
 func ParseLoads(body []byte) (Report, error) {
-	s := jsonScanner{b: body}
+	s := jsonscan.New(body)
 	var (
 		acc      loadsAcc
 		hasLoads bool
 	)
-	s.value(func() {
-		if s.peekNull() {
+	s.Document(func() {
+		if s.Null() {
 			return
 		}
-		s.object(func(key []byte) {
+		s.Object(func(key []byte) {
 			if !keyIs(key, "loads") {
-				s.skip(0)
+				s.Skip()
 				return
 			}
-			if s.peekNull() {
+			if s.Null() {
 				acc, hasLoads = loadsAcc{}, false
 				return
 			}
 			acc, hasLoads = loadsAcc{}, true
-			s.array(func() {
+			s.Array(func() {
 				var l rankLoad
-				if !s.peekNull() {
-					s.object(func(key []byte) { s.rankField(&l, key) })
+				if !s.Null() {
+					s.Object(func(key []byte) { rankField(s, &l, key) })
 				}
 				acc.add(&l)
 			})
 		})
 	})
 	switch {
-	case s.err != nil:
-		return Report{}, fmt.Errorf("parse /v1/loads: %w", s.err)
+	case s.Err() != nil:
+		return Report{}, fmt.Errorf("parse /v1/loads: %w", s.Err())
 	case !hasLoads:
 		return Report{}, fmt.Errorf("parse /v1/loads: %w", ErrNoLoadData)
 	}
 	return acc.report(), nil
 }
 
+// keyIs matches JSON keys and HTTP header names as encoding/json and net/textproto do.
+var keyIs = jsonscan.KeyIs
+
 // rankField reads the value of key into l.
-func (s *jsonScanner) rankField(l *rankLoad, key []byte) {
+func rankField(s *jsonscan.Scanner, l *rankLoad, key []byte) {
 	var dst *float64
 	var has *bool
 	switch {
@@ -172,16 +177,16 @@ func (s *jsonScanner) rankField(l *rankLoad, key []byte) {
 	case keyIs(key, "cache_hit_rate"):
 		dst, has = &l.hitRate, &l.hasHit
 	default:
-		s.skip(0)
+		s.Skip()
 		return
 	}
-	if s.peekNull() {
+	if s.Null() {
 		if has != nil {
 			*dst, *has = 0, false
 		}
 		return
 	}
-	if v, ok := s.number(true); ok {
+	if v, ok := s.Number(true); ok {
 		*dst = v
 		if has != nil {
 			*has = true

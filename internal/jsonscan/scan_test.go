@@ -1,0 +1,66 @@
+package jsonscan
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+	"testing"
+)
+
+// walk reads a whole document, skipping every value.
+func walk(b []byte) error {
+	s := New(b)
+	s.Document(s.Skip)
+	return s.Err()
+}
+
+func TestValidity(t *testing.T) {
+	cases := map[string]bool{
+		`{}`: true, `[]`: true, `{"a":[1,-2.5e3,true,false,null,"x\u00e9\n"]}`: true, ` 7 `: true,
+		`{`: false, `{"a"}`: false, `{"a":1,}`: false, `[1 2]`: false, `"\x"`: false, `01`: false,
+		"\"a\x01\"": false, `{} {}`: false, ``: false, `nul`: false, `"\ud800"`: true, `1.`: false,
+	}
+	for doc, want := range cases {
+		if got := walk([]byte(doc)) == nil; got != want || json.Valid([]byte(doc)) != want {
+			t.Errorf("%q: valid %v, encoding/json %v, want %v", doc, got, json.Valid([]byte(doc)), want)
+		}
+	}
+}
+
+func TestAppendUnescaped(t *testing.T) {
+	raw := []byte(`a\"b\\c\n\u00e9\ud83d\ude00\ud800z`)
+	got := string(AppendUnescaped(nil, raw, -1))
+	if want := "a\"b\\c\né😀\uFFFDz"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := string(AppendUnescaped([]byte("x"), raw, 4)); got != `xa"b` {
+		t.Errorf("capped: %q", got)
+	}
+}
+
+// FuzzScanner holds the scanner to encoding/json: the same verdict on every document, and the
+// same decoded contents for every top-level string.
+func FuzzScanner(f *testing.F) {
+	for _, s := range []string{`{"a":[1,{"b":null}],"c":"d\u0041"}`, `"\ud83d\ude00"`, `[1e5,-0.0,true]`, `{"a":1,}`, `"x\`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if (walk(b) == nil) != json.Valid(b) {
+			t.Fatalf("verdict differs from encoding/json for %q", b)
+		}
+		s := New(b)
+		var raw []byte
+		s.Document(func() {
+			if s.Peek() == '"' {
+				raw = s.Str(false)
+			} else {
+				s.Skip()
+			}
+		})
+		var want string
+		if s.Err() == nil && raw != nil && utf8.Valid(raw) && json.Unmarshal(b, &want) == nil {
+			if got := string(AppendUnescaped(nil, raw, -1)); got != want {
+				t.Fatalf("decoded %q, encoding/json %q", got, want)
+			}
+		}
+	})
+}
