@@ -2,8 +2,8 @@ package jsonscan
 
 import (
 	"encoding/json"
-	"unicode/utf8"
 	"testing"
+	"unicode/utf8"
 )
 
 // walk reads a whole document, skipping every value.
