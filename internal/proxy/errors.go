@@ -23,8 +23,9 @@ const (
 	KindStatus
 	// KindStreamBroken: the response broke after bytes reached the client.
 	KindStreamBroken
-	// KindConnect: the worker refused or did not take the connection; nothing was sent (502, or
-	// 503 when every attempt of a request failed this way: then no worker was available).
+	// KindConnect: the worker refused or did not take the connection; nothing was sent. When a
+	// request's last attempt fails this way (every untried worker was tried first), the client
+	// gets 503: no worker is available.
 	KindConnect
 )
 

@@ -175,14 +175,12 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 	var (
 		tried []*worker.Worker
 		res   Result
-		// reached is false while no attempt has reached a worker (every one failed to connect).
-		reached bool
-		skips   int
+		skips int
 	)
 	for attempt := 1; ; attempt++ {
 		w := pick(tried)
 		if w == nil {
-			if res.Err == nil || !reached {
+			if res.Err == nil || isKind(res.Err, KindConnect) {
 				res.Err = noWorker(res.Err)
 			}
 			if res.Attempts > 0 {
@@ -211,18 +209,19 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			if errors.As(err, &e) && e.Kind == KindCanceled {
 				return res
 			}
-			reached = reached || e.Kind != KindConnect
 			f.obs.UpstreamError(w, e.Kind)
 			if last || ctx.Err() != nil {
 				f.obs.RetriesExhausted(e.Kind.String())
-				if !reached {
+				if e.Kind == KindConnect {
+					// The last worker tried, after every untried one, refused the connection:
+					// no worker is available (503), whatever broke on earlier attempts.
 					res.Err = noWorker(res.Err)
 					res.Status = Status(res.Err)
 				}
 				return res
 			}
 			f.obs.Retry(e.Kind.String())
-		} else if reached = true; retryableStatus(resp.StatusCode) && !last {
+		} else if retryableStatus(resp.StatusCode) && !last {
 			resp.finish(resp.StatusCode)
 			res.Err = &Error{Kind: KindStatus, Worker: w.ID, StatusCode: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
 			f.obs.UpstreamError(w, KindStatus)
@@ -365,6 +364,12 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		return nil, &Error{Kind: kind, Worker: w.ID, Err: err}
 	}
 	return &upstream{Response: resp, cancel: cancel, release: release, done: done, abandon: abandon}, nil
+}
+
+// isKind reports whether err is a classified error of kind k.
+func isKind(err error, k Kind) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Kind == k
 }
 
 // isConnect reports whether err is a failure to connect: nothing reached the worker.
