@@ -30,7 +30,7 @@ type RetryConfig struct {
 	Multiplier float64 `yaml:"multiplier"`
 	// MaxBackoff caps one wait. Default 30s.
 	MaxBackoff time.Duration `yaml:"max_backoff"`
-	// Jitter is the ± fraction applied to each wait. Default 0.2.
+	// Jitter is the ± fraction applied to each wait, below 1. Default 0.2; negative means none.
 	Jitter float64 `yaml:"jitter"`
 }
 
@@ -112,8 +112,11 @@ func New(cfg Config) *Forwarder {
 	if r.MaxBackoff <= 0 {
 		r.MaxBackoff = d.MaxBackoff
 	}
-	if r.Jitter < 0 || r.Jitter >= 1 {
+	switch {
+	case r.Jitter == 0 || r.Jitter >= 1:
 		r.Jitter = d.Jitter
+	case r.Jitter < 0:
+		r.Jitter = 0
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 600 * time.Second

@@ -1,0 +1,280 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// upstreamFake is a worker on a loopback port that answers with a scripted handler and keeps
+// every body it received.
+type upstreamFake struct {
+	*httptest.Server
+	w *worker.Worker
+
+	mu     sync.Mutex
+	bodies []string
+}
+
+func newUpstream(t *testing.T, h http.HandlerFunc) *upstreamFake {
+	t.Helper()
+	u := &upstreamFake{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.bodies = append(u.bodies, string(b))
+		u.mu.Unlock()
+		h(w, r)
+	}))
+	t.Cleanup(u.Close)
+	w, err := worker.New(worker.Spec{URL: u.URL, Models: []string{"m"}}, worker.BreakerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetHealth(worker.Ready)
+	u.w = w
+	return u
+}
+
+func (u *upstreamFake) calls() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.bodies)
+}
+
+func status(code int) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(code)
+		io.WriteString(w, `{"ok":true}`)
+	}
+}
+
+// inOrder picks the first untried available worker, like a policy over the remaining set, and
+// starts over once all were tried.
+func inOrder(ws ...*upstreamFake) Picker {
+	return func(tried []*worker.Worker) *worker.Worker {
+		for _, u := range ws {
+			if !slices.Contains(tried, u.w) && u.w.Available() {
+				return u.w
+			}
+		}
+		for _, u := range ws {
+			if u.w.Available() {
+				return u.w
+			}
+		}
+		return nil
+	}
+}
+
+// recordingObserver keeps the retry and exhaustion reasons.
+type recordingObserver struct {
+	mu        sync.Mutex
+	retries   []string
+	exhausted []string
+}
+
+func (o *recordingObserver) UpstreamError(*worker.Worker, Kind) {}
+func (o *recordingObserver) Retry(r string) {
+	o.mu.Lock()
+	o.retries = append(o.retries, r)
+	o.mu.Unlock()
+}
+func (o *recordingObserver) RetriesExhausted(r string) {
+	o.mu.Lock()
+	o.exhausted = append(o.exhausted, r)
+	o.mu.Unlock()
+}
+
+func newForwarder(obs Observer, attempts int) *Forwarder {
+	return New(Config{Observer: obs, Retry: RetryConfig{MaxAttempts: attempts, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}})
+}
+
+func TestRetryOnStatus(t *testing.T) {
+	cases := []struct {
+		code      int
+		retried   bool
+		reason    string
+		breakerOK bool // whether the failure leaves the first worker's failure count untouched
+	}{
+		{408, true, "status_request_timeout", true},
+		{429, true, "status_too_many_requests", true},
+		{500, true, "status_internal_server_error", false},
+		{502, true, "status_bad_gateway", false},
+		{503, true, "status_service_unavailable", false},
+		{504, true, "status_gateway_timeout", false},
+		{400, false, "", true},
+		{404, false, "", true},
+		{501, false, "", false},
+	}
+	for _, tc := range cases {
+		t.Run(http.StatusText(tc.code), func(t *testing.T) {
+			a, b := newUpstream(t, status(tc.code)), newUpstream(t, status(200))
+			obs := &recordingObserver{}
+			rec := httptest.NewRecorder()
+			body := `{"model":"m","n":1}`
+			res := newForwarder(obs, 5).Forward(context.Background(), rec, &Request{Path: "/v1/completions", Body: []byte(body), Header: http.Header{}}, inOrder(a, b))
+			want := tc.code
+			if tc.retried {
+				want = 200
+			}
+			if rec.Code != want || res.Status != want {
+				t.Fatalf("client got %d (result %d), want %d", rec.Code, res.Status, want)
+			}
+			if got := b.calls() == 1; got != tc.retried {
+				t.Errorf("second worker called: %v, want %v", got, tc.retried)
+			}
+			if tc.retried && (len(obs.retries) != 1 || obs.retries[0] != tc.reason) {
+				t.Errorf("retries %v, want [%s]", obs.retries, tc.reason)
+			}
+			if tc.retried && b.bodies[0] != body {
+				t.Errorf("replayed body %q, want %q", b.bodies[0], body)
+			}
+			if got := a.w.Breaker.State(time.Now()); got != worker.Closed {
+				t.Errorf("one failure opened the circuit: %s", got)
+			}
+		})
+	}
+}
+
+// TestRetrySkipsTriedWorkers: with every worker failing, each is tried once before any twice,
+// the attempts stop at MaxAttempts, and the last answer is relayed with exhaustion counted.
+func TestRetrySkipsTriedWorkers(t *testing.T) {
+	ws := []*upstreamFake{newUpstream(t, status(503)), newUpstream(t, status(503)), newUpstream(t, status(503))}
+	obs := &recordingObserver{}
+	rec := httptest.NewRecorder()
+	res := newForwarder(obs, 5).Forward(context.Background(), rec, &Request{Path: "/v1/completions", Body: []byte(`{}`), Header: http.Header{}}, inOrder(ws...))
+	if res.Attempts != 5 || rec.Code != 503 {
+		t.Fatalf("attempts %d, status %d; want 5, 503", res.Attempts, rec.Code)
+	}
+	for i, u := range ws {
+		want := 1
+		if i == 0 {
+			want = 3 // once all were tried, the picker starts over with its first choice
+		}
+		if u.calls() != want {
+			t.Errorf("worker %d called %d times, want %d", i, u.calls(), want)
+		}
+	}
+	if len(obs.retries) != 4 || len(obs.exhausted) != 1 || obs.exhausted[0] != "status_service_unavailable" {
+		t.Errorf("retries %v exhausted %v", obs.retries, obs.exhausted)
+	}
+}
+
+// TestConnectErrorsMeanNoWorker: a refused connection is retried elsewhere; when the last
+// attempt cannot connect either, the client gets 503, not a 502 naming one worker.
+func TestConnectErrorsMeanNoWorker(t *testing.T) {
+	dead := newUpstream(t, status(200))
+	dead.Close()
+	live := newUpstream(t, status(200))
+	rec := httptest.NewRecorder()
+	res := newForwarder(nil, 3).Forward(context.Background(), rec, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(dead, live))
+	if rec.Code != 200 || res.Attempts != 2 {
+		t.Errorf("one dead worker: status %d after %d attempts, want 200 after 2", rec.Code, res.Attempts)
+	}
+	dead2 := newUpstream(t, status(200))
+	dead2.Close()
+	rec = httptest.NewRecorder()
+	res = newForwarder(nil, 3).Forward(context.Background(), rec, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(dead, dead2))
+	if res.Status != 503 || res.Committed || !strings.Contains(res.Err.Error(), "connection refused") {
+		t.Errorf("all dead: status %d committed %v err %v; want an uncommitted 503 naming the cause", res.Status, res.Committed, res.Err)
+	}
+}
+
+// TestNoRetryAfterFirstByte: a stream that breaks after its first event is not retried; the
+// client gets an SSE error event and [DONE].
+func TestNoRetryAfterFirstByte(t *testing.T) {
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	})
+	b := newUpstream(t, status(200))
+	rec := httptest.NewRecorder()
+	res := newForwarder(nil, 5).Forward(context.Background(), rec, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(a, b))
+	if b.calls() != 0 || res.Attempts != 1 || !res.Committed {
+		t.Fatalf("retried after bytes reached the client: attempts %d, second worker %d calls", res.Attempts, b.calls())
+	}
+	out := rec.Body.String()
+	if !strings.HasPrefix(out, "data: {\"n\":1}\n\n") || !strings.Contains(out, `"code":"upstream_stream_broken"`) || !strings.HasSuffix(out, "data: [DONE]\n\n") {
+		t.Errorf("client stream %q", out)
+	}
+	if a.w.Inflight() != 0 {
+		t.Errorf("in flight %d", a.w.Inflight())
+	}
+}
+
+// TestRetryBoundedByTotalTime: attempts stop when the request timeout ends, long before
+// MaxAttempts.
+func TestRetryBoundedByTotalTime(t *testing.T) {
+	a := newUpstream(t, status(503))
+	f := New(Config{RequestTimeout: 300 * time.Millisecond, Retry: RetryConfig{MaxAttempts: 100, InitialBackoff: 100 * time.Millisecond, Multiplier: 1.01}})
+	start := time.Now()
+	res := f.Forward(context.Background(), httptest.NewRecorder(), &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(a))
+	if d := time.Since(start); d > 2*time.Second || res.Attempts >= 10 {
+		t.Errorf("took %v and %d attempts; want the 300 ms bound to stop it", d, res.Attempts)
+	}
+	if res.Status != 504 {
+		t.Errorf("status %d, want 504 once the time is up", res.Status)
+	}
+}
+
+// TestBackoffSchedule checks the waits in virtual time: 50 ms ×1.5 per attempt, capped, with the
+// jitter's extremes at ±20 %.
+func TestBackoffSchedule(t *testing.T) {
+	cases := []struct {
+		attempt int
+		rand    float64
+		want    time.Duration
+	}{
+		{1, 0.5, 50 * time.Millisecond},
+		{2, 0.5, 75 * time.Millisecond},
+		{3, 0.5, 112500 * time.Microsecond},
+		{1, 0, 40 * time.Millisecond},
+		{1, 1, 60 * time.Millisecond},
+		{40, 0.5, 30 * time.Second},
+	}
+	for _, tc := range cases {
+		t.Run("", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := New(Config{Rand: func() float64 { return tc.rand }})
+				start := time.Now()
+				if !f.backoff(context.Background(), tc.attempt) {
+					t.Fatal("backoff gave up")
+				}
+				if d := time.Since(start); d != tc.want {
+					t.Errorf("attempt %d rand %v: waited %v, want %v", tc.attempt, tc.rand, d, tc.want)
+				}
+			})
+		})
+	}
+}
+
+// TestClientCancelStopsRetries: a client that leaves during the backoff ends the request at once
+// with no further attempt, and it is never the worker's failure.
+func TestClientCancelStopsRetries(t *testing.T) {
+	a := newUpstream(t, status(503))
+	ctx, cancel := context.WithCancel(context.Background())
+	f := New(Config{Retry: RetryConfig{MaxAttempts: 5, InitialBackoff: time.Hour}})
+	go func() {
+		for a.calls() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	res := f.Forward(ctx, httptest.NewRecorder(), &Request{Path: "/x", Body: bytes.Repeat([]byte("x"), 10), Header: http.Header{}}, inOrder(a))
+	if res.Status != 499 || a.calls() != 1 {
+		t.Errorf("status %d after %d calls, want 499 after 1", res.Status, a.calls())
+	}
+}
