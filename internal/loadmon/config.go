@@ -60,7 +60,7 @@ func (c *Config) Validate() error {
 		return errors.New("load monitor timeout must be in [0, interval]")
 	case d.StaleAfter < d.Interval:
 		return errors.New("load monitor stale-after must be 0 or >= the interval")
-	case d.Mode > ModeMax:
+	case d.Mode > ModeScaled:
 		return errors.New("unknown load mode")
 	case d.MaxBody < 0:
 		return errors.New("load monitor max body must be >= 0")

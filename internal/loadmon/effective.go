@@ -2,6 +2,7 @@ package loadmon
 
 import (
 	"fmt"
+	"math"
 	"strings"
 )
 
@@ -24,9 +25,15 @@ const (
 	ModeSnapshot
 	// ModeMax is max(local, backlog) while the report is fresh, else local.
 	ModeMax
+	// ModeScaled is ModeEffective with the since-poll correction scaled by the estimated number
+	// of gateway replicas: max(local, backlog + R × (local − local_at_poll)). Every replica reads
+	// the same snapshot, so with plain ModeEffective they all see the same least-loaded worker
+	// and pile onto it until the next poll; each replica sees only its own share (about 1/R) of
+	// the sends since the poll. Scaling its own share by R estimates everyone's.
+	ModeScaled
 )
 
-var modeNames = [...]string{ModeEffective: "effective", ModeLocal: "local", ModeSnapshot: "snapshot", ModeMax: "max"}
+var modeNames = [...]string{ModeEffective: "effective", ModeLocal: "local", ModeSnapshot: "snapshot", ModeMax: "max", ModeScaled: "scaled"}
 
 // String returns the mode's flag name.
 func (m Mode) String() string {
@@ -36,7 +43,7 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", uint8(m))
 }
 
-// ParseMode parses a flag value: "effective" (or ""), "local", "snapshot" or "max".
+// ParseMode parses a flag value: "effective" (or ""), "scaled", "local", "snapshot" or "max".
 func ParseMode(s string) (Mode, error) {
 	n := strings.ToLower(strings.TrimSpace(s))
 	if n == "" {
@@ -47,7 +54,7 @@ func ParseMode(s string) (Mode, error) {
 			return Mode(i), nil
 		}
 	}
-	return ModeEffective, fmt.Errorf("unknown load mode %q (want effective, local, snapshot or max)", s)
+	return ModeEffective, fmt.Errorf("unknown load mode %q (want effective, scaled, local, snapshot or max)", s)
 }
 
 // Effective returns a worker's load in requests under mode, from this gateway's in-flight count
@@ -65,9 +72,28 @@ func Effective(mode Mode, local int64, r Report, fresh bool) int64 {
 		return backlog
 	case ModeMax:
 		return max(local, backlog)
+	case ModeScaled:
+		rep := max(r.Replicas, 1)
+		return max(local, satAdd(backlog, int64(math.Round(rep*float64(local-r.InflightAtPoll)))))
 	default:
 		// local − local_at_poll: requests this gateway sent (positive) or saw finish (negative)
 		// since the poll. Both operands are non-negative counts, so the difference cannot overflow.
 		return max(local, satAdd(backlog, local-r.InflightAtPoll))
 	}
+}
+
+// MaxReplicas caps EstimateReplicas.
+const MaxReplicas = 64
+
+// EstimateReplicas estimates how many gateway replicas share a fleet's traffic from one poll
+// round: the workers' reported backlog summed over the round, against this gateway's in-flight
+// count at the poll summed over the same workers. With traffic spread evenly over R replicas the
+// ratio is R; one is added to both sums so that an idle round says 1, and the result is clamped
+// to [1, MaxReplicas]. Traffic that reaches the workers around the gateways raises the estimate,
+// which makes the correction more cautious, not less.
+func EstimateReplicas(backlog, inflightAtPoll int64) float64 {
+	if backlog < 0 || inflightAtPoll < 0 {
+		return 1
+	}
+	return min(max(float64(backlog+1)/float64(inflightAtPoll+1), 1), MaxReplicas)
 }

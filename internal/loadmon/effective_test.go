@@ -93,7 +93,7 @@ func TestConfig(t *testing.T) {
 		{"negative interval", Config{Interval: -time.Second}},
 		{"timeout over interval", Config{Interval: time.Second, Timeout: 2 * time.Second}},
 		{"stale under interval", Config{Interval: time.Second, StaleAfter: time.Millisecond}},
-		{"unknown mode", Config{Mode: ModeMax + 1}},
+		{"unknown mode", Config{Mode: ModeScaled + 1}},
 		{"negative body", Config{MaxBody: -1}},
 		{"negative concurrency", Config{Concurrency: -1}},
 	}
@@ -103,5 +103,55 @@ func TestConfig(t *testing.T) {
 				t.Fatalf("Validate(%+v) = nil, want an error", tt.c)
 			}
 		})
+	}
+}
+
+func TestScaledModeAndReplicaEstimate(t *testing.T) {
+	r := Report{Running: 30, Waiting: 10, InflightAtPoll: 10, Replicas: 4}
+	cases := []struct {
+		name  string
+		local int64
+		r     Report
+		want  int64
+	}{
+		{"no change since poll", 10, r, 40},
+		{"two sent since poll count for four replicas", 12, r, 48},
+		{"one finished since poll", 9, r, 36},
+		{"never below local", 45, Report{Running: 1, InflightAtPoll: 44, Replicas: 4}, 45},
+		{"unknown replicas act as one", 12, Report{Running: 40, InflightAtPoll: 10}, 42},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Effective(ModeScaled, tc.local, tc.r, true); got != tc.want {
+				t.Errorf("got %d, want %d", got, tc.want)
+			}
+		})
+	}
+	if got := Effective(ModeScaled, 7, r, false); got != 7 {
+		t.Errorf("stale report: %d, want local 7", got)
+	}
+	for _, tc := range []struct {
+		backlog, local int64
+		want           float64
+	}{{0, 0, 1}, {79, 19, 4}, {5, 20, 1}, {1 << 40, 0, MaxReplicas}, {-1, 3, 1}} {
+		if got := EstimateReplicas(tc.backlog, tc.local); got != tc.want {
+			t.Errorf("EstimateReplicas(%d, %d) = %v, want %v", tc.backlog, tc.local, got, tc.want)
+		}
+	}
+	if m, err := ParseMode("scaled"); err != nil || m != ModeScaled {
+		t.Errorf("ParseMode(scaled) = %v, %v", m, err)
+	}
+}
+
+func TestSetReplicasStampsTheRound(t *testing.T) {
+	entries := map[string]Entry{
+		"a": {Report: Report{Running: 30, Waiting: 9, InflightAtPoll: 9}},
+		"b": {Report: Report{Running: 40, InflightAtPoll: 10}},
+	}
+	setReplicas(entries)
+	for id, e := range entries {
+		if e.Report.Replicas != 4 {
+			t.Errorf("%s: replicas %v, want (79+1)/(19+1) = 4", id, e.Report.Replicas)
+		}
 	}
 }

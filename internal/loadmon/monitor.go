@@ -288,6 +288,7 @@ func (m *Monitor) publish(view *worker.View, targets []*pollState, results []res
 		}
 		s.failures[id] = Failure{At: res.at, Err: res.err.Error(), Consecutive: st.failures, LastSuccess: st.lastSuccess}
 	}
+	setReplicas(s.entries)
 	m.pubMu.Lock()
 	defer m.pubMu.Unlock()
 	if cur := m.reg.View(); cur != view {
@@ -309,4 +310,18 @@ func (m *Monitor) publish(view *worker.View, targets []*pollState, results []res
 		}
 	}
 	m.snap.Store(s)
+}
+
+// setReplicas stamps every entry of a round with the round's replica estimate.
+func setReplicas(entries map[string]Entry) {
+	var backlog, local int64
+	for _, e := range entries {
+		backlog = satAdd(backlog, e.Report.Backlog())
+		local = satAdd(local, e.Report.InflightAtPoll)
+	}
+	r := EstimateReplicas(backlog, local)
+	for id, e := range entries {
+		e.Report.Replicas = r
+		entries[id] = e
+	}
 }

@@ -41,6 +41,9 @@ type Report struct {
 	PolledAt time.Time `json:"polled_at"`
 	// InflightAtPoll is this gateway's in-flight count for the worker when the poll was sent.
 	InflightAtPoll int64 `json:"inflight_at_poll"`
+	// Replicas is the number of gateway replicas estimated from the poll round this report
+	// belongs to (EstimateReplicas); ModeScaled reads it. Zero means unknown, taken as 1.
+	Replicas float64 `json:"replicas_estimate"`
 }
 
 // Backlog is the reported running plus waiting requests (DESIGN.md §1 snapshot_backlog), summed
