@@ -63,6 +63,9 @@ type Limits struct {
 	Duration time.Duration
 	// Requests is the most requests that may be sent.
 	Requests int
+	// Warmup is the start of the run whose requests are sent but not measured, so that the
+	// figures describe the steady state rather than cold caches. Zero measures everything.
+	Warmup time.Duration
 }
 
 // Validate checks that l bounds a run of w.
@@ -73,6 +76,8 @@ func (l Limits) Validate(w Workload) error {
 		return fmt.Errorf("duration %v must be >= 0", l.Duration)
 	case l.Requests < 0:
 		return fmt.Errorf("requests %d must be >= 0", l.Requests)
+	case l.Warmup < 0 || (l.Duration > 0 && l.Warmup >= l.Duration):
+		return fmt.Errorf("warmup %v must be >= 0 and shorter than the duration", l.Warmup)
 	case l.Duration == 0 && l.Requests == 0 && !finite:
 		return errors.New("bound the run with a duration or a request count")
 	}

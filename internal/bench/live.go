@@ -112,6 +112,7 @@ func RunLive(ctx context.Context, cfg LiveConfig, sched *Schedule, label string)
 		}
 	}
 	l := &live{cfg: cfg, sched: sched, start: time.Now()}
+	l.coll.Warmup = sched.Limits().Warmup
 	stopProgress := l.progress()
 	if sched.Arrivals().Closed() {
 		l.closedLoop(ctx)

@@ -29,6 +29,11 @@ type Record struct {
 // Collector accumulates records into the figures of a Summary without keeping the records: a
 // simulated hour of a large fleet is millions of requests. Not safe for concurrent use.
 type Collector struct {
+	// Warmup: records sent before this offset are counted in Skipped and otherwise ignored.
+	Warmup time.Duration
+	// Skipped counts the records ignored as warm-up.
+	Skipped int
+
 	ttft, e2e, itl []float64 // milliseconds
 	ok, errs       int
 	prompt, cached int64
@@ -39,6 +44,10 @@ type Collector struct {
 
 // Add accounts one finished request; end is its completion offset from the start of the run.
 func (c *Collector) Add(r Record) {
+	if r.Sent < c.Warmup {
+		c.Skipped++
+		return
+	}
 	end := r.Sent + r.E2E
 	if c.ok+c.errs == 0 || r.Sent < c.first {
 		c.first = r.Sent
@@ -110,6 +119,9 @@ type Summary struct {
 	// Spread is max/min over engines of the time-averaged backlog (running + waiting); 0 when
 	// unknown (live runs), +Inf is reported as -1 (an engine that was never loaded).
 	Spread float64 `json:"load_spread,omitempty"`
+	// Decisions counts the policy's decisions by branch (cache_hit, cache_miss, imbalanced, …),
+	// summed over gateways; simulated runs of policies that count them only.
+	Decisions map[string]uint64 `json:"decisions,omitempty"`
 	// TTFTQuantiles holds TTFT at quantiles 0, 0.01, …, 1 (101 values) for CDF charts.
 	TTFTQuantiles []float64 `json:"ttft_quantiles_ms,omitempty"`
 }

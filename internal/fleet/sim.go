@@ -117,6 +117,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
 		flights: map[uint64]*flight{},
 	}
+	s.coll.Warmup = sched.Limits().Warmup
 	if err := s.build(); err != nil {
 		return bench.Summary{}, err
 	}
@@ -135,6 +136,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Policy, sum.Gateways, sum.Engines, sum.LoadMode = canon, cfg.Gateways, cfg.Engines, cfg.LoadMode.String()
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread = s.spread()
+	sum.Decisions = s.decisions()
 	return sum, nil
 }
 
@@ -377,4 +379,23 @@ func (s *sim) spread() float64 {
 		return -1
 	}
 	return float64(int64(hi/lo*1000+0.5)) / 1000
+}
+
+// decisions sums the policies' decision counts by branch over every gateway; nil when the
+// policy does not count them.
+func (s *sim) decisions() map[string]uint64 {
+	var tot map[string]uint64
+	for _, g := range s.gws {
+		d, ok := g.pol.(policy.DecisionReporter)
+		if !ok {
+			return nil
+		}
+		if tot == nil {
+			tot = map[string]uint64{}
+		}
+		for k, v := range d.Decisions() {
+			tot[k] += v
+		}
+	}
+	return tot
 }

@@ -1,0 +1,114 @@
+package policy
+
+import (
+	"github.com/kvgate/kvgate/internal/radix"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// placementChars is how many leading characters of the routing text choose the worker for a
+// prefix that no tree holds. Short enough to lie inside a typical system prompt or tenant
+// context (so that every request sharing it hashes alike, whatever its tail), long enough to
+// tell different ones apart; the bounded load keeps a boilerplate opening shared by unrelated
+// prompts from piling onto one worker.
+const placementChars = 256
+
+// CacheAwareHash is cache_aware with coordination-free placement (DESIGN.md §1, "Many gateways,
+// one fleet"). It routes exactly as cache_aware does — affinity to the least loaded worker
+// holding more than CacheThreshold of the prompt, the least loaded worker when the pool is
+// imbalanced — except on a miss: a prompt that this replica's tree does not hold goes to the
+// first worker in rendezvous-hash order of its first 256 characters that is within cache_aware's
+// balance thresholds of the least loaded (consistent hashing with bounded loads, the bound being
+// the one cache_aware already applies to hits), instead of the least loaded one.
+//
+// Why: with several gateway replicas each tree sees only the requests that reached its replica,
+// so under cache_aware the first request of a prefix at each replica is a miss that lands on
+// whichever worker that replica finds least loaded, and the prefix ends up cached on as many
+// workers as there are replicas. The hash gives every replica the same first choice for the same
+// prefix, so their trees converge on the worker that already holds it, with no shared state.
+// Create it with NewCacheAwareHash; the zero value is not usable.
+type CacheAwareHash struct {
+	*CacheAware
+}
+
+var (
+	_ Policy           = (*CacheAwareHash)(nil)
+	_ Forgetter        = (*CacheAwareHash)(nil)
+	_ DecisionReporter = (*CacheAwareHash)(nil)
+	_ TreeReporter     = (*CacheAwareHash)(nil)
+)
+
+// NewCacheAwareHash returns a CacheAwareHash built from cfg; like NewCacheAware it starts the
+// eviction loop unless cfg.NoBackground, and Close stops it.
+func NewCacheAwareHash(cfg Config) *CacheAwareHash {
+	return &CacheAwareHash{CacheAware: NewCacheAware(cfg)}
+}
+
+// Name returns "cache_aware_hash".
+func (*CacheAwareHash) Name() string { return "cache_aware_hash" }
+
+// Pick is CacheAware.Pick with the miss branch placed by bounded-load rendezvous hashing.
+// Decisions counts placed misses as cache_miss.
+func (p *CacheAwareHash) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+	var buf [64]cand
+	av, minI, imbalanced := p.gather(buf[:0], candidates)
+	if len(av) == 0 {
+		return nil
+	}
+	best := &av[minI]
+	switch {
+	case imbalanced:
+		p.dec.add(caImbalanced)
+		if req.Text != "" {
+			p.tree.Insert(req.Text, best.w.ID)
+		}
+		return best.w
+	case req.Text == "":
+		p.dec.add(caMiss)
+		return best.w
+	}
+	hit := false
+	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
+		if m.Ratio() > p.cfg.CacheThreshold {
+			if h := leastLoadedHolder(av, m.Holders); h != nil {
+				best, hit = h, true
+				return best.w.ID
+			}
+		}
+		best = p.place(av, av[minI].load, hashString(prefixChars(req.Text, placementChars)))
+		return best.w.ID
+	})
+	if hit {
+		p.dec.add(caHit)
+	} else {
+		p.dec.add(caMiss)
+	}
+	return best.w
+}
+
+// place returns the candidate with the highest rendezvous score for key among those that would
+// not make the pool imbalanced by cache_aware's own rule (load more than BalanceAbsThreshold
+// above the minimum and more than BalanceRelThreshold times it): a new prefix is treated as if its
+// hash owner already held it, and affinity wins exactly as far as it would on a hit. The least
+// loaded candidate always qualifies, so some candidate is returned.
+func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64) *cand {
+	var first, second *cand
+	var s1, s2 uint64
+	for i := range av {
+		c := &av[i]
+		if c.load-minLoad > p.cfg.BalanceAbsThreshold && float64(c.load) > p.cfg.BalanceRelThreshold*float64(minLoad) {
+			continue
+		}
+		s := score(key, c.w.ID)
+		switch {
+		case first == nil || s > s1:
+			second, s2 = first, s1
+			first, s1 = c, s
+		case second == nil || s > s2:
+			second, s2 = c, s
+		}
+	}
+	if second != nil && second.load < first.load {
+		return second
+	}
+	return first
+}

@@ -1,0 +1,125 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// cahWorkers returns n ready workers; every call gives new objects with the same ids, as each
+// gateway replica has its own.
+func cahWorkers(t *testing.T, n int) []*worker.Worker {
+	t.Helper()
+	ws := make([]*worker.Worker, n)
+	for i := range ws {
+		w, err := worker.New(worker.Spec{URL: fmt.Sprintf("http://engine-%d:8000", i)}, worker.BreakerConfig{Disabled: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.SetHealth(worker.Ready)
+		ws[i] = w
+	}
+	return ws
+}
+
+// cahLoads is a fixed load per worker id.
+type cahLoads map[string]int64
+
+func (l cahLoads) Load(w *worker.Worker) int64                  { return l[w.ID] }
+func (l cahLoads) Report(*worker.Worker) (loadmon.Report, bool) { return loadmon.Report{}, false }
+
+func newCAH(t *testing.T, loads Loads) *CacheAwareHash {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Loads = loads
+	cfg.NoBackground = true
+	p, err := New("cache-aware-hash", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.(*CacheAwareHash)
+}
+
+func prompt(i int, tail string) string {
+	return fmt.Sprintf("Tenant %d. ", i) + strings.Repeat(fmt.Sprintf("context of tenant %d ", i), 20) + tail
+}
+
+// TestCacheAwareHashReplicasAgree: replicas that never talk place a new prefix on the same
+// worker, and a later request with the same opening and another tail follows it; different
+// prefixes spread over the pool.
+func TestCacheAwareHashReplicasAgree(t *testing.T) {
+	const replicas, n = 8, 8
+	pols := make([]*CacheAwareHash, replicas)
+	ws := make([][]*worker.Worker, replicas)
+	for r := range pols {
+		pols[r], ws[r] = newCAH(t, cahLoads{}), cahWorkers(t, n)
+	}
+	used := map[string]int{}
+	for i := 0; i < 200; i++ {
+		first := pols[0].Pick(ws[0], &Request{Text: prompt(i, "question one")}).ID
+		used[first]++
+		for r := 1; r < replicas; r++ {
+			if got := pols[r].Pick(ws[r], &Request{Text: prompt(i, fmt.Sprintf("question from replica %d", r))}).ID; got != first {
+				t.Fatalf("prefix %d: replica %d chose %s, replica 0 chose %s", i, r, got, first)
+			}
+		}
+		if again := pols[0].Pick(ws[0], &Request{Text: prompt(i, "another question")}).ID; again != first {
+			t.Fatalf("prefix %d: follow-up went to %s, not the holder %s", i, again, first)
+		}
+	}
+	if len(used) < n {
+		t.Fatalf("200 prefixes used only %d of %d workers: %v", len(used), n, used)
+	}
+	for id, c := range used {
+		if c > 50 {
+			t.Fatalf("worker %s got %d of 200 prefixes", id, c)
+		}
+	}
+	d := pols[0].Decisions()
+	if d[BranchCacheMiss] != 200 || d[BranchCacheHit] != 200 {
+		t.Fatalf("decisions %v, want 200 misses and 200 hits", d)
+	}
+}
+
+// TestCacheAwareHashPlacement checks the miss branch against the load bound and the choice
+// between the two highest-scoring workers.
+func TestCacheAwareHashPlacement(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	text := prompt(7, "q")
+	// The rendezvous order of the text over the four ids, with no load anywhere.
+	order := func() []string {
+		var ids []string
+		loads := cahLoads{}
+		for range ws {
+			p := newCAH(t, loads)
+			id := p.Pick(ws, &Request{Text: text}).ID
+			ids = append(ids, id)
+			loads[id] = 1000 // exclude it: far above the bound
+		}
+		return ids
+	}()
+	tests := []struct {
+		name  string
+		loads cahLoads
+		want  string
+	}{
+		{"idle pool: the owner", cahLoads{}, order[0]},
+		{"second less loaded: the second", cahLoads{order[0]: 3, order[1]: 1}, order[1]},
+		{"tie: the owner", cahLoads{order[0]: 2, order[1]: 2}, order[0]},
+		{"owner beyond the balance bound: skipped", cahLoads{order[0]: 200, order[1]: 10, order[2]: 10, order[3]: 10}, order[1]},
+		{"owner far above but within the absolute threshold: kept", cahLoads{order[0]: 60, order[1]: 61, order[2]: 61, order[3]: 0}, order[0]},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := newCAH(t, tc.loads).Pick(ws, &Request{Text: text}).ID; got != tc.want {
+				t.Fatalf("picked %s, want %s (rendezvous order %v)", got, tc.want, order)
+			}
+		})
+	}
+	if p := newCAH(t, cahLoads{}); p.Name() != "cache_aware_hash" || !LoadAware("cacheawarehash") {
+		t.Fatal("registration: name or load awareness wrong")
+	}
+}
