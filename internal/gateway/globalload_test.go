@@ -33,7 +33,7 @@ func newReplica(t *testing.T, global bool, pcfg policy.Config, urls []string) *r
 	r := &replica{}
 	var loads LoadSource
 	if global {
-		r.mon = loadmon.New(reg, loadmon.Config{Interval: 40 * time.Millisecond})
+		r.mon = loadmon.New(reg, loadmon.Config{Interval: 40 * time.Millisecond, Mode: loadmon.ModeScaled})
 		pcfg.Loads, loads = r.mon, r.mon
 	}
 	router, err := policy.NewRouter("cache_aware", pcfg)

@@ -40,11 +40,11 @@ type Config struct {
 }
 
 // DefaultConfig returns the DESIGN.md §3 defaults: poll every 1s, 500ms per poll (Timeout zero),
-// stale after 3s (StaleAfter zero), effective load, 4 MiB bodies, 64 polls at once.
+// stale after 3s (StaleAfter zero), scaled effective load (see ModeScaled), 4 MiB bodies, 64 polls at once.
 func DefaultConfig() Config {
 	return Config{
 		Interval:    time.Second,
-		Mode:        ModeEffective,
+		Mode:        ModeScaled,
 		MaxBody:     4 << 20,
 		Concurrency: 64,
 	}
