@@ -33,6 +33,7 @@ type benchFlags struct {
 	requests    int
 	warmup      time.Duration
 	prefixes    int
+	prefixWords int
 	outTokens   int
 
 	// Output.
@@ -77,6 +78,7 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.IntVar(&f.requests, "requests", 0, "stop after sending this many requests")
 	fs.DurationVar(&f.warmup, "warmup", 0, "send but do not measure the requests of the run's first part (cold caches)")
 	fs.IntVar(&f.prefixes, "prefixes", 0, "shared-prefix: number of system prompts (0 = 16); long-context: tenants (0 = 150)")
+	fs.IntVar(&f.prefixWords, "prefix-words", 0, "shared-prefix: words per system prompt (0 = 200); long-context: words per context (0 = 6000)")
 	fs.IntVar(&f.outTokens, "output-tokens", 0, "shared-prefix and long-context: output tokens per request (0 = 64)")
 	fs.StringVar(&f.out, "out", "", "directory for report.json, report.txt and PNG charts")
 	fs.BoolVar(&f.asJSON, "json", false, "print the JSON report instead of the table")
@@ -134,8 +136,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // buildWorkload makes the workload the flags name.
 func (f *benchFlags) buildWorkload() (bench.Workload, error) {
-	if f.prefixes < 0 || f.outTokens < 0 {
-		return nil, errors.New("--prefixes and --output-tokens must be >= 0")
+	if f.prefixes < 0 || f.prefixWords < 0 || f.outTokens < 0 {
+		return nil, errors.New("--prefixes, --prefix-words and --output-tokens must be >= 0")
 	}
 	if f.trace != "" {
 		if f.workload != "shared-prefix" && f.workload != "trace" {
@@ -152,6 +154,9 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 		if f.prefixes > 0 {
 			w.Prefixes = f.prefixes
 		}
+		if f.prefixWords > 0 {
+			w.PrefixWords = f.prefixWords
+		}
 		if f.outTokens > 0 {
 			w.OutputTokens = f.outTokens
 		}
@@ -159,6 +164,9 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 	case *bench.LongContext:
 		if f.prefixes > 0 {
 			w.Tenants = f.prefixes
+		}
+		if f.prefixWords > 0 {
+			w.ContextWords = f.prefixWords
 		}
 		if f.outTokens > 0 {
 			w.OutputTokens = f.outTokens

@@ -101,6 +101,7 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 func (g *gateway) poll() {
 	s := g.s
 	polledAt := epoch.Add(s.now)
+	var backlog, atPoll int64
 	for i, se := range s.engines {
 		s.syncEngine(i)
 		l := se.e.Load()
@@ -112,6 +113,13 @@ func (g *gateway) poll() {
 			PolledAt: polledAt, InflightAtPoll: g.workers[i].Inflight(),
 		}
 		g.polled[i] = true
+		backlog += int64(l.Running + l.Waiting)
+		atPoll += g.reports[i].InflightAtPoll
+	}
+	// Stamp the round's replica estimate, as the load monitor does, for loadmon.ModeScaled.
+	rep := loadmon.EstimateReplicas(backlog, atPoll)
+	for i := range g.reports {
+		g.reports[i].Replicas = rep
 	}
 	if g.idx == 0 {
 		s.sample()
