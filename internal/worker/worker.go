@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"strings"
 	"sync/atomic"
-	"time"
 )
 
 // Type is a worker's role. The zero value is Regular.
@@ -165,7 +164,11 @@ func New(spec Spec, bc BreakerConfig) (*Worker, error) {
 
 // Available reports whether a policy may pick w now: ready, not draining, circuit not open.
 func (w *Worker) Available() bool {
-	return Health(w.health.Load()) == Ready && !w.draining.Load() && w.Breaker.Allows(time.Now())
+	if Health(w.health.Load()) != Ready || w.draining.Load() {
+		return false
+	}
+	// Only an open or half-open circuit needs the time; a closed one (the common case) does not.
+	return w.Breaker.Closed() || w.Breaker.Allows(w.Breaker.cfg.Clock())
 }
 
 // Inflight returns the number of requests this gateway has in flight to w.
