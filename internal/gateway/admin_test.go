@@ -123,7 +123,7 @@ func TestDeleteDrains(t *testing.T) {
 	if s := <-first; s != 200 {
 		t.Errorf("the in-flight request on the drained worker ended %d", s)
 	}
-	g.waitDone(t, 5)
+	g.waitDone(t, 6) // the DELETE and the five completions: the first one's handler included
 	if aw.Inflight() != 0 {
 		t.Errorf("drained worker in flight %d", aw.Inflight())
 	}

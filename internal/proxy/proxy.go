@@ -195,7 +195,8 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 		tried = append(tried, w)
 		resp, err := f.attempt(ctx, w, req)
 		if errors.Is(err, errNotAdmitted) {
-			// The breaker refused (its half-open probe slots are taken): not an attempt.
+			// The worker refused before anything was sent (no half-open probe slot, or
+			// draining): not an attempt.
 			if skips++; skips > maxSkips {
 				res.Err = noWorker(res.Err)
 				res.Status = Status(res.Err)
@@ -252,8 +253,9 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 // maxSkips bounds how many picked workers a request may pass over because their breaker refused.
 const maxSkips = 8
 
-// errNotAdmitted says the picked worker's breaker refused the request before anything was sent.
-var errNotAdmitted = errors.New("circuit breaker refused the request")
+// errNotAdmitted says the picked worker refused the request before anything was sent: its
+// breaker had no probe slot, or it started draining.
+var errNotAdmitted = errors.New("the worker admits no new request")
 
 // noWorker is the error for a request that no worker could take; last, when set, is the reason the
 // last worker tried could not.
@@ -340,6 +342,17 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		return nil, &Error{Kind: KindNoWorker, Worker: w.ID, Err: errNotAdmitted}
 	}
 	release := w.Acquire()
+	if w.Draining() {
+		// Removed between the pick and now. Checked after Acquire, so that a request is either
+		// counted in flight when the drain starts or never sent.
+		abandon()
+		release()
+		if stopTimer != nil {
+			stopTimer()
+		}
+		cancel()
+		return nil, &Error{Kind: KindNoWorker, Worker: w.ID, Err: errNotAdmitted}
+	}
 	resp, err := f.client.Do(u)
 	timedOut := stopTimer != nil && !stopTimer()
 	if err == nil && timedOut {

@@ -278,3 +278,25 @@ func TestClientCancelStopsRetries(t *testing.T) {
 		t.Errorf("status %d after %d calls, want 499 after 1", res.Status, a.calls())
 	}
 }
+
+// TestDrainBetweenPickAndSend: a worker removed after the pick but before the send gets
+// nothing; the request goes elsewhere without spending an attempt.
+func TestDrainBetweenPickAndSend(t *testing.T) {
+	a, b := newUpstream(t, status(200)), newUpstream(t, status(200))
+	next := inOrder(a, b)
+	pick := func(tried []*worker.Worker) *worker.Worker {
+		w := next(tried)
+		if w == a.w {
+			a.w.Drain() // DELETE /workers/{id} lands right now
+		}
+		return w
+	}
+	rec := httptest.NewRecorder()
+	res := newForwarder(nil, 1).Forward(context.Background(), rec, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, pick)
+	if rec.Code != 200 || res.Worker != b.w || a.calls() != 0 || res.Attempts != 1 {
+		t.Errorf("status %d, worker a called %d times, attempts %d; want 200 from b, 0, 1", rec.Code, a.calls(), res.Attempts)
+	}
+	if a.w.Inflight() != 0 {
+		t.Errorf("drained worker in flight %d", a.w.Inflight())
+	}
+}
