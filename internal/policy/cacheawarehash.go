@@ -91,24 +91,16 @@ func (p *CacheAwareHash) Pick(candidates []*worker.Worker, req *Request) *worker
 // hash owner already held it, and affinity wins exactly as far as it would on a hit. The least
 // loaded candidate always qualifies, so some candidate is returned.
 func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64) *cand {
-	var first, second *cand
-	var s1, s2 uint64
+	var best *cand
+	var bestScore uint64
 	for i := range av {
 		c := &av[i]
 		if c.load-minLoad > p.cfg.BalanceAbsThreshold && float64(c.load) > p.cfg.BalanceRelThreshold*float64(minLoad) {
 			continue
 		}
-		s := score(key, c.w.ID)
-		switch {
-		case first == nil || s > s1:
-			second, s2 = first, s1
-			first, s1 = c, s
-		case second == nil || s > s2:
-			second, s2 = c, s
+		if s := score(key, c.w.ID); best == nil || s > bestScore {
+			best, bestScore = c, s
 		}
 	}
-	if second != nil && second.load < first.load {
-		return second
-	}
-	return first
+	return best
 }

@@ -84,8 +84,8 @@ func TestCacheAwareHashReplicasAgree(t *testing.T) {
 	}
 }
 
-// TestCacheAwareHashPlacement checks the miss branch against the load bound and the choice
-// between the two highest-scoring workers.
+// TestCacheAwareHashPlacement checks the miss branch against the load bound: the owner keeps a
+// new prefix as long as taking it would not make the pool imbalanced by cache_aware's rule.
 func TestCacheAwareHashPlacement(t *testing.T) {
 	ws := cahWorkers(t, 4)
 	text := prompt(7, "q")
@@ -107,8 +107,7 @@ func TestCacheAwareHashPlacement(t *testing.T) {
 		want  string
 	}{
 		{"idle pool: the owner", cahLoads{}, order[0]},
-		{"second less loaded: the second", cahLoads{order[0]: 3, order[1]: 1}, order[1]},
-		{"tie: the owner", cahLoads{order[0]: 2, order[1]: 2}, order[0]},
+		{"owner busier than the rest, within the bound: the owner", cahLoads{order[0]: 30, order[1]: 1}, order[0]},
 		{"owner beyond the balance bound: skipped", cahLoads{order[0]: 200, order[1]: 10, order[2]: 10, order[3]: 10}, order[1]},
 		{"owner far above but within the absolute threshold: kept", cahLoads{order[0]: 60, order[1]: 61, order[2]: 61, order[3]: 0}, order[0]},
 	}
