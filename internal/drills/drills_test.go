@@ -134,7 +134,7 @@ func TestDrillWorkerHangs(t *testing.T) {
 	r.settle()
 	report(row{drill: "worker hangs (attempt timeout 250 ms)", requests: tl.requests, failures: tl.requests - tl.ok,
 		shed: shed.at.Sub(hung), recover: back,
-		note: shedNote(shed) + " after 10 timeouts; recover = fault cleared → circuit closed (1 s open timeout + 3 probes)"})
+		note: shedNote(shed) + " after 10 timeouts; recover = fault cleared → circuit closed (1 s open timeout, counted from the opening, + 3 probes)"})
 }
 
 // TestDrillErrorStorm makes one engine answer half its requests with 503. Retries hide every
@@ -184,16 +184,22 @@ func TestDrillFlapping(t *testing.T) {
 	victim := r.workers[1]
 	l := r.load(6, 8)
 	start := time.Now()
+	var lastUp time.Time
 	for i := 0; i < 5; i++ {
 		r.engines[1].sim().SetFaults(sim.Faults{SlowStart: time.Hour})
 		sleepUntil(400 * time.Millisecond)
+		lastUp = time.Now()
 		r.engines[1].sim().SetFaults(sim.Faults{})
 		sleepUntil(400 * time.Millisecond)
 	}
-	stable := time.Now()
-	back, ok := r.waitAvailable(victim, stable, 10*time.Second)
-	if !ok {
+	if _, ok := r.waitAvailable(victim, lastUp, 10*time.Second); !ok {
 		t.Fatalf("the worker was not readmitted once stable: health %s circuit %s", victim.Health(), victim.Breaker.State(time.Now()))
+	}
+	var back time.Duration // from the last recovery to readmission, if it was shed in the last flap
+	if ev, ok := r.events.waitFor(lastUp, 0, func(ev event) bool {
+		return ev.worker == victim.ID && (ev.to == "ready" || ev.to == "closed")
+	}); ok {
+		back = ev.at.Sub(lastUp)
 	}
 	tl := l.stop()
 	if tl.ok != tl.requests {
@@ -231,7 +237,7 @@ func TestDrillFlapping(t *testing.T) {
 	r.settle()
 	report(row{drill: "flapping engine (503 on every route 400 ms on / 400 ms off, ×5)", requests: tl.requests, failures: tl.requests - tl.ok,
 		shed: shedAt, recover: back,
-		note: strconv.Itoa(healthLogs) + " health + " + strconv.Itoa(circuitLogs) + " circuit transitions, each logged once and counted; recover = last flap → routable"})
+		note: strconv.Itoa(healthLogs) + " health + " + strconv.Itoa(circuitLogs) + " circuit transitions, each logged once and counted; recover = engine healthy for good → ready"})
 }
 
 // TestDrillAllWorkersDown kills every engine: clients get a 503 with a clear message, at once
