@@ -194,13 +194,13 @@ func (b *Breaker) State(now time.Time) CircuitState {
 	return s
 }
 
-// Allows reports whether a request may be sent now. It does not reserve a probe slot: Begin does.
 // Closed reports whether requests flow freely: the breaker is disabled or its circuit closed.
 // It reads no clock, so the per-candidate availability check on the routing path stays cheap.
 func (b *Breaker) Closed() bool {
 	return b.cfg.Disabled || CircuitState(b.state.Load()) == Closed
 }
 
+// Allows reports whether a request may be sent now. It does not reserve a probe slot: Begin does.
 func (b *Breaker) Allows(now time.Time) bool {
 	if b.cfg.Disabled {
 		return true

@@ -217,3 +217,23 @@ func TestBreakerConfigWithLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestBreakerClosed: the clock-free fast check agrees with the state.
+func TestBreakerClosed(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	b := NewBreaker(BreakerConfig{FailureThreshold: 1, SuccessThreshold: 1, OpenTimeout: time.Second, Clock: clk.Now})
+	if !b.Closed() {
+		t.Error("a new breaker is not closed")
+	}
+	runOps(t, b, clk, []op{"fail"})
+	if b.Closed() {
+		t.Error("an open breaker reports closed")
+	}
+	runOps(t, b, clk, []op{"wait", "ok"})
+	if !b.Closed() {
+		t.Error("a breaker closed by its probe reports not closed")
+	}
+	if d := NewBreaker(BreakerConfig{Disabled: true}); !d.Closed() {
+		t.Error("a disabled breaker reports not closed")
+	}
+}
