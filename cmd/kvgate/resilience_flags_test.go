@@ -77,3 +77,54 @@ func TestResilienceFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkerLabelFlag checks per-worker overrides for workers given by flag.
+func TestWorkerLabelFlag(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string
+		want    map[string]map[string]string // URL → labels
+	}{
+		{name: "two overrides on one worker", args: []string{"--worker-urls", "http://a:1,http://b:2",
+			"--worker-label", "cb_timeout=10s@http://a:1/", "--worker-label", "health_check_path=/ping@http://a:1"},
+			want: map[string]map[string]string{"http://a:1": {"cb_timeout": "10s", "health_check_path": "/ping"}, "http://b:2": nil}},
+		{name: "kept with the policy label", args: []string{"--decode", "http://d:1", "--decode-policy", "random", "--worker-label", "cb_failure_threshold=2@http://d:1"},
+			want: map[string]map[string]string{"http://d:1": {"policy": "random", "cb_failure_threshold": "2"}}},
+		{name: "unknown worker", args: []string{"--worker-urls", "http://a:1", "--worker-label", "cb_timeout=1s@http://z:9"}, wantErr: "not a configured worker"},
+		{name: "no url", args: []string{"--worker-urls", "http://a:1", "--worker-label", "cb_timeout=1s"}, wantErr: "KEY=VALUE@URL"},
+		{name: "bad value", args: []string{"--worker-urls", "http://a:1", "--worker-label", "cb_timeout=soon@http://a:1"}, wantErr: "cb_timeout"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseServe(tc.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			regs, err := registrations(o)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, a := range regs {
+				want, ok := tc.want[a.URL]
+				if !ok {
+					t.Fatalf("unexpected worker %s", a.URL)
+				}
+				if len(want) != len(a.Labels) {
+					t.Errorf("%s: labels %v, want %v", a.URL, a.Labels, want)
+				}
+				for k, v := range want {
+					if a.Labels[k] != v {
+						t.Errorf("%s: labels %v, want %v", a.URL, a.Labels, want)
+					}
+				}
+			}
+		})
+	}
+}

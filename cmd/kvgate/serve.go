@@ -30,6 +30,7 @@ type serveOptions struct {
 	workerURLs      listFlag
 	prefillURLs     listFlag
 	decodeURLs      listFlag
+	workerLabels    listFlag
 	policyName      string
 	prefillPolicy   string
 	decodePolicy    string
@@ -87,6 +88,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.workerURLs, "worker-urls", "worker base URLs, space- or comma-separated (none: start built-in simulated workers)")
 	fs.Var(&o.prefillURLs, "prefill", "prefill worker URLs for disaggregated serving, each URL[@BOOTSTRAP_PORT]")
 	fs.Var(&o.decodeURLs, "decode", "decode worker URLs for disaggregated serving")
+	fs.Var(&o.workerLabels, "worker-label", "a label for one configured worker, KEY=VALUE@URL (repeatable); health_check_*, health_*_threshold and cb_* labels override those knobs for it")
 	fs.StringVar(&o.policyName, "policy", "cache_aware", "routing policy: "+strings.Join(policy.Names(), ", "))
 	fs.StringVar(&o.prefillPolicy, "prefill-policy", "", "policy among prefill workers (default: --policy)")
 	fs.StringVar(&o.decodePolicy, "decode-policy", "", "policy among decode workers (default: --policy)")
@@ -296,6 +298,9 @@ func registrations(o *serveOptions) ([]gateway.AddWorkerRequest, error) {
 		if _, err := worker.ParseURL(a.URL); err != nil {
 			return nil, err
 		}
+	}
+	if err := applyWorkerLabels(out, o.workerLabels); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
