@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -346,7 +347,12 @@ func registerUntilDone(ctx context.Context, gw *gateway.Server, a gateway.AddWor
 // listenAndServe runs the API and metrics servers until ctx ends, then shuts them down: new
 // connections are refused and in-flight requests get the grace period to finish.
 func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, log *slog.Logger, ready chan<- [2]string) error {
-	api := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	// Requests run under base, so that when the grace period ends they can be ended with
+	// ErrShuttingDown as the cause: clients then get a clear error, not a cut connection.
+	base, endRequests := context.WithCancelCause(context.Background())
+	defer endRequests(nil)
+	api := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return base }}
 	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
 	if err != nil {
 		return err
@@ -384,8 +390,14 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 	for _, s := range servers {
 		if err := s.Shutdown(sctx); err != nil {
 			errs = append(errs, err)
-			// The grace period is over: cut what is left, so that its workers see the cancel.
-			_ = s.Close()
+			// The grace period is over: end what is left with a clear error (its workers see
+			// the cancel), give that a moment to be written, then cut anything still open.
+			endRequests(proxy.ErrShuttingDown)
+			fctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if s.Shutdown(fctx) != nil {
+				_ = s.Close()
+			}
+			cancel()
 		}
 	}
 	for range servers {

@@ -148,3 +148,77 @@ func TestDrillSIGTERMUnderLoad(t *testing.T) {
 		failures: tl.requests - tl.ok, shed: drained, recover: stopped,
 		note: "shed = SIGTERM → last in-flight request finished whole; recover = SIGTERM → process exited 0"})
 }
+
+// TestDrillSIGTERMGraceExpires sends SIGTERM while requests that outlast the grace period run:
+// when it ends, each of them must get a clear error (an SSE error event and [DONE] for streams,
+// a 503 for completions) rather than a cut connection, the engines must see the cancel, and the
+// process must exit 0.
+func TestDrillSIGTERMGraceExpires(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the kvgate binary")
+	}
+	checkGoroutines(t)
+	engines := []*engine{startEngine(t, simCfg(1)), startEngine(t, simCfg(2))}
+	for _, e := range engines {
+		t.Cleanup(e.kill)
+	}
+	const grace = 300 * time.Millisecond
+	k := startKvgate(t, "--worker-urls", engines[0].URL()+","+engines[1].URL(), "--policy", "round_robin",
+		"--disable-load-monitor", "--shutdown-grace-period", grace.String())
+	ct := &http.Transport{}
+	client := &http.Client{Transport: ct, Timeout: 30 * time.Second}
+	t.Cleanup(ct.CloseIdleConnections)
+
+	const n = 4
+	var tl tally
+	var wg sync.WaitGroup
+	for i := 0; i < 2*n; i++ {
+		stream := i%2 == 0
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tl.add(doChat(context.Background(), client, k.base, chatBody(i, 3000, stream), stream, nil))
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for engines[0].running()+engines[1].running() < 2*n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d requests reached the engines", engines[0].running()+engines[1].running(), 2*n)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	signalled := time.Now()
+	if err := k.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	ended := time.Since(signalled)
+	if err := k.wait(t, 30*time.Second); err != nil {
+		t.Errorf("kvgate exited with %v\n%s", err, k.log())
+	}
+	stopped := time.Since(signalled)
+	for _, o := range tl.all {
+		want := 503
+		if o.stream {
+			want = 200 // the status line went out long ago; the error is an event
+		}
+		if !o.clear || o.status != want || !strings.Contains(o.message, "shutting down") {
+			t.Errorf("stream=%v: %s; want a clear shutting-down error with status %d", o.stream, o, want)
+		}
+	}
+	for i, e := range engines {
+		deadline := time.Now().Add(5 * time.Second)
+		for e.running() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("engine %d still runs %d requests the gateway ended", i, e.running())
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	if ended < grace {
+		t.Errorf("requests ended %v after SIGTERM, before the %v grace period", ended, grace)
+	}
+	report(row{drill: "SIGTERM, grace period (300 ms) shorter than the requests (4 streams + 4 completions of 3000 tokens)", requests: tl.requests,
+		failures: tl.bad, shed: ended, recover: stopped,
+		note: "at the end of the grace period every request got a clear error (SSE error event + [DONE], or 503) and the engines saw the cancel; shed = SIGTERM → last request ended; recover = SIGTERM → exit 0"})
+}

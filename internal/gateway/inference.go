@@ -120,11 +120,14 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result
 	if res.Committed || res.Status == 499 {
 		return
 	}
-	msg := res.Err.Error()
-	if errors.Is(res.Err, proxy.ErrNoWorker) {
+	msg, code := res.Err.Error(), codeFor(res.Status)
+	switch {
+	case errors.Is(res.Err, proxy.ErrNoWorker):
 		msg = s.unavailableMessage(model, res.Err)
+	case errors.Is(res.Err, proxy.ErrShuttingDown):
+		msg, code = "the gateway is shutting down; retry the request", "shutting_down"
 	}
-	writeError(w, res.Status, codeFor(res.Status), msg)
+	writeError(w, res.Status, code, msg)
 }
 
 // resolvePool finds the pool for model: the named one, or the only one when the body names none.

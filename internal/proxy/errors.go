@@ -27,6 +27,9 @@ const (
 	// request's last attempt fails this way (every untried worker was tried first), the client
 	// gets 503: no worker is available.
 	KindConnect
+	// KindShutdown: the gateway's shutdown grace period ended before the request did (503, or an
+	// SSE error event once streaming). Never the worker's fault.
+	KindShutdown
 )
 
 // String returns the kind's metric label.
@@ -44,10 +47,17 @@ func (k Kind) String() string {
 		return "stream_broken"
 	case KindConnect:
 		return "connect"
+	case KindShutdown:
+		return "shutdown"
 	default:
 		return "transport"
 	}
 }
+
+// ErrShuttingDown is the cancellation cause (context.WithCancelCause) with which a server ends the
+// requests still running when its shutdown grace period is over; the proxy then ends them with a
+// clear error instead of as if the client had left.
+var ErrShuttingDown = errors.New("the gateway is shutting down")
 
 // ErrNoWorker is wrapped by errors that mean no worker could take the request.
 var ErrNoWorker = errors.New("no available worker")
@@ -83,7 +93,7 @@ func Status(err error) int {
 		return 499
 	case KindTimeout:
 		return http.StatusGatewayTimeout
-	case KindNoWorker:
+	case KindNoWorker, KindShutdown:
 		return http.StatusServiceUnavailable
 	case KindStatus:
 		return e.StatusCode

@@ -210,7 +210,7 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 		if err != nil {
 			res.Err, res.Status = err, Status(err)
 			var e *Error
-			if errors.As(err, &e) && e.Kind == KindCanceled {
+			if errors.As(err, &e) && (e.Kind == KindCanceled || e.Kind == KindShutdown) {
 				return res
 			}
 			f.obs.UpstreamError(w, e.Kind)
@@ -241,7 +241,7 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 		if !f.backoff(ctx, attempt) {
 			kind := KindTimeout
 			if errors.Is(ctx.Err(), context.Canceled) {
-				kind = KindCanceled
+				kind = canceledKind(ctx)
 			}
 			res.Err = &Error{Kind: kind, Worker: w.ID, Err: ctx.Err()}
 			res.Status = Status(res.Err)
@@ -366,13 +366,13 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		kind := KindTransport
 		switch {
 		case ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled):
-			kind = KindCanceled
+			kind = canceledKind(ctx)
 		case ctx.Err() != nil || timedOut || isTimeout(err):
 			kind = KindTimeout
 		case isConnect(err):
 			kind = KindConnect
 		}
-		if kind == KindCanceled {
+		if kind == KindCanceled || kind == KindShutdown {
 			abandon()
 		} else {
 			done(false)
@@ -380,6 +380,15 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		return nil, &Error{Kind: kind, Worker: w.ID, Err: err}
 	}
 	return &upstream{Response: resp, cancel: cancel, release: release, done: done, abandon: abandon}, nil
+}
+
+// canceledKind tells a cancelled request's two causes apart: the gateway shutting down, or the
+// client leaving.
+func canceledKind(ctx context.Context) Kind {
+	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
+		return KindShutdown
+	}
+	return KindCanceled
 }
 
 // isKind reports whether err is a classified error of kind k.
@@ -446,6 +455,16 @@ func (f *Forwarder) relay(ctx context.Context, rw http.ResponseWriter, u *upstre
 	u.cancel()
 	defer u.release()
 	switch {
+	case writeErr == nil && ctx.Err() != nil && canceledKind(ctx) == KindShutdown:
+		// The shutdown grace period is over: not the worker's fault; tell a streaming client.
+		u.abandon()
+		res.Err = &Error{Kind: KindShutdown, Worker: res.Worker.ID, Err: context.Cause(ctx)}
+		if sse {
+			writeSSEError(rw, "the gateway is shutting down; the response is incomplete", "gateway_shutting_down")
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled), writeErr != nil:
 		// The client left: not the worker's fault.
 		u.abandon()
@@ -460,7 +479,7 @@ func (f *Forwarder) relay(ctx context.Context, rw http.ResponseWriter, u *upstre
 		res.Err = &Error{Kind: kind, Worker: res.Worker.ID, Err: readErr}
 		f.obs.UpstreamError(res.Worker, kind)
 		if sse {
-			writeSSEError(rw, "the worker's stream broke: "+readErr.Error())
+			writeSSEError(rw, "the worker's stream broke: "+readErr.Error(), "upstream_stream_broken")
 			if flusher != nil {
 				flusher.Flush()
 			}
@@ -470,13 +489,15 @@ func (f *Forwarder) relay(ctx context.Context, rw http.ResponseWriter, u *upstre
 	}
 }
 
-// writeSSEError ends a broken stream with an OpenAI-shaped error event and [DONE], so a client
-// sees a clean end instead of a hang or a truncated event.
-func writeSSEError(w io.Writer, msg string) {
+// writeSSEError ends a broken stream with an OpenAI-shaped error event (code is its machine
+// reason) and [DONE], so a client sees a clean end instead of a hang or a truncated event.
+func writeSSEError(w io.Writer, msg, code string) {
 	var b bytes.Buffer
 	b.WriteString("\n\ndata: {\"error\":{\"message\":")
 	b.Write(quoteJSON(msg))
-	b.WriteString(",\"type\":\"server_error\",\"param\":null,\"code\":\"upstream_stream_broken\"}}\n\ndata: [DONE]\n\n")
+	b.WriteString(",\"type\":\"server_error\",\"param\":null,\"code\":")
+	b.Write(quoteJSON(code))
+	b.WriteString("}}\n\ndata: [DONE]\n\n")
 	_, _ = w.Write(b.Bytes())
 }
 

@@ -300,3 +300,67 @@ func TestDrainBetweenPickAndSend(t *testing.T) {
 		t.Errorf("drained worker in flight %d", a.w.Inflight())
 	}
 }
+
+// TestShutdownCause: requests ended with ErrShuttingDown as the cause get a clear error — a 503
+// before the status line, an SSE error event after it — are not retried, and never count against
+// the worker.
+func TestShutdownCause(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "before headers", true: "mid-stream"}[stream], func(t *testing.T) {
+			arrived := make(chan struct{}, 1)
+			a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				if stream {
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, "data: {\"n\":1}\n\n")
+					w.(http.Flusher).Flush()
+				}
+				arrived <- struct{}{}
+				<-r.Context().Done()
+			})
+			b := newUpstream(t, status(200))
+			ctx, end := context.WithCancelCause(context.Background())
+			rec := &signallingRecorder{ResponseRecorder: httptest.NewRecorder(), wrote: make(chan struct{})}
+			go func() {
+				<-arrived
+				if stream {
+					<-rec.wrote // the first event reached the client
+				}
+				end(ErrShuttingDown)
+			}()
+			f := New(Config{Retry: RetryConfig{MaxAttempts: 5}})
+			res := f.Forward(ctx, rec, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(a, b))
+			if !isKind(res.Err, KindShutdown) || b.calls() != 0 {
+				t.Fatalf("err %v, second worker %d calls; want a shutdown error and no retry", res.Err, b.calls())
+			}
+			if !stream && (res.Status != 503 || res.Committed) {
+				t.Errorf("status %d committed %v; want an uncommitted 503", res.Status, res.Committed)
+			}
+			if stream && !strings.Contains(rec.Body.String(), `"code":"gateway_shutting_down"`) {
+				t.Errorf("stream ended %q", rec.Body.String())
+			}
+			if a.w.Inflight() != 0 {
+				t.Errorf("in flight %d", a.w.Inflight())
+			}
+			for i := 0; i < 9; i++ { // one more failure than the default threshold of 10 needs
+				done, _, _ := a.w.Breaker.Begin(time.Now())
+				done(false)
+			}
+			if a.w.Breaker.State(time.Now()) != worker.Closed {
+				t.Error("the shutdown counted as the worker's failure")
+			}
+		})
+	}
+}
+
+// signallingRecorder closes wrote on the first body write.
+type signallingRecorder struct {
+	*httptest.ResponseRecorder
+	wrote chan struct{}
+	once  sync.Once
+}
+
+func (r *signallingRecorder) Write(b []byte) (int, error) {
+	n, err := r.ResponseRecorder.Write(b)
+	r.once.Do(func() { close(r.wrote) })
+	return n, err
+}
