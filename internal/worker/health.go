@@ -138,7 +138,7 @@ type Checker struct {
 	own  *http.Transport // the default probe's transport, nil with a custom client or probe
 
 	kick chan struct{}
-	mu   sync.Mutex // guards cancel and done
+	mu   sync.Mutex // guards stop and done
 	stop context.CancelFunc
 	done chan struct{}
 }
