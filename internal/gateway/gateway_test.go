@@ -168,9 +168,17 @@ func TestInflightReturnsToZero(t *testing.T) {
 				if n := totalInflight(g.Server); n != 1 {
 					t.Errorf("in flight during the stream = %d, want 1", n)
 				}
+				canceledAt := time.Now()
 				cancel()
 				select {
 				case <-workerCanceled:
+					// The issue asks for 100 ms; the bound here is looser only so that a
+					// loaded CI machine running the race detector cannot flake it.
+					if d := time.Since(canceledAt); d > 500*time.Millisecond {
+						t.Errorf("the cancel took %v to reach the worker", d)
+					} else {
+						t.Logf("cancel reached the worker in %v", d)
+					}
 				case <-time.After(5 * time.Second):
 					t.Fatal("the client's cancel did not reach the worker")
 				}
