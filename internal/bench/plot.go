@@ -21,8 +21,8 @@ type Series struct {
 // Chart describes a line chart.
 type Chart struct {
 	Title, XLabel, YLabel string
-	// LogX draws the x axis on a log scale (all X must then be > 0).
-	LogX bool
+	// LogX and LogY draw an axis on a log scale (its values must then be > 0).
+	LogX, LogY bool
 	// Points draws a marker at each point (for charts with few points).
 	Points bool
 	Series []Series
@@ -45,6 +45,10 @@ func (c Chart) SavePNG(path string) error {
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	}
+	if c.LogY {
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	}
 	p.Legend.Top = true
 	for i, s := range c.Series {
 		if len(s.X) != len(s.Y) || len(s.X) == 0 {
@@ -52,8 +56,8 @@ func (c Chart) SavePNG(path string) error {
 		}
 		xys := make(plotter.XYs, len(s.X))
 		for j := range s.X {
-			if c.LogX && s.X[j] <= 0 {
-				return fmt.Errorf("chart %s: series %q has x %g on a log axis", path, s.Label, s.X[j])
+			if (c.LogX && s.X[j] <= 0) || (c.LogY && s.Y[j] <= 0) {
+				return fmt.Errorf("chart %s: series %q has a point (%g, %g) off a log axis", path, s.Label, s.X[j], s.Y[j])
 			}
 			xys[j].X, xys[j].Y = s.X[j], s.Y[j]
 		}

@@ -202,8 +202,9 @@ func Charts(dir, title string, rows []bench.Summary, sweeps []bench.SweepResult)
 		label := func(s bench.Summary) string { return s.Label }
 		hit := bench.Chart{Title: "Token hit rate vs gateways: " + title, XLabel: "gateway replicas", YLabel: "token-weighted hit rate", Points: true,
 			Series: bench.ByGateways(rows, label, func(s bench.Summary) float64 { return s.HitRate })}
-		p99 := bench.Chart{Title: "TTFT p99 vs gateways: " + title, XLabel: "gateway replicas", YLabel: "TTFT p99 (ms)", Points: true,
-			Series: bench.ByGateways(rows, label, func(s bench.Summary) float64 { return s.TTFTP99 })}
+		p99 := bench.Chart{Title: "TTFT p99 vs gateways: " + title, XLabel: "gateway replicas", YLabel: "TTFT p99 (ms, log scale)", Points: true, LogY: true,
+			// A positive floor for the log axis: a row without successes has p99 0.
+			Series: bench.ByGateways(rows, label, func(s bench.Summary) float64 { return max(s.TTFTP99, 0.001) })}
 		if err := save("hit-vs-gateways.png", hit); err != nil {
 			return paths, err
 		}
@@ -212,13 +213,13 @@ func Charts(dir, title string, rows []bench.Summary, sweeps []bench.SweepResult)
 		}
 	}
 	if len(sweeps) > 0 {
-		c := bench.Chart{Title: "TTFT p99 vs offered rate: " + title, XLabel: "offered rate (req/s)", YLabel: "TTFT p99 (ms)", Points: true}
+		c := bench.Chart{Title: "TTFT p99 vs offered rate: " + title, XLabel: "offered rate (req/s)", YLabel: "TTFT p99 (ms, log scale)", Points: true, LogY: true}
 		for _, sw := range sweeps {
 			s := bench.Series{Label: sw.Label}
 			pts := append([]bench.SweepPoint(nil), sw.Points...)
 			sortPoints(pts)
 			for _, p := range pts {
-				s.X, s.Y = append(s.X, p.Rate), append(s.Y, p.TTFTP99)
+				s.X, s.Y = append(s.X, p.Rate), append(s.Y, max(p.TTFTP99, 0.001))
 			}
 			c.Series = append(c.Series, s)
 		}
