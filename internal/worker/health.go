@@ -129,7 +129,7 @@ type CheckerOptions struct {
 // and not_ready. One owner goroutine (started by Start, ended by Stop) schedules the checks and
 // owns all their bookkeeping; each check runs on a short-lived goroutine, at most MaxConcurrent at
 // once and at most one per worker. It follows the registry: it reads the current View on each
-// pass and is woken by registrations.
+// pass and is woken by registrations. The zero value is not usable; use NewChecker.
 type Checker struct {
 	reg  *Registry
 	cfg  HealthConfig
