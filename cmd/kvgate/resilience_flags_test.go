@@ -60,6 +60,12 @@ func TestResilienceFlags(t *testing.T) {
 			}
 		}},
 		{name: "relative health path", args: []string{"--health-check-path", "health"}, wantErr: "must start with /"},
+		{name: "failure rate", args: []string{"--cb-failure-rate-threshold", "0.4", "--cb-failure-rate-window", "30"}, check: func(t *testing.T, o *serveOptions) {
+			if b := o.gw.Breaker; b.FailureRateThreshold != 0.4 || b.FailureRateWindow != 30 {
+				t.Errorf("breaker %+v", b)
+			}
+		}},
+		{name: "failure rate out of range", args: []string{"--cb-failure-rate-threshold", "1.5"}, wantErr: "failure rate threshold"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

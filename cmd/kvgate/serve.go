@@ -114,6 +114,8 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&g.Breaker.OpenTimeout, "cb-timeout", g.Breaker.OpenTimeout, "how long a circuit stays open before probing")
 	fs.BoolVar(&g.Breaker.Disabled, "disable-circuit-breaker", false, "turn circuit breakers off")
 	fs.IntVar(&g.Breaker.HalfOpenProbes, "cb-half-open-probes", g.Breaker.HalfOpenProbes, "requests a half-open circuit admits at once")
+	fs.Float64Var(&g.Breaker.FailureRateThreshold, "cb-failure-rate-threshold", 0, "also open a circuit when this share of the last --cb-failure-rate-window outcomes failed (0 = off)")
+	fs.IntVar(&g.Breaker.FailureRateWindow, "cb-failure-rate-window", 20, "outcomes --cb-failure-rate-threshold looks at")
 	fs.StringVar(&g.Health.Path, "health-check-path", g.Health.Path, "route each worker's health is checked on (GET, 2xx = healthy)")
 	fs.DurationVar(&g.Health.Interval, "health-check-interval", g.Health.Interval, "time between two health checks of a worker")
 	fs.DurationVar(&g.Health.Timeout, "health-check-timeout", g.Health.Timeout, "bound on one health check")
@@ -165,6 +167,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 		return nil, err
 	}
 	if err := o.gw.Health.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.gw.Breaker.Validate(); err != nil {
 		return nil, err
 	}
 	for _, n := range []string{o.policyName, o.prefillPolicy, o.decodePolicy} {

@@ -137,44 +137,65 @@ func TestDrillWorkerHangs(t *testing.T) {
 		note: shedNote(shed) + " after 10 timeouts; recover = fault cleared → circuit closed (1 s open timeout, counted from the opening, + 3 probes)"})
 }
 
-// TestDrillErrorStorm makes one engine answer half its requests with 503. Retries hide every
-// error from clients; the breaker (3 consecutive failures here) sheds the worker, and it is
-// readmitted once the storm ends.
+// TestDrillErrorStorm makes one engine answer half its requests with 503, under three breaker
+// settings. Retries hide every error from clients in all three. The default breaker (10
+// consecutive failures) is expected not to shed the worker within the storm; a lower consecutive
+// threshold, or the failure-rate trigger, sheds it, and it is readmitted once the storm ends.
 func TestDrillErrorStorm(t *testing.T) {
-	rc := defaultRig(3)
-	rc.breaker.FailureThreshold = 3
-	r := newRig(t, rc)
-	victim := r.workers[2]
-	l := r.load(6, 8)
-	sleepUntil(200 * time.Millisecond)
-	storm := time.Now()
-	r.engines[2].sim().SetFaults(sim.Faults{ErrorRate: 0.5, ErrorStatus: 503})
-	shed, ok := r.events.waitFor(storm, 10*time.Second, shedEvent(victim))
-	if !ok {
-		t.Fatal("the erroring worker was never shed")
+	cases := []struct {
+		name   string
+		set    func(*worker.BreakerConfig)
+		shed   bool // whether the worker must be shed within the storm
+		storm  time.Duration
+		reason string
+	}{
+		{name: "default breaker (10 consecutive failures)", set: func(*worker.BreakerConfig) {}, storm: 2 * time.Second},
+		{name: "--cb-failure-threshold 3", set: func(b *worker.BreakerConfig) { b.FailureThreshold = 3 }, shed: true, storm: 1500 * time.Millisecond},
+		{name: "--cb-failure-rate-threshold 0.3 (window 20)", set: func(b *worker.BreakerConfig) { b.FailureRateThreshold = 0.3 }, shed: true, storm: 1500 * time.Millisecond},
 	}
-	sleepUntil(1500 * time.Millisecond)
-	calm := time.Now()
-	r.engines[2].sim().SetFaults(sim.Faults{})
-	back, ok := r.waitAvailable(victim, calm, 10*time.Second)
-	if !ok {
-		t.Fatalf("the worker was never readmitted: circuit %s", victim.Breaker.State(time.Now()))
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := defaultRig(3)
+			tc.set(&rc.breaker)
+			r := newRig(t, rc)
+			victim := r.workers[2]
+			picks := `kvgate_policy_selections_total{model="kvgate-sim",policy="round_robin",worker="` + victim.ID + `"}`
+			l := r.load(6, 8)
+			sleepUntil(200 * time.Millisecond)
+			storm, picksBefore := time.Now(), r.metric(picks)
+			r.engines[2].sim().SetFaults(sim.Faults{ErrorRate: 0.5, ErrorStatus: 503})
+			shed, wasShed := r.events.waitFor(storm, tc.storm, shedEvent(victim))
+			if tc.shed && !wasShed {
+				t.Fatal("the erroring worker was never shed")
+			}
+			if wasShed {
+				sleepUntil(tc.storm - time.Since(storm))
+			}
+			stormPicks := int(r.metric(picks) - picksBefore)
+			calm := time.Now()
+			r.engines[2].sim().SetFaults(sim.Faults{})
+			back, ok := r.waitAvailable(victim, calm, 10*time.Second)
+			if !ok {
+				t.Fatalf("the worker was never readmitted: circuit %s", victim.Breaker.State(time.Now()))
+			}
+			tl := l.stop()
+			if tl.ok != tl.requests {
+				t.Errorf("%d of %d requests failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
+			}
+			if n := r.metric(`kvgate_retries_total{reason="status_service_unavailable"}`); n == 0 {
+				t.Error("no retry after a 503 was counted")
+			}
+			r.settle()
+			row := row{drill: "error storm: 50 % 503 from one engine, " + tc.name, requests: tl.requests, failures: tl.requests - tl.ok}
+			if wasShed {
+				row.shed, row.recover = shed.at.Sub(storm), back
+				row.note = shedNote(shed) + "; " + strconv.Itoa(stormPicks) + " picks of it during the " + tc.storm.String() + " storm; recover = storm ends → circuit closed"
+			} else {
+				row.note = "not shed during the " + tc.storm.String() + " storm: " + strconv.Itoa(stormPicks) + " picks of it, each 503 retried elsewhere"
+			}
+			report(row)
+		})
 	}
-	if _, ok := r.events.waitFor(calm, 10*time.Second, func(ev event) bool {
-		return ev.worker == victim.ID && ev.kind == "circuit" && ev.to == "closed"
-	}); !ok {
-		t.Error("the circuit never closed after the storm")
-	}
-	tl := l.stop()
-	if tl.ok != tl.requests {
-		t.Errorf("%d of %d requests failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-	}
-	if n := r.metric(`kvgate_retries_total{reason="status_service_unavailable"}`); n == 0 {
-		t.Error("no retry after a 503 was counted")
-	}
-	r.settle()
-	report(row{drill: "error storm: 50 % 503 from one engine (cb threshold 3)", requests: tl.requests, failures: tl.requests - tl.ok,
-		shed: shed.at.Sub(storm), recover: back, note: shedNote(shed) + "; recover = storm ends → circuit closed"})
 }
 
 // TestDrillFlapping turns one engine's every route (health included) to 503 and back every

@@ -237,3 +237,54 @@ func TestBreakerClosed(t *testing.T) {
 		t.Error("a disabled breaker reports not closed")
 	}
 }
+
+func TestBreakerFailureRate(t *testing.T) {
+	ops := func(s string) []op {
+		var out []op
+		for _, f := range strings.Fields(s) {
+			out = append(out, op(f))
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		rate float64
+		ops  string
+		want CircuitState
+	}{
+		{name: "alternating trips at 50 %", rate: 0.5, ops: "fail ok fail ok fail", want: Open},
+		{name: "waits for a full window", rate: 0.5, ops: "fail ok fail", want: Closed},
+		{name: "a success never trips", rate: 0.5, ops: "ok fail fail ok", want: Closed},
+		{name: "below the threshold", rate: 0.5, ops: "fail ok ok ok fail ok ok ok fail ok ok ok", want: Closed},
+		{name: "old failures leave the window", rate: 0.5, ops: "fail fail ok ok ok ok fail", want: Closed},
+		{name: "cancels are not outcomes", rate: 0.5, ops: "fail cancel cancel cancel fail", want: Closed},
+		{name: "off by default", rate: 0, ops: strings.Repeat("fail ok ", 20), want: Closed},
+		{name: "the window starts afresh when closed again", rate: 0.5, ops: "fail ok fail ok fail wait ok ok fail ok fail", want: Closed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &fakeClock{now: time.Unix(1e9, 0)}
+			b := NewBreaker(BreakerConfig{FailureThreshold: 10, SuccessThreshold: 2, OpenTimeout: time.Second,
+				FailureRateThreshold: tc.rate, FailureRateWindow: 4, Clock: clk.Now})
+			runOps(t, b, clk, ops(tc.ops))
+			if s := b.State(clk.Now()); s != tc.want {
+				t.Errorf("state %s, want %s", s, tc.want)
+			}
+		})
+	}
+}
+
+func TestBreakerConfigValidate(t *testing.T) {
+	for _, c := range []BreakerConfig{{FailureRateThreshold: 1.5}, {FailureRateThreshold: -0.1}, {FailureThreshold: -1}} {
+		if c.Validate() == nil {
+			t.Errorf("%+v: no error", c)
+		}
+	}
+	if _, err := DefaultBreakerConfig().WithLabels(map[string]string{LabelCBFailureRate: "2"}); err == nil {
+		t.Error("a failure rate of 2 was accepted")
+	}
+	c, err := DefaultBreakerConfig().WithLabels(map[string]string{LabelCBFailureRate: "0.3", LabelCBFailureWindow: "50"})
+	if err != nil || c.FailureRateThreshold != 0.3 || c.FailureRateWindow != 50 {
+		t.Errorf("got %+v, %v", c, err)
+	}
+}
