@@ -138,9 +138,10 @@ func TestDrillWorkerHangs(t *testing.T) {
 }
 
 // TestDrillErrorStorm makes one engine answer half its requests with 503, under three breaker
-// settings. Retries hide every error from clients in all three. The default breaker (10
-// consecutive failures) is expected not to shed the worker within the storm; a lower consecutive
-// threshold, or the failure-rate trigger, sheds it, and it is readmitted once the storm ends.
+// settings. Retries hide every error from clients in all three. Consecutive counting alone (10
+// failures in a row) is not expected to shed the worker within the storm; the default breaker
+// (which adds the failure-rate trigger, 50 % of the last 20) and a lower consecutive threshold
+// shed it, and it is readmitted once the storm ends.
 func TestDrillErrorStorm(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -149,9 +150,9 @@ func TestDrillErrorStorm(t *testing.T) {
 		storm  time.Duration
 		reason string
 	}{
-		{name: "default breaker (10 consecutive failures)", set: func(*worker.BreakerConfig) {}, storm: 2 * time.Second},
-		{name: "--cb-failure-threshold 3", set: func(b *worker.BreakerConfig) { b.FailureThreshold = 3 }, shed: true, storm: 1500 * time.Millisecond},
-		{name: "--cb-failure-rate-threshold 0.3 (window 20)", set: func(b *worker.BreakerConfig) { b.FailureRateThreshold = 0.3 }, shed: true, storm: 1500 * time.Millisecond},
+		{name: "default breaker (10 consecutive, or 50 % of the last 20)", set: func(*worker.BreakerConfig) {}, shed: true, storm: 2 * time.Second},
+		{name: "consecutive failures only (--cb-failure-rate-threshold 0)", set: func(b *worker.BreakerConfig) { b.FailureRateThreshold = 0 }, storm: 2 * time.Second},
+		{name: "--cb-failure-threshold 3", set: func(b *worker.BreakerConfig) { b.FailureThreshold = 3; b.FailureRateThreshold = 0 }, shed: true, storm: 1500 * time.Millisecond},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

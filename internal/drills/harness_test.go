@@ -117,7 +117,7 @@ func defaultRig(engines int) rigConfig {
 	return rigConfig{
 		engines: engines,
 		health:  worker.HealthConfig{Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond, SuccessThreshold: 2, FailureThreshold: 3},
-		breaker: worker.BreakerConfig{FailureThreshold: 10, SuccessThreshold: 3, OpenTimeout: time.Second, HalfOpenProbes: 1},
+		breaker: worker.BreakerConfig{FailureThreshold: 10, SuccessThreshold: 3, OpenTimeout: time.Second, HalfOpenProbes: 1, FailureRateThreshold: 0.5, FailureRateWindow: 20},
 		proxy:   proxy.Config{RequestTimeout: 30 * time.Second, Retry: proxy.DefaultRetryConfig()},
 	}
 }

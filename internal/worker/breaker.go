@@ -20,10 +20,11 @@ type BreakerConfig struct {
 	// HalfOpenProbes is how many requests may be in flight while half-open. Default 1.
 	HalfOpenProbes int `yaml:"half_open_probes"`
 	// FailureRateThreshold, when positive, also opens the circuit once at least this share (in
-	// (0,1]) of the last FailureRateWindow outcomes were failures, consecutive or not. Zero (the
-	// default) turns this trigger off: only FailureThreshold consecutive failures open it. It
-	// sheds a worker that fails part of its requests, which consecutive counting barely does: at
-	// a 50 % error rate, 10 failures in a row take about 2,000 requests on average.
+	// (0,1]) of the last FailureRateWindow outcomes were failures, consecutive or not. Zero turns
+	// this trigger off: only FailureThreshold consecutive failures open it. DefaultBreakerConfig
+	// sets 0.5: the trigger sheds a worker that fails part of its requests, which consecutive
+	// counting barely does (at a 50 % error rate, 10 failures in a row take about 2,000
+	// requests on average; the error-storm drill never shed such a worker without it).
 	FailureRateThreshold float64 `yaml:"failure_rate_threshold"`
 	// FailureRateWindow is the number of recent outcomes FailureRateThreshold looks at; the
 	// trigger waits for a full window. Default 20.
@@ -36,7 +37,8 @@ type BreakerConfig struct {
 
 // DefaultBreakerConfig returns the defaults of DESIGN.md §3.
 func DefaultBreakerConfig() BreakerConfig {
-	return BreakerConfig{FailureThreshold: 10, SuccessThreshold: 3, OpenTimeout: 60 * time.Second, HalfOpenProbes: 1}
+	return BreakerConfig{FailureThreshold: 10, SuccessThreshold: 3, OpenTimeout: 60 * time.Second, HalfOpenProbes: 1,
+		FailureRateThreshold: 0.5, FailureRateWindow: 20}
 }
 
 func (c BreakerConfig) withDefaults() BreakerConfig {
