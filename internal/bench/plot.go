@@ -14,17 +14,21 @@ import (
 
 // Series is one line of a chart.
 type Series struct {
+	// Label names the series in the legend.
 	Label string
-	X, Y  []float64
+	// X and Y are the points, of equal length.
+	X, Y []float64
 }
 
 // Chart describes a line chart.
 type Chart struct {
+	// Title, XLabel and YLabel are the chart's texts.
 	Title, XLabel, YLabel string
 	// LogX and LogY draw an axis on a log scale (its values must then be > 0).
 	LogX, LogY bool
 	// Points draws a marker at each point (for charts with few points).
 	Points bool
+	// Series are the lines, drawn in order with distinct colours.
 	Series []Series
 }
 

@@ -86,7 +86,8 @@ type Summary struct {
 	// Label names the row (the policy, plus any variant such as "effective g=8").
 	Label string `json:"label"`
 	// Policy is the canonical policy name; "" for a live run against an opaque target.
-	Policy   string `json:"policy,omitempty"`
+	Policy string `json:"policy,omitempty"`
+	// Workload and Arrivals say what was offered.
 	Workload string `json:"workload"`
 	Arrivals string `json:"arrivals"`
 	// Gateways and Engines describe a simulated fleet; zero for a live run.
@@ -95,17 +96,21 @@ type Summary struct {
 	// LoadMode is the load signal the policy read (effective, local, snapshot, max).
 	LoadMode string `json:"load_mode,omitempty"`
 
+	// OK and Errors count the measured requests by outcome.
 	OK     int `json:"ok"`
 	Errors int `json:"errors"`
 	// ErrorKinds counts failures by message (at most 16 distinct messages).
 	ErrorKinds map[string]int `json:"error_kinds,omitempty"`
-	SpanSec    float64        `json:"span_s"`
-	ReqPerSec  float64        `json:"req_per_s"`
-	OutTokSec  float64        `json:"output_tok_per_s"`
+	// SpanSec is the measured span in seconds; ReqPerSec and OutTokSec are successful requests
+	// and output tokens per second of it.
+	SpanSec   float64 `json:"span_s"`
+	ReqPerSec float64 `json:"req_per_s"`
+	OutTokSec float64 `json:"output_tok_per_s"`
 	// HitRate is the token-weighted prefix-cache hit rate: cached prompt tokens / prompt tokens.
-	HitRate      float64 `json:"hit_rate"`
-	PromptTokens int64   `json:"prompt_tokens"`
-	CachedTokens int64   `json:"cached_tokens"`
+	HitRate float64 `json:"hit_rate"`
+	// PromptTokens and CachedTokens are the sums behind HitRate.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
 	// TTFTMean and E2EMean are arithmetic means (what queueing formulas predict).
 	TTFTMean float64 `json:"ttft_mean_ms"`
 	E2EMean  float64 `json:"e2e_mean_ms"`
@@ -114,6 +119,7 @@ type Summary struct {
 	TTFTP99  float64 `json:"ttft_p99_ms"`
 	// ITLP50 is the median over requests of each request's mean inter-token latency.
 	ITLP50 float64 `json:"itl_p50_ms"`
+	// E2EP50 and E2EP99 are end-to-end latency percentiles.
 	E2EP50 float64 `json:"e2e_p50_ms"`
 	E2EP99 float64 `json:"e2e_p99_ms"`
 	// Spread is max/min over engines of the time-averaged backlog (running + waiting); 0 when

@@ -103,6 +103,7 @@ func (s *SSEReader) readLine() ([]byte, error) {
 
 // Usage is the token accounting of an OpenAI-compatible response.
 type Usage struct {
+	// PromptTokens and CompletionTokens are the request's token counts.
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	// PromptTokensDetails carries cached_tokens: the prompt tokens served from the prefix cache.

@@ -36,22 +36,28 @@ func (c SweepConfig) Validate() error {
 
 // SweepPoint is one probed rate.
 type SweepPoint struct {
-	Rate    float64 `json:"rate"`
+	// Rate is the offered open-loop rate.
+	Rate float64 `json:"rate"`
+	// TTFTP99, HitRate and Errors are what the run at Rate measured.
 	TTFTP99 float64 `json:"ttft_p99_ms"`
 	HitRate float64 `json:"hit_rate"`
 	Errors  int     `json:"errors"`
-	Pass    bool    `json:"pass"`
+	// Pass reports whether the run met the SLO.
+	Pass bool `json:"pass"`
 }
 
 // SweepResult is the outcome of a goodput search for one configuration.
 type SweepResult struct {
-	Label string  `json:"label"`
+	// Label names the configuration.
+	Label string `json:"label"`
+	// SLOms is the TTFT p99 objective in milliseconds.
 	SLOms float64 `json:"slo_ttft_p99_ms"`
 	// Goodput is the highest probed rate that met the SLO; zero when even Lo failed.
 	Goodput float64 `json:"goodput_rate"`
 	// HitRate is the hit rate measured at Goodput.
-	HitRate float64      `json:"hit_rate_at_goodput"`
-	Points  []SweepPoint `json:"points"`
+	HitRate float64 `json:"hit_rate_at_goodput"`
+	// Points are the probes, in the order they ran.
+	Points []SweepPoint `json:"points"`
 }
 
 // Sweep searches for the goodput of one configuration: it doubles the rate from Lo until the SLO

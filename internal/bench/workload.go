@@ -126,12 +126,17 @@ func between(r *rand.Rand, lo, hi int) int {
 // text of the same length), followed by a unique tail of TailMin–TailMax words, and asks for
 // OutputTokens tokens. The zero value is not useful; use NewSharedPrefix.
 type SharedPrefix struct {
-	Seed         uint64
-	Prefixes     int
-	PrefixWords  int
-	Share        float64
-	TailMin      int
-	TailMax      int
+	// Seed fixes every text.
+	Seed uint64
+	// Prefixes is the number of system prompts; zero means every request is unshared.
+	Prefixes int
+	// PrefixWords is the system prompts' length (±10 %), also used for unshared openings.
+	PrefixWords int
+	// Share is the probability that a request starts with a system prompt.
+	Share float64
+	// TailMin and TailMax bound the unique tail in words.
+	TailMin, TailMax int
+	// OutputTokens is max_tokens of every request.
 	OutputTokens int
 
 	prompts []string
@@ -181,11 +186,16 @@ func (w *SharedPrefix) Session(k int) (Session, bool) {
 // synthetic text of the requested length, fixed by the seed, so that every target is sent the
 // same bytes. Use NewMultiTurn for the defaults.
 type MultiTurn struct {
-	Seed               uint64
+	// Seed fixes every conversation.
+	Seed uint64
+	// TurnsMin and TurnsMax bound the turns of a conversation.
 	TurnsMin, TurnsMax int
-	UserMin, UserMax   int
-	OutMin, OutMax     int
-	Think              time.Duration
+	// UserMin and UserMax bound a user message in words.
+	UserMin, UserMax int
+	// OutMin and OutMax bound a reply in tokens.
+	OutMin, OutMax int
+	// Think is the mean think time between turns; zero means none.
+	Think time.Duration
 }
 
 // NewMultiTurn returns the multi-turn workload with defaults: 3–10 turns, 20–120-word user
@@ -221,11 +231,16 @@ func (w *MultiTurn) Session(k int) (Session, bool) {
 // followed by a short question of QuestionMin–QuestionMax words, asking for OutputTokens tokens.
 // Tenants are chosen uniformly. Use NewLongContext for the defaults.
 type LongContext struct {
-	Seed                     uint64
-	Tenants                  int
-	ContextWords             int
+	// Seed fixes every text.
+	Seed uint64
+	// Tenants is the number of tenants; zero means the workload has no sessions.
+	Tenants int
+	// ContextWords is a tenant context's length (±10 %).
+	ContextWords int
+	// QuestionMin and QuestionMax bound a question in words.
 	QuestionMin, QuestionMax int
-	OutputTokens             int
+	// OutputTokens is max_tokens of every request.
+	OutputTokens int
 
 	contexts []string
 }
