@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"hash/fnv"
@@ -39,22 +38,55 @@ type event struct {
 	sess *active
 }
 
+// queue is a binary min-heap of events ordered by (at, seq). It is typed rather than built on
+// container/heap, whose interface{} Push boxes every event: millions of allocations per run.
 type queue []event
 
-func (q queue) Len() int { return len(q) }
-func (q queue) Less(i, j int) bool {
+func (q queue) less(i, j int) bool {
 	if q[i].at != q[j].at {
 		return q[i].at < q[j].at
 	}
 	return q[i].seq < q[j].seq
 }
-func (q queue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *queue) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *queue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
+
+// push adds ev.
+func (q *queue) push(ev event) {
+	*q = append(*q, ev)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+// pop removes and returns the earliest event; the queue must not be empty.
+func (q *queue) pop() event {
+	h := *q
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{}
+	h = h[:n]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < n && h.less(l, m) {
+			m = l
+		}
+		if r < n && h.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*q = h
+	return top
 }
 
 // active is a session in progress.
@@ -123,11 +155,11 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	}
 	defer s.close()
 	s.start()
-	for n := 0; s.q.Len() > 0; n++ {
+	for n := 0; len(s.q) > 0; n++ {
 		if n&0xfff == 0 && ctx.Err() != nil {
 			return bench.Summary{}, ctx.Err()
 		}
-		ev := heap.Pop(&s.q).(event)
+		ev := s.q.pop()
 		s.now = ev.at
 		s.dispatch(ev)
 	}
@@ -174,7 +206,7 @@ func (s *sim) close() {
 func (s *sim) push(ev event) {
 	ev.seq = s.seq
 	s.seq++
-	heap.Push(&s.q, ev)
+	s.q.push(ev)
 }
 
 // start queues the first sessions and the gateways' periodic work.
