@@ -197,3 +197,34 @@ func TestReadStreamMeasures(t *testing.T) {
 		t.Fatalf("error event: err %v", err)
 	}
 }
+
+func TestLiveMultiTurnSendsEveryTurn(t *testing.T) {
+	fs := &fakeServer{}
+	srv := httptest.NewServer(fs)
+	defer srv.Close()
+	w := NewMultiTurn(2)
+	w.Think, w.OutMin, w.OutMax = time.Millisecond, 2, 4
+	// One conversation at a time: the request limit is exactly the turns of the first five.
+	want, prompt := 0, int64(0)
+	for k := 0; k < 5; k++ {
+		s, _ := w.Session(k)
+		want += len(s.Turns)
+		for _, tr := range s.Turns {
+			prompt += int64(len(strings.Fields(tr.Text())))
+		}
+	}
+	sched, err := NewSchedule(w, Arrivals{Concurrency: 1}, Limits{Requests: want}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := RunLive(context.Background(), LiveConfig{Target: srv.URL, Model: "fake-model"}, sched, "mt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fs.requests.Load(); got != int64(want) || res.Summary.OK != want {
+		t.Fatalf("server saw %d requests, summary %d ok; want every turn of five conversations, %d", got, res.Summary.OK, want)
+	}
+	if res.Summary.PromptTokens != prompt {
+		t.Fatalf("prompt tokens %d, want %d: each turn must resend the whole history", res.Summary.PromptTokens, prompt)
+	}
+}

@@ -223,3 +223,30 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("err %v, want context.Canceled", err)
 	}
 }
+
+func TestTraceReplayKeepsRecordedTimes(t *testing.T) {
+	es := []bench.TraceEntry{
+		{Arrival: 0, PromptTokens: 400, PrefixID: "a", PrefixTokens: 300, OutputTokens: 8},
+		{Arrival: 10, PromptTokens: 400, PrefixID: "a", PrefixTokens: 300, OutputTokens: 8},
+		{Arrival: 20, Prompt: "a prompt of its own", OutputTokens: 8},
+	}
+	run := func(speedup float64) bench.Summary {
+		sched := mustSchedule(t, bench.NewTrace(es, 1), bench.Arrivals{Speedup: speedup}, bench.Limits{})
+		s, err := Run(context.Background(), Config{Engines: 1, Policy: "round_robin"}, sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := run(0)
+	if s.OK != 3 || s.SpanSec < 20 || s.SpanSec > 21 {
+		t.Fatalf("ok %d over %.3f s, want 3 over just above 20 s", s.OK, s.SpanSec)
+	}
+	// The second request finds the first one's 300-token prefix cached (in whole 16-token blocks).
+	if s.CachedTokens < 288 || s.CachedTokens > 300 {
+		t.Fatalf("cached %d tokens, want the shared prefix's 288–300", s.CachedTokens)
+	}
+	if fast := run(10); fast.SpanSec < 2 || fast.SpanSec > 3 {
+		t.Fatalf("at 10× the trace spans %.3f s, want just above 2 s", fast.SpanSec)
+	}
+}
