@@ -210,6 +210,12 @@ func (l *live) runSession(ctx context.Context, sess Session) {
 	for i := range sess.Turns {
 		t := &sess.Turns[i]
 		if t.Think > 0 {
+			l.mu.Lock()
+			late := l.sched.Done(time.Since(l.start) + t.Think)
+			l.mu.Unlock()
+			if late {
+				return // the turn would come after the run's bounds: do not wait for it
+			}
 			// Think time is modelled user behaviour, not waiting for an event.
 			if think == nil {
 				think = time.NewTimer(t.Think)
