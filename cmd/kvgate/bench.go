@@ -83,7 +83,7 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.StringVar(&f.out, "out", "", "directory for report.json, report.txt and PNG charts")
 	fs.BoolVar(&f.asJSON, "json", false, "print the JSON report instead of the table")
 	fs.StringVar(&f.label, "label", "", "row label of a live run (default: the target host)")
-	fs.StringVar(&f.target, "target", "", "live: base URL of an OpenAI-compatible server")
+	fs.StringVar(&f.target, "target", "", "live: base URL of an OpenAI-compatible server; several comma-separated URLs take requests in turn")
 	fs.StringVar(&f.model, "model", "", "live: model id (default: the first one in GET /v1/models)")
 	fs.StringVar(&f.apiKey, "api-key", "", "live: bearer token (default $KVGATE_BENCH_API_KEY)")
 	fs.StringVar(&f.api, "api", "chat", "live: chat or completions")

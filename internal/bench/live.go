@@ -14,12 +14,15 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // LiveConfig configures the live driver.
 type LiveConfig struct {
-	// Target is the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:30000. Required.
+	// Target is the base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:30000, or
+	// several comma-separated URLs (gateway replicas without a load balancer in front), which
+	// requests take in turn. Required.
 	Target string
 	// Model is the model id sent; "" means the first model listed by GET /v1/models.
 	Model string
@@ -44,11 +47,15 @@ type LiveConfig struct {
 }
 
 func (c LiveConfig) withDefaults() (LiveConfig, error) {
-	u, err := url.Parse(c.Target)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return c, fmt.Errorf("target %q must be an http(s) URL with a host", c.Target)
+	var targets []string
+	for _, t := range strings.Split(c.Target, ",") {
+		u, err := url.Parse(strings.TrimSpace(t))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return c, fmt.Errorf("target %q must be an http(s) URL with a host", t)
+		}
+		targets = append(targets, strings.TrimRight(strings.TrimSpace(t), "/"))
 	}
-	c.Target = strings.TrimRight(c.Target, "/")
+	c.Target = strings.Join(targets, ",")
 	switch c.API {
 	case "":
 		c.API = "chat"
@@ -87,9 +94,11 @@ type LiveResult struct {
 
 // live is one run of the driver.
 type live struct {
-	cfg   LiveConfig
-	sched *Schedule
-	start time.Time
+	cfg     LiveConfig
+	targets []string
+	next    atomic.Uint64 // round-robin index into targets
+	sched   *Schedule
+	start   time.Time
 
 	mu       sync.Mutex // guards sched, coll, lags, blocked, inflight
 	coll     Collector
@@ -106,12 +115,13 @@ func RunLive(ctx context.Context, cfg LiveConfig, sched *Schedule, label string)
 	if err != nil {
 		return LiveResult{}, err
 	}
+	targets := strings.Split(cfg.Target, ",")
 	if cfg.Model == "" {
-		if cfg.Model, err = FirstModel(ctx, cfg.Client, cfg.Target, cfg.APIKey); err != nil {
+		if cfg.Model, err = FirstModel(ctx, cfg.Client, targets[0], cfg.APIKey); err != nil {
 			return LiveResult{}, err
 		}
 	}
-	l := &live{cfg: cfg, sched: sched, start: time.Now()}
+	l := &live{cfg: cfg, targets: targets, sched: sched, start: time.Now()}
 	l.coll.Warmup = sched.Limits().Warmup
 	stopProgress := l.progress()
 	if sched.Arrivals().Closed() {
@@ -278,7 +288,8 @@ func (l *live) do(ctx context.Context, key string, t *Turn) Record {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
 	body, path := l.body(t)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.cfg.Target+path, bytes.NewReader(body))
+	target := l.targets[(l.next.Add(1)-1)%uint64(len(l.targets))]
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+path, bytes.NewReader(body))
 	if err != nil {
 		return Record{Err: "request: " + err.Error()}
 	}

@@ -228,3 +228,21 @@ func TestLiveMultiTurnSendsEveryTurn(t *testing.T) {
 		t.Fatalf("prompt tokens %d, want %d: each turn must resend the whole history", res.Summary.PromptTokens, prompt)
 	}
 }
+
+func TestLiveSpreadsOverTargets(t *testing.T) {
+	a, b := &fakeServer{}, &fakeServer{}
+	sa, sb := httptest.NewServer(a), httptest.NewServer(b)
+	defer sa.Close()
+	defer sb.Close()
+	sched, _ := NewSchedule(NewSharedPrefix(1), Arrivals{Concurrency: 2}, Limits{Requests: 10}, 1)
+	res, err := RunLive(context.Background(), LiveConfig{Target: sa.URL + "," + sb.URL + "/"}, sched, "two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Summary.OK != 10 || a.requests.Load() != 5 || b.requests.Load() != 5 {
+		t.Fatalf("ok %d, targets got %d and %d, want 5 each", res.Summary.OK, a.requests.Load(), b.requests.Load())
+	}
+	if _, err := RunLive(context.Background(), LiveConfig{Target: sa.URL + ",ftp://x"}, sched, "x"); err == nil || !strings.Contains(err.Error(), "ftp://x") {
+		t.Fatalf("bad second target: err %v", err)
+	}
+}
