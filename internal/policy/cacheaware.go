@@ -92,6 +92,9 @@ type CacheAware struct {
 	tree  *radix.Tree
 	dec   *counters
 	kv    bool // a KV-usage trigger is on
+	// placeMiss, when set, chooses the worker for a prompt no worker holds enough of (given the
+	// available candidates and the least load among them); nil means the least loaded worker.
+	placeMiss func(av []cand, minLoad int64, text string) *cand
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -204,7 +207,11 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 		if m.Ratio() > p.cfg.CacheThreshold {
 			if h := leastLoadedHolder(av, m.Holders); h != nil {
 				best, hit = h, true
+				return best.w.ID
 			}
+		}
+		if p.placeMiss != nil {
+			best = p.placeMiss(av, av[minI].load, req.Text)
 		}
 		return best.w.ID
 	})

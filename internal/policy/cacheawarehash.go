@@ -1,10 +1,5 @@
 package policy
 
-import (
-	"github.com/kvgate/kvgate/internal/radix"
-	"github.com/kvgate/kvgate/internal/worker"
-)
-
 // placementChars is how many leading characters of the routing text choose the worker for a
 // prefix that no tree holds. Short enough to lie inside a typical system prompt or tenant
 // context (so that every request sharing it hashes alike, whatever its tail), long enough to
@@ -40,50 +35,15 @@ var (
 // NewCacheAwareHash returns a CacheAwareHash built from cfg; like NewCacheAware it starts the
 // eviction loop unless cfg.NoBackground, and Close stops it.
 func NewCacheAwareHash(cfg Config) *CacheAwareHash {
-	return &CacheAwareHash{CacheAware: NewCacheAware(cfg)}
+	p := &CacheAwareHash{CacheAware: NewCacheAware(cfg)}
+	p.placeMiss = func(av []cand, minLoad int64, text string) *cand {
+		return p.place(av, minLoad, hashString(prefixChars(text, placementChars)))
+	}
+	return p
 }
 
 // Name returns "cache_aware_hash".
 func (*CacheAwareHash) Name() string { return "cache_aware_hash" }
-
-// Pick is CacheAware.Pick with the miss branch placed by bounded-load rendezvous hashing.
-// Decisions counts placed misses as cache_miss.
-func (p *CacheAwareHash) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
-	var buf [64]cand
-	av, minI, imbalanced := p.gather(buf[:0], candidates)
-	if len(av) == 0 {
-		return nil
-	}
-	best := &av[minI]
-	switch {
-	case imbalanced:
-		p.dec.add(caImbalanced)
-		if req.Text != "" {
-			p.tree.Insert(req.Text, best.w.ID)
-		}
-		return best.w
-	case req.Text == "":
-		p.dec.add(caMiss)
-		return best.w
-	}
-	hit := false
-	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
-		if m.Ratio() > p.cfg.CacheThreshold {
-			if h := leastLoadedHolder(av, m.Holders); h != nil {
-				best, hit = h, true
-				return best.w.ID
-			}
-		}
-		best = p.place(av, av[minI].load, hashString(prefixChars(req.Text, placementChars)))
-		return best.w.ID
-	})
-	if hit {
-		p.dec.add(caHit)
-	} else {
-		p.dec.add(caMiss)
-	}
-	return best.w
-}
 
 // place returns the candidate with the highest rendezvous score for key among those that would
 // not make the pool imbalanced by cache_aware's own rule (load more than BalanceAbsThreshold
