@@ -90,7 +90,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.Var(&o.prefillURLs, "prefill", "prefill worker URLs for disaggregated serving, each URL[@BOOTSTRAP_PORT]")
 	fs.Var(&o.decodeURLs, "decode", "decode worker URLs for disaggregated serving")
 	fs.Var(&o.workerLabels, "worker-label", "a label for one configured worker, KEY=VALUE@URL (repeatable); health_check_*, health_*_threshold and cb_* labels override those knobs for it")
-	fs.StringVar(&o.policyName, "policy", "cache_aware", "routing policy: "+strings.Join(policy.Names(), ", "))
+	fs.StringVar(&o.policyName, "policy", "cache_aware_hash", "routing policy: "+strings.Join(policy.Names(), ", "))
 	fs.StringVar(&o.prefillPolicy, "prefill-policy", "", "policy among prefill workers (default: --policy)")
 	fs.StringVar(&o.decodePolicy, "decode-policy", "", "policy among decode workers (default: --policy)")
 	fs.IntVar(&o.simWorkers, "sim-workers", 4, "built-in simulated workers started when no workers are given")

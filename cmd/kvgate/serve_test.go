@@ -29,7 +29,7 @@ func TestParseServeFlags(t *testing.T) {
 		check   func(t *testing.T, o *serveOptions)
 	}{
 		{name: "defaults", check: func(t *testing.T, o *serveOptions) {
-			if o.port != 30000 || o.promPort != 29000 || o.policyName != "cache_aware" || o.gw.MaxPayloadSize != 256<<20 || len(o.workerURLs) != 0 {
+			if o.port != 30000 || o.promPort != 29000 || o.policyName != "cache_aware_hash" || o.gw.MaxPayloadSize != 256<<20 || len(o.workerURLs) != 0 {
 				t.Errorf("defaults: %+v", o)
 			}
 		}},
