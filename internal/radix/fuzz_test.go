@@ -53,6 +53,16 @@ func fuzzOps(t *testing.T, data []byte) {
 			if gotN != wantN || !slices.Equal(gotT, wantT) {
 				t.Fatalf("Lookup(%q) = %d %v, model %d %v", s, gotN, gotT, wantN, wantT)
 			}
+			ratio := float64(next()%10) / 10
+			var gotH []string
+			tr.RouteHolders(s, ratio, func(m *Match) string {
+				gotH = append(gotH, m.Holders...)
+				return ""
+			})
+			slices.Sort(gotH)
+			if wantH := m.holders(s, ratio); !slices.Equal(gotH, wantH) {
+				t.Fatalf("RouteHolders(%q, %v) holders %v, model %v", s, ratio, gotH, wantH)
+			}
 		case 6:
 			budget := int64(next() % 16)
 			before := m.held

@@ -58,6 +58,24 @@ func (m *model) lookup(text string) (int, []string) {
 	return 0, nil
 }
 
+// holders returns the tenants that hold more than ratio of text: those holding its prefix of
+// int(ratio × characters) + 1 characters.
+func (m *model) holders(text string, ratio float64) []string {
+	ps := prefixes(text)
+	need := int(ratio*float64(len(ps))) + 1
+	if need > len(ps) {
+		return nil
+	}
+	var ts []string
+	for name, h := range m.held {
+		if _, ok := h[ps[need-1]]; ok {
+			ts = append(ts, name)
+		}
+	}
+	slices.Sort(ts)
+	return ts
+}
+
 // dump returns, per tenant, every prefix the tree records for it with its stamp. It walks the
 // tree without regard to concurrency: call it only when the tree is quiescent.
 func dump(t *Tree) map[string]map[string]int64 {
