@@ -315,6 +315,9 @@ func (l *live) do(ctx context.Context, key string, t *Turn) Record {
 	if err != nil {
 		rec.Err = classify(ctx, err)
 	}
+	// Read what follows [DONE] (usually nothing but the end of the chunked body) so that the
+	// connection goes back to the pool instead of being closed.
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	return rec
 }
 
