@@ -363,8 +363,14 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 	}
 	if os.Getenv("GOGC") == "" {
 		// The engines' prefix caches are millions of small live objects that every GC cycle
-		// scans; a simulation is a short batch job, so trade memory for a quarter less CPU.
+		// scans; a simulation is a short batch job, so trade memory for a quarter less CPU...
 		debug.SetGCPercent(400)
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// ...but not without bound: the policies' prefix trees can hold gigabytes, and 400 %
+		// headroom on top of that is more than a shared machine has. Past 4 GiB the collector
+		// works harder instead.
+		debug.SetMemoryLimit(4 << 30)
 	}
 	rep.Title = fmt.Sprintf("fleet: %s, %s, %d engines, spread %s, seed %d", w.Name(), arr, ff.engines, ff.spread, seed)
 	if ff.sweep {
