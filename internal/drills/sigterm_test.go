@@ -90,41 +90,49 @@ func (k *kvgate) log() string {
 	return k.logs.String()
 }
 
-// TestDrillSIGTERMUnderLoad builds the kvgate binary, serves two engines through it, and sends
-// it SIGTERM while streams and completions are running: every one of them must finish whole, a
-// new connection must be refused, and the process must exit 0.
-func TestDrillSIGTERMUnderLoad(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the kvgate binary")
-	}
+// sigtermRun is what a SIGTERM drill observed.
+type sigtermRun struct {
+	engines []*engine
+	tl      *tally
+	client  *http.Client
+	base    string
+	// ended is SIGTERM → the last client request ended; stopped is SIGTERM → the process exited.
+	ended, stopped time.Duration
+}
+
+// sigtermUnderLoad builds and starts kvgate over two engines with the given grace period, starts
+// n streams and n completions of tokens output tokens each, waits until every one runs on an
+// engine, sends SIGTERM, and waits for the requests and then the process (which must exit 0).
+func sigtermUnderLoad(t *testing.T, grace time.Duration, n, tokens int) *sigtermRun {
+	t.Helper()
 	checkGoroutines(t)
-	engines := []*engine{startEngine(t, simCfg(1)), startEngine(t, simCfg(2))}
-	for _, e := range engines {
+	r := &sigtermRun{engines: []*engine{startEngine(t, simCfg(1)), startEngine(t, simCfg(2))}, tl: &tally{}}
+	for _, e := range r.engines {
 		t.Cleanup(e.kill)
 	}
-	k := startKvgate(t, "--worker-urls", engines[0].URL()+","+engines[1].URL(), "--policy", "round_robin",
-		"--disable-load-monitor", "--shutdown-grace-period", "20s")
+	k := startKvgate(t, "--worker-urls", r.engines[0].URL()+","+r.engines[1].URL(), "--policy", "round_robin",
+		"--disable-load-monitor", "--shutdown-grace-period", grace.String())
+	r.base = k.base
 	ct := &http.Transport{}
-	client := &http.Client{Transport: ct, Timeout: 30 * time.Second}
+	r.client = &http.Client{Transport: ct, Timeout: 30 * time.Second}
 	t.Cleanup(ct.CloseIdleConnections)
 
-	const n = 8
-	var tl tally
 	var wg sync.WaitGroup
 	for i := 0; i < 2*n; i++ {
 		stream := i%2 == 0
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			tl.add(doChat(context.Background(), client, k.base, chatBody(i, 150, stream), stream, nil))
+			r.tl.add(doChat(context.Background(), r.client, k.base, chatBody(i, tokens, stream), stream, nil))
 		}()
 	}
 	// Every request must be running on an engine before the signal; the engines' load is the
 	// only place that says so.
+	running := func() int { return r.engines[0].running() + r.engines[1].running() }
 	deadline := time.Now().Add(10 * time.Second)
-	for engines[0].running()+engines[1].running() < 2*n {
+	for running() < 2*n {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d requests reached the engines", engines[0].running()+engines[1].running(), 2*n)
+			t.Fatalf("only %d of %d requests reached the engines", running(), 2*n)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -133,19 +141,31 @@ func TestDrillSIGTERMUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	wg.Wait()
-	drained := time.Since(signalled)
+	r.ended = time.Since(signalled)
 	if err := k.wait(t, 30*time.Second); err != nil {
 		t.Errorf("kvgate exited with %v\n%s", err, k.log())
 	}
-	stopped := time.Since(signalled)
+	r.stopped = time.Since(signalled)
+	return r
+}
+
+// TestDrillSIGTERMUnderLoad builds the kvgate binary, serves two engines through it, and sends
+// it SIGTERM while streams and completions are running: every one of them must finish whole, a
+// new connection must be refused, and the process must exit 0.
+func TestDrillSIGTERMUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the kvgate binary")
+	}
+	r := sigtermUnderLoad(t, 20*time.Second, 8, 150)
+	tl := r.tl
 	if tl.ok != tl.requests {
 		t.Errorf("%d of %d in-flight requests were cut: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
 	}
-	if _, err := client.Get(k.base + "/health"); err == nil {
+	if _, err := r.client.Get(r.base + "/health"); err == nil {
 		t.Error("kvgate still accepts connections after exiting")
 	}
 	report(row{drill: "SIGTERM under load (built binary; 8 streams + 8 completions of 150 tokens)", requests: tl.requests,
-		failures: tl.requests - tl.ok, shed: drained, recover: stopped,
+		failures: tl.requests - tl.ok, shed: r.ended, recover: r.stopped,
 		note: "shed = SIGTERM → last in-flight request finished whole; recover = SIGTERM → process exited 0"})
 }
 
@@ -157,46 +177,9 @@ func TestDrillSIGTERMGraceExpires(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the kvgate binary")
 	}
-	checkGoroutines(t)
-	engines := []*engine{startEngine(t, simCfg(1)), startEngine(t, simCfg(2))}
-	for _, e := range engines {
-		t.Cleanup(e.kill)
-	}
 	const grace = 300 * time.Millisecond
-	k := startKvgate(t, "--worker-urls", engines[0].URL()+","+engines[1].URL(), "--policy", "round_robin",
-		"--disable-load-monitor", "--shutdown-grace-period", grace.String())
-	ct := &http.Transport{}
-	client := &http.Client{Transport: ct, Timeout: 30 * time.Second}
-	t.Cleanup(ct.CloseIdleConnections)
-
-	const n = 4
-	var tl tally
-	var wg sync.WaitGroup
-	for i := 0; i < 2*n; i++ {
-		stream := i%2 == 0
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tl.add(doChat(context.Background(), client, k.base, chatBody(i, 3000, stream), stream, nil))
-		}()
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for engines[0].running()+engines[1].running() < 2*n {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d of %d requests reached the engines", engines[0].running()+engines[1].running(), 2*n)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	signalled := time.Now()
-	if err := k.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	ended := time.Since(signalled)
-	if err := k.wait(t, 30*time.Second); err != nil {
-		t.Errorf("kvgate exited with %v\n%s", err, k.log())
-	}
-	stopped := time.Since(signalled)
+	r := sigtermUnderLoad(t, grace, 4, 3000)
+	tl, engines, ended, stopped := r.tl, r.engines, r.ended, r.stopped
 	for _, o := range tl.all {
 		want := 503
 		if o.stream {
