@@ -17,12 +17,7 @@ func TestResilienceFlags(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "kvgate.yaml")
 	os.WriteFile(cfg, []byte("health_check_path: /ready\nhealth_check_interval: 2s\nhealth_failure_threshold: 4\ncb_half_open_probes: 2\nretry_max_attempts: 3\n"), 0o644)
-	cases := []struct {
-		name    string
-		args    []string
-		wantErr string
-		check   func(t *testing.T, o *serveOptions)
-	}{
+	cases := []parseCase{
 		{name: "defaults", check: func(t *testing.T, o *serveOptions) {
 			h, b, r := o.gw.Health, o.gw.Breaker, o.gw.Proxy.Retry
 			if h != worker.DefaultHealthConfig() {
@@ -67,21 +62,7 @@ func TestResilienceFlags(t *testing.T) {
 		}},
 		{name: "failure rate out of range", args: []string{"--cb-failure-rate-threshold", "1.5"}, wantErr: "failure rate threshold"},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			o, err := parseServe(tc.args, io.Discard)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.check(t, o)
-		})
-	}
+	runParseCases(t, cases)
 }
 
 // TestWorkerLabelFlag checks per-worker overrides for workers given by flag.

@@ -22,12 +22,7 @@ func TestParseServeFlags(t *testing.T) {
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("polcy: random\n"), 0o644)
 
-	cases := []struct {
-		name    string
-		args    []string
-		wantErr string
-		check   func(t *testing.T, o *serveOptions)
-	}{
+	cases := []parseCase{
 		{name: "defaults", check: func(t *testing.T, o *serveOptions) {
 			if o.port != 30000 || o.promPort != 29000 || o.policyName != "cache_aware_hash" || o.gw.MaxPayloadSize != 256<<20 || len(o.workerURLs) != 0 {
 				t.Errorf("defaults: %+v", o)
@@ -55,6 +50,19 @@ func TestParseServeFlags(t *testing.T) {
 		{name: "bad load mode", args: []string{"--load-mode", "psychic"}, wantErr: "psychic"},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected argument"},
 	}
+	runParseCases(t, cases)
+}
+
+// parseCase is one `kvgate serve` command line and what parsing it must give.
+type parseCase struct {
+	name    string
+	args    []string
+	wantErr string                              // a substring of the expected error
+	check   func(t *testing.T, o *serveOptions) // when no error is expected
+}
+
+func runParseCases(t *testing.T, cases []parseCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parseServe(tc.args, io.Discard)
