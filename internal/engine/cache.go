@@ -1,33 +1,43 @@
 package engine
 
+// blockID is the index of a cached block in cache.slab; 0 is the LRU sentinel, never a block.
+type blockID int32
+
 // block is one cached KV block: a full block of prompt tokens, identified by its chained key.
 // A block with ref > 0 is pinned by running requests; a block with ref == 0 sits in the LRU list
 // and may be evicted.
 type block struct {
 	key        uint64
 	ref        int32
-	prev, next *block // LRU list links; nil when pinned
+	prev, next blockID // LRU list links; 0 when pinned
 }
 
 // cache is the KV-cache: capacity counted in blocks, split into free blocks, private blocks
 // (held by one request, not shareable: partial blocks, decode tokens, blocks being prefilled),
 // pinned cached blocks, and evictable cached blocks in least-recently-used order.
+//
+// Cached blocks live in one slab and refer to each other by index, and the key → block index
+// is an open-addressing table, so the cache holds no pointers: the garbage collector never scans
+// it and looking a key up costs one or two probes of a flat array (it is the engine's hottest
+// lookup: every block of every prompt, at submission and at admission).
 type cache struct {
-	total  int // capacity in blocks
-	free   int // unallocated blocks
-	blocks map[uint64]*block
-	// lru is a sentinel of a circular list: lru.next is the least recently used block.
-	lru    block
+	total int // capacity in blocks
+	free  int // unallocated blocks
+	// slab holds the cached blocks; slab[0] is the sentinel of the circular LRU list:
+	// slab[0].next is the least recently used block.
+	slab   []block
 	lruLen int
-	// spare recycles evicted block structs to keep the fast path free of allocation.
-	spare []*block
+	// spare lists slab slots of evicted blocks, reused before the slab grows.
+	spare []blockID
+	index table
 }
 
 func newCache(totalBlocks int) *cache {
-	c := &cache{total: totalBlocks, free: totalBlocks, blocks: make(map[uint64]*block)}
-	c.lru.next, c.lru.prev = &c.lru, &c.lru
-	return c
+	return &cache{total: totalBlocks, free: totalBlocks, slab: make([]block, 1, 64)}
 }
+
+// cached is the number of cached blocks, pinned or evictable.
+func (c *cache) cached() int { return c.index.n }
 
 // supply is how many blocks can be allocated now: free plus evictable.
 func (c *cache) supply() int { return c.free + c.lruLen }
@@ -39,11 +49,11 @@ func (c *cache) used() int { return c.total - c.free - c.lruLen }
 // evictable (not pinned).
 func (c *cache) match(keys []uint64) (n, evictable int) {
 	for _, k := range keys {
-		b, ok := c.blocks[k]
-		if !ok {
+		id := c.index.get(k)
+		if id == 0 {
 			break
 		}
-		if b.ref == 0 {
+		if c.slab[id].ref == 0 {
 			evictable++
 		}
 		n++
@@ -51,32 +61,50 @@ func (c *cache) match(keys []uint64) (n, evictable int) {
 	return n, evictable
 }
 
-// pin takes a reference on the cached block of key, which must exist.
-func (c *cache) pin(key uint64) *block {
-	b := c.blocks[key]
-	if b.ref == 0 {
-		c.unlink(b)
+// lookup appends to dst the blocks of the leading keys that are cached, as match counts them,
+// and returns it with how many of those blocks are evictable. It takes no reference.
+func (c *cache) lookup(keys []uint64, dst []blockID) (_ []blockID, evictable int) {
+	for _, k := range keys {
+		id := c.index.get(k)
+		if id == 0 {
+			break
+		}
+		if c.slab[id].ref == 0 {
+			evictable++
+		}
+		dst = append(dst, id)
 	}
-	b.ref++
-	return b
+	return dst, evictable
 }
 
-// unpin drops a reference; the last one makes b the most recently used evictable block.
-func (c *cache) unpin(b *block) {
+// ref takes a reference on cached block id, taking it off the LRU list if it was evictable.
+func (c *cache) ref(id blockID) {
+	b := &c.slab[id]
+	if b.ref == 0 {
+		c.unlink(id)
+	}
+	b.ref++
+}
+
+// unpin drops a reference; the last one makes block id the most recently used evictable block.
+func (c *cache) unpin(id blockID) {
+	b := &c.slab[id]
 	b.ref--
 	if b.ref > 0 {
 		return
 	}
-	b.prev, b.next = c.lru.prev, &c.lru
-	c.lru.prev.next = b
-	c.lru.prev = b
+	last := c.slab[0].prev
+	b.prev, b.next = last, 0
+	c.slab[last].next = id
+	c.slab[0].prev = id
 	c.lruLen++
 }
 
-func (c *cache) unlink(b *block) {
-	b.prev.next = b.next
-	b.next.prev = b.prev
-	b.prev, b.next = nil, nil
+func (c *cache) unlink(id blockID) {
+	b := &c.slab[id]
+	c.slab[b.prev].next = b.next
+	c.slab[b.next].prev = b.prev
+	b.prev, b.next = 0, 0
 	c.lruLen--
 }
 
@@ -87,14 +115,19 @@ func (c *cache) alloc(n int) bool {
 		return false
 	}
 	for c.free < n {
-		b := c.lru.next
-		c.unlink(b)
-		delete(c.blocks, b.key)
-		c.spare = append(c.spare, b)
+		c.evictOldest()
 		c.free++
 	}
 	c.free -= n
 	return true
+}
+
+// evictOldest drops the least recently used evictable block, which must exist.
+func (c *cache) evictOldest() {
+	id := c.slab[0].next
+	c.unlink(id)
+	c.index.remove(c.slab[id].key)
+	c.spare = append(c.spare, id)
 }
 
 // release returns n private blocks.
@@ -103,21 +136,24 @@ func (c *cache) release(n int) { c.free += n }
 // publish turns one private block just filled with the prompt block of key into a cached block
 // pinned once. When another request published the same key first, the private block is
 // returned and the existing block pinned instead.
-func (c *cache) publish(key uint64) *block {
-	if _, ok := c.blocks[key]; ok {
+func (c *cache) publish(key uint64) blockID {
+	slot, found := c.index.find(key)
+	if found {
 		c.free++
-		return c.pin(key)
+		id := c.index.slots[slot].id
+		c.ref(id)
+		return id
 	}
-	var b *block
+	var id blockID
 	if n := len(c.spare); n > 0 {
-		b, c.spare = c.spare[n-1], c.spare[:n-1]
-		*b = block{}
+		id, c.spare = c.spare[n-1], c.spare[:n-1]
 	} else {
-		b = new(block)
+		id = blockID(len(c.slab))
+		c.slab = append(c.slab, block{})
 	}
-	b.key, b.ref = key, 1
-	c.blocks[key] = b
-	return b
+	c.slab[id] = block{key: key, ref: 1}
+	c.index.insertAt(slot, key, id)
+	return id
 }
 
 // flush drops every evictable block and reports how many it dropped. Pinned blocks stay: they
@@ -125,11 +161,8 @@ func (c *cache) publish(key uint64) *block {
 func (c *cache) flush() int {
 	n := c.lruLen
 	for c.lruLen > 0 {
-		b := c.lru.next
-		c.unlink(b)
-		delete(c.blocks, b.key)
+		c.evictOldest()
 		c.free++
 	}
-	c.spare = c.spare[:0]
 	return n
 }

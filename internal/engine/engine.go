@@ -149,7 +149,7 @@ type req struct {
 	target    int // tokens to compute before the next token: the prompt (plus output after a preemption)
 	computed  int
 	cached    int
-	pinned    []*block
+	pinned    []blockID
 	priv      int // private blocks held
 	uncached  int // this request's share of Load().WaitingUncachedTokens while waiting
 }
@@ -182,6 +182,11 @@ type Engine struct {
 
 	pending []Event
 	stats   stats
+
+	// Request records are recycled, with their key and block buffers: a request that leaves
+	// goes to retired, and from there to spare when the next step starts (only then can no
+	// step plan refer to it any more).
+	retired, spare []*req
 }
 
 // chunk is one request's share of a step's prefill.
@@ -220,14 +225,9 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return ErrMaxTokens
 	}
 	bs := e.cfg.BlockSize
-	var n int
-	var keys []uint64
-	if r.Tokens != nil {
-		n = len(r.Tokens)
-		keys = blockKeys(make([]uint64, 0, n/bs), r.Tokens, bs)
-	} else {
+	n := len(r.Tokens)
+	if r.Tokens == nil {
 		n = TokenCount(r.Text)
-		keys = blockKeysText(make([]uint64, 0, n/bs), r.Text, bs)
 	}
 	if n == 0 {
 		return ErrEmptyPrompt
@@ -236,8 +236,15 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		return fmt.Errorf("%w: %d+%d tokens, capacity %d", ErrTooLong, n, r.MaxTokens, e.cache.total*bs)
 	}
 	e.advance(now, false)
-	q := &req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
-		pinned: make([]*block, 0, len(keys))}
+	q := e.newReq()
+	keys := q.keys[:0]
+	if r.Tokens != nil {
+		keys = blockKeys(keys, r.Tokens, bs)
+	} else {
+		keys = blockKeysText(keys, r.Text, bs)
+	}
+	*q = req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
+		pinned: q.pinned[:0]}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()
@@ -300,8 +307,7 @@ func (e *Engine) Abort(now time.Duration, id uint64) bool {
 		e.releaseKV(r)
 		e.workArrived()
 	}
-	r.state = gone
-	delete(e.byID, id)
+	e.retire(r)
 	e.stats.aborted++
 	return true
 }
@@ -370,5 +376,25 @@ func (e *Engine) advance(now time.Duration, inclusive bool) {
 
 // Live returns the number of requests in the engine (running or waiting).
 func (e *Engine) Live() int { return len(e.byID) }
+
+// newReq returns a recycled request record, or a new one. Its fields are stale except for the
+// capacity of its keys and pinned buffers.
+func (e *Engine) newReq() *req {
+	n := len(e.spare)
+	if n == 0 {
+		return new(req)
+	}
+	q := e.spare[n-1]
+	e.spare[n-1] = nil
+	e.spare = e.spare[:n-1]
+	return q
+}
+
+// retire removes r, which has left the waiting and running lists, from the engine.
+func (e *Engine) retire(r *req) {
+	r.state = gone
+	delete(e.byID, r.id)
+	e.retired = append(e.retired, r)
+}
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -142,33 +142,36 @@ func TestCacheInvariants(t *testing.T) {
 func checkInvariants(t *testing.T, e *Engine) {
 	t.Helper()
 	c := e.cache
-	held, refs := 0, map[*block]int32{}
+	held, refs := 0, map[blockID]int32{}
 	for _, r := range e.running {
 		held += r.priv
-		for _, b := range r.pinned {
-			refs[b]++
+		for _, id := range r.pinned {
+			refs[id]++
 		}
 		if r.priv < 0 {
 			t.Fatalf("request %d holds %d private blocks", r.id, r.priv)
 		}
 	}
-	for b, n := range refs {
-		if b.ref != n {
-			t.Fatalf("block ref %d, pinned by %d requests", b.ref, n)
+	for id, n := range refs {
+		if b := c.slab[id]; b.ref != n || c.index.get(b.key) != id {
+			t.Fatalf("block ref %d, pinned by %d requests (indexed %v)", b.ref, n, c.index.get(b.key) == id)
 		}
 	}
 	lru := 0
-	for b := c.lru.next; b != &c.lru; b = b.next {
-		if b.ref != 0 || c.blocks[b.key] != b {
+	for id := c.slab[0].next; id != 0; id = c.slab[id].next {
+		if b := c.slab[id]; b.ref != 0 || c.index.get(b.key) != id {
 			t.Fatal("LRU list holds a pinned or unknown block")
 		}
 		lru++
 	}
-	if lru != c.lruLen || len(c.blocks) != len(refs)+lru {
-		t.Fatalf("lru %d/%d, cached %d, pinned %d", lru, c.lruLen, len(c.blocks), len(refs))
+	if lru != c.lruLen || c.cached() != len(refs)+lru {
+		t.Fatalf("lru %d/%d, cached %d, pinned %d", lru, c.lruLen, c.cached(), len(refs))
 	}
-	if c.free+held+len(c.blocks) != c.total || c.free < 0 {
-		t.Fatalf("free %d + private %d + cached %d != total %d", c.free, held, len(c.blocks), c.total)
+	if c.free+held+c.cached() != c.total || c.free < 0 {
+		t.Fatalf("free %d + private %d + cached %d != total %d", c.free, held, c.cached(), c.total)
+	}
+	if n := c.cached() + len(c.spare) + 1; n != len(c.slab) {
+		t.Fatalf("cached %d + spare %d + sentinel != slab %d", c.cached(), len(c.spare), len(c.slab))
 	}
 	if len(e.running) > e.cfg.MaxRunning {
 		t.Fatalf("%d running over the limit", len(e.running))

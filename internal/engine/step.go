@@ -8,6 +8,9 @@ func (e *Engine) startStep(t time.Duration) {
 	clear(e.plan)
 	clear(e.decoders)
 	e.plan, e.decoders = e.plan[:0], e.decoders[:0]
+	e.spare = append(e.spare, e.retired...)
+	clear(e.retired)
+	e.retired = e.retired[:0]
 	e.growDecoders(1)
 	e.admit(t)
 
@@ -95,13 +98,16 @@ func (e *Engine) admit(t time.Duration) {
 	bs := e.cfg.BlockSize
 	for e.wh < len(e.waiting) && len(e.running) < e.cfg.MaxRunning {
 		r := e.waiting[e.wh]
-		m, evictable := e.cache.match(r.keys)
+		var evictable int
+		r.pinned, evictable = e.cache.lookup(r.keys, r.pinned[:0])
+		m := len(r.pinned)
 		need := ceilDiv(r.target, bs) - m
 		if need > e.cache.supply()-evictable {
+			r.pinned = r.pinned[:0]
 			return
 		}
-		for _, k := range r.keys[:m] {
-			r.pinned = append(r.pinned, e.cache.pin(k))
+		for _, id := range r.pinned {
+			e.cache.ref(id)
 		}
 		e.cache.alloc(need)
 		r.priv = need
@@ -177,8 +183,7 @@ func (e *Engine) maybeFinish(r *req, t time.Duration) {
 	}
 	e.removeRunning(r)
 	e.releaseKV(r)
-	r.state = gone
-	delete(e.byID, r.id)
+	e.retire(r)
 	e.stats.finished++
 	e.pending = append(e.pending, Event{Kind: Finished, ID: r.id, At: t, TTFT: r.firstAt - r.arrival,
 		PromptTokens: r.promptLen, CachedTokens: r.cached, CompletionTokens: r.generated})
@@ -200,7 +205,6 @@ func (e *Engine) preempt(r *req) {
 func (e *Engine) releaseKV(r *req) {
 	for i := len(r.pinned) - 1; i >= 0; i-- {
 		e.cache.unpin(r.pinned[i])
-		r.pinned[i] = nil
 	}
 	r.pinned = r.pinned[:0]
 	e.cache.release(r.priv)
