@@ -57,8 +57,8 @@ func (e *Engine) Load() Load {
 	if w > 0 {
 		l.GenThroughput = e.stats.gen.at(e.now, w) / w.Seconds()
 	}
-	if q := e.stats.queries.at(e.now, w); q > 0 {
-		l.CacheHitRate = e.stats.hits.at(e.now, w) / q
+	if hits, q := e.stats.hits.at(e.now, w); q > 0 {
+		l.CacheHitRate = hits / q
 	}
 	return l
 }
@@ -67,14 +67,16 @@ func (e *Engine) Load() Load {
 type stats struct {
 	prompt, cached, generated    int64
 	finished, aborted, preempted int64
-	gen, hits, queries           decayed
+	gen                          decayed
+	// hits decays the cached tokens and the prompt tokens (the queries) together: they are
+	// always added at the same time, so one exponential serves both.
+	hits decayedPair
 }
 
 func (s *stats) admit(t, w time.Duration, cached, prompt int) {
 	s.prompt += int64(prompt)
 	s.cached += int64(cached)
-	s.hits.add(t, w, float64(cached))
-	s.queries.add(t, w, float64(prompt))
+	s.hits.add(t, w, float64(cached), float64(prompt))
 }
 
 func (s *stats) generate(t, w time.Duration, n int) {
@@ -98,5 +100,25 @@ func (d *decayed) at(t, w time.Duration) float64 {
 
 func (d *decayed) add(t, w time.Duration, x float64) {
 	d.v = d.at(t, w) + x
+	d.t = max(t, d.t)
+}
+
+// decayedPair is two decayed sums that always advance together.
+type decayedPair struct {
+	a, b float64
+	t    time.Duration
+}
+
+func (d *decayedPair) at(t, w time.Duration) (a, b float64) {
+	if t <= d.t || w <= 0 {
+		return d.a, d.b
+	}
+	f := math.Exp(-float64(t-d.t) / float64(w))
+	return d.a * f, d.b * f
+}
+
+func (d *decayedPair) add(t, w time.Duration, x, y float64) {
+	a, b := d.at(t, w)
+	d.a, d.b = a+x, b+y
 	d.t = max(t, d.t)
 }

@@ -37,52 +37,85 @@ func AppendTokens(dst []uint32, text string) []uint32 {
 // tokenOf hashes one chunk of at most BytesPerToken bytes: the bytes and their count packed in
 // a word, multiplied by an odd constant, the high half kept.
 func tokenOf(chunk string) uint32 {
-	w := uint64(len(chunk)) << 32
 	if len(chunk) == 4 {
-		w |= uint64(chunk[0]) | uint64(chunk[1])<<8 | uint64(chunk[2])<<16 | uint64(chunk[3])<<24
-	} else {
-		for j := 0; j < len(chunk); j++ {
-			w |= uint64(chunk[j]) << (8 * j)
-		}
+		return token4(chunk[0], chunk[1], chunk[2], chunk[3])
+	}
+	w := uint64(len(chunk)) << 32
+	for j := 0; j < len(chunk); j++ {
+		w |= uint64(chunk[j]) << (8 * j)
 	}
 	return uint32(w * golden >> 32)
 }
 
-// chainKey folds one token into a running block key: a multiply-xorshift step, one multiply per
-// token (the key is hashed once per prompt token, the model's hottest loop).
-func chainKey(h uint64, tok uint32) uint64 {
-	h = (h ^ uint64(tok)) * golden
+// token4 is tokenOf of a whole 4-byte chunk.
+func token4(b0, b1, b2, b3 byte) uint32 {
+	w := 4<<32 | uint64(b0) | uint64(b1)<<8 | uint64(b2)<<16 | uint64(b3)<<24
+	return uint32(w * golden >> 32)
+}
+
+// chainKey folds a word into a running block key: a multiply-xorshift step. Each step is a
+// bijection of the key for a given word and of the word for a given key; steps depend on each
+// other, so the chain's latency (about six cycles a step) bounds keying. The words are token
+// pairs, which halves the chain's length.
+func chainKey(h, w uint64) uint64 {
+	h = (h ^ w) * golden
 	return h ^ h>>29
 }
 
+// pair packs two tokens in one word for chainKey.
+func pair(a, b uint32) uint64 { return uint64(a) | uint64(b)<<32 }
+
+// blockEnd marks a block boundary in the chain, so that keys depend on the block size too.
+const blockEnd = 0xffffffff
+
 // blockKeys returns the keys of the full blocks of a prompt given by its tokens. Key j covers
 // tokens [0, (j+1)·bs): it chains over the whole prefix, so a block matches only when every block
-// before it matches too.
+// before it matches too. Within a block, tokens are chained in pairs (a lone last token when bs
+// is odd).
 func blockKeys(dst []uint64, toks []uint32, bs int) []uint64 {
 	h := uint64(fnv64Offset)
 	for i := 0; i+bs <= len(toks); i += bs {
-		for _, t := range toks[i : i+bs] {
-			h = chainKey(h, t)
+		blk := toks[i : i+bs]
+		j := 0
+		for ; j+1 < len(blk); j += 2 {
+			h = chainKey(h, pair(blk[j], blk[j+1]))
 		}
-		// Mark the block boundary so that keys depend on the block size too.
-		h = chainKey(h, 0xffffffff)
+		if j < len(blk) {
+			h = chainKey(h, uint64(blk[j]))
+		}
+		h = chainKey(h, blockEnd)
 		dst = append(dst, h)
 	}
 	return dst
 }
 
-// blockKeysText is blockKeys(Tokenize(text)) without materializing the tokens.
+// blockKeysText is blockKeys(Tokenize(text)) without materializing the tokens: blocks of whole
+// 4-byte tokens are hashed eight bytes at a time, only a block holding the text's short last
+// token takes the general path.
 func blockKeysText(dst []uint64, text string, bs int) []uint64 {
 	h := uint64(fnv64Offset)
-	n := 0
-	full := TokenCount(text) / bs * bs
-	for i := 0; n < full; i += BytesPerToken {
-		h = chainKey(h, tokenOf(text[i:min(i+BytesPerToken, len(text))]))
-		n++
-		if n%bs == 0 {
-			h = chainKey(h, 0xffffffff)
-			dst = append(dst, h)
+	step := bs * BytesPerToken
+	blocks := TokenCount(text) / bs
+	for k := range blocks {
+		blk := text[k*step : min((k+1)*step, len(text))]
+		j := 0
+		if len(blk) == step {
+			for ; j+8 <= len(blk); j += 8 {
+				c := blk[j : j+8]
+				h = chainKey(h, pair(token4(c[0], c[1], c[2], c[3]), token4(c[4], c[5], c[6], c[7])))
+			}
+		} else {
+			for ; j+BytesPerToken < len(blk); j += 2 * BytesPerToken {
+				a := tokenOf(blk[j : j+BytesPerToken])
+				b := tokenOf(blk[j+BytesPerToken : min(j+2*BytesPerToken, len(blk))])
+				h = chainKey(h, pair(a, b))
+			}
 		}
+		if j < len(blk) {
+			h = chainKey(h, uint64(tokenOf(blk[j:])))
+		}
+		h = chainKey(h, blockEnd)
+		dst = append(dst, h)
 	}
 	return dst
 }

@@ -38,7 +38,7 @@ func FuzzTokenizePrefix(f *testing.F) {
 		if full > 0 && !reflect.DeepEqual(ta[:full], tab[:full]) {
 			t.Fatal("a text's whole tokens are not a prefix of a longer text's tokens")
 		}
-		for _, bs := range []int{1, 4, 16} {
+		for _, bs := range []int{1, 3, 4, 16} {
 			want := blockKeys(nil, tab, bs)
 			if got := blockKeysText(nil, a+b, bs); len(got)+len(want) > 0 && !reflect.DeepEqual(got, want) {
 				t.Fatalf("bs %d: text keys %v, token keys %v", bs, got, want)
