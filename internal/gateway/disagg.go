@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -35,17 +36,27 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	w.Header().Set("X-Request-Id", id)
 	req := &proxy.Request{Path: path, Header: r.Header, Body: pdBody, RequestID: id, ClientIP: clientIP(r)}
 
+	// The decode worker waits for the KV cache the prefill worker sends: if the prefill request
+	// fails, the decode side would wait until its timeout, so it is cancelled at once and the
+	// client told why.
+	dctx, cancelDecode := context.WithCancel(r.Context())
+	defer cancelDecode()
+	var prefillErr error
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		if err := s.fwd.Discard(r.Context(), pw, req); err != nil {
 			s.log.Debug("prefill request failed", "request_id", id, "worker", pw.ID, "err", err)
+			if r.Context().Err() == nil {
+				prefillErr = err
+				cancelDecode()
+			}
 		}
 	}()
 	// The pair is fixed once the prefill side is running: a retry would need a new room.
 	picked := false
-	res := s.fwd.Forward(r.Context(), w, req, func(tried []*worker.Worker) *worker.Worker {
+	res := s.fwd.Forward(dctx, w, req, func(tried []*worker.Worker) *worker.Worker {
 		if picked {
 			return nil
 		}
@@ -56,8 +67,12 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		}
 		return dw
 	})
-	s.finish(w, r, res, pool.Model, p.Stream, id)
 	wg.Wait()
+	if prefillErr != nil && !res.Committed {
+		res.Err = fmt.Errorf("prefill worker %s failed: %w", pw.ID, prefillErr)
+		res.Status = http.StatusBadGateway
+	}
+	s.finish(w, r, res, pool.Model, p.Stream, id)
 	return res.Status
 }
 

@@ -418,3 +418,38 @@ func TestDisaggregatedPair(t *testing.T) {
 		t.Error("in flight not zero")
 	}
 }
+
+// TestDisaggregatedPrefillFailure: when the prefill worker fails, the decode worker (which would
+// wait for a KV transfer that never comes) is cancelled at once and the client gets a 502.
+func TestDisaggregatedPrefillFailure(t *testing.T) {
+	p, d := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	p.setHandler(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "prefill broke", http.StatusInternalServerError) })
+	decodeCanceled := make(chan struct{})
+	d.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		close(decodeCanceled)
+	})
+	g := newTestGateway(t, Config{}, "round_robin")
+	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: p.URL, WorkerType: "prefill"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: d.URL, WorkerType: "decode"}); err != nil {
+		t.Fatal(err)
+	}
+	resp := g.post(t, "/generate", `{"text":"hi"}`)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d, want 502", resp.StatusCode)
+	}
+	if e := decodeError(t, resp); !strings.Contains(e.Message, "prefill") {
+		t.Errorf("message %q does not name the prefill failure", e.Message)
+	}
+	select {
+	case <-decodeCanceled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the decode request was not cancelled")
+	}
+	g.waitDone(t, 1)
+	if n := totalInflight(g.Server); n != 0 {
+		t.Errorf("in flight %d", n)
+	}
+}
