@@ -125,27 +125,35 @@ func TestLiveCountsErrors(t *testing.T) {
 }
 
 func TestLiveWarnsWhenClientIsBottleneck(t *testing.T) {
-	release := make(chan struct{})
+	arrived := make(chan struct{}, 3)
+	stop := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
+		arrived <- struct{}{}
+		select { // stuck until the client gives up or the test ends
 		case <-r.Context().Done():
-			return
+		case <-stop:
 		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
 	}))
 	defer srv.Close()
-	defer close(release)
-	// Three requests all due at once and one in-flight slot: the second start must wait for the
-	// slot, which cannot free before the stuck first request ends, whatever the timing.
+	defer close(stop)
+	// Three requests all due at once and one in-flight slot: the first holds the slot until the
+	// run is cancelled, so the second start must wait for it. The driver reaches that wait in
+	// the same loop iteration that launched the first request, long before the first request
+	// has crossed loopback to the server; the run is cancelled only after it has.
 	es := []TraceEntry{{Prompt: "a", OutputTokens: 1}, {Prompt: "b", OutputTokens: 1}, {Prompt: "c", OutputTokens: 1}}
 	sched, err := NewSchedule(NewTrace(es, 1), Arrivals{}, Limits{}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	defer cancel()
+	go func() {
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+		}
+		cancel()
+	}()
 	res, err := RunLive(ctx, LiveConfig{Target: srv.URL, Model: "m", MaxInflight: 1}, sched, "x")
 	if err != nil {
 		t.Fatal(err)
