@@ -423,7 +423,9 @@ func TestDisaggregatedPair(t *testing.T) {
 // wait for a KV transfer that never comes) is cancelled at once and the client gets a 502.
 func TestDisaggregatedPrefillFailure(t *testing.T) {
 	p, d := newFakeWorker(t, "m"), newFakeWorker(t, "m")
-	p.setHandler(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "prefill broke", http.StatusInternalServerError) })
+	p.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "prefill broke", http.StatusInternalServerError)
+	})
 	decodeCanceled := make(chan struct{})
 	d.setHandler(func(w http.ResponseWriter, r *http.Request) {
 		<-r.Context().Done()
