@@ -62,7 +62,9 @@ func TestDecodeVariants(t *testing.T) {
 		"map events with new keys": {
 			enc([]any{2.0, []any{map[string]any{"type": "BlockStored", "block_hashes": []int{1}, "parent_block_hash": 9,
 				"token_ids": []int{5, 6}, "block_size": 2, "group_idx": 0, "kv_cache_spec_kind": "full", "extra_keys": nil}}}),
-			func(b Batch) bool { return b.Events[0].HasParent && b.Events[0].Parent == 9 && b.Events[0].Tokens[1] == 6 },
+			func(b Batch) bool {
+				return b.Events[0].HasParent && b.Events[0].Parent == 9 && b.Events[0].Tokens[1] == 6
+			},
 		},
 		"map batch": {
 			enc(map[string]any{"ts": 3.0, "events": []any{[]any{"AllBlocksCleared"}}, "data_parallel_rank": 2}),
