@@ -60,7 +60,7 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
 		return http.StatusInternalServerError, pool.Model
 	}
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: routingKey(r.Header)}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: routingKey(r.Header), Chat: kind == kindChat, Body: body}
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	res := s.fwd.Forward(r.Context(), w, &proxy.Request{

@@ -141,6 +141,13 @@ func (p *Publisher) skip(b *Batch) {
 
 func seqBytes(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 
+// Published returns how many batches were numbered so far (the next sequence number).
+func (p *Publisher) Published() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seq
+}
+
 // WaitSubscribers blocks until n subscribers are connected and subscribed, or ctx ends.
 func (p *Publisher) WaitSubscribers(ctx context.Context, n int) error {
 	return p.pub.WaitPeers(ctx, n)

@@ -52,8 +52,9 @@ type Config struct {
 	// Logger receives state changes; nil discards them.
 	Logger *slog.Logger
 
-	// afterMessage, when set (tests), is called after each message is handled, applied or not.
-	afterMessage func()
+	// AfterMessage, when set, is called after each received message is handled, applied or
+	// not; tests wait on it.
+	AfterMessage func()
 }
 
 // Enabled reports whether c ingests anything.
@@ -275,8 +276,8 @@ func (s *Service) read(sock *zmtp.Socket, workerID string) {
 			return
 		}
 		s.handle(workerID, m)
-		if s.cfg.afterMessage != nil {
-			s.cfg.afterMessage()
+		if s.cfg.AfterMessage != nil {
+			s.cfg.AfterMessage()
 		}
 	}
 }

@@ -33,7 +33,7 @@ func newRig(t *testing.T, cfg Config) *rig {
 	t.Helper()
 	r := &rig{handled: make(chan struct{}, 1024), clock: &fakeClock{t: time.Unix(1e9, 0)}}
 	cfg.Now = r.clock.Now
-	cfg.afterMessage = func() { r.handled <- struct{}{} }
+	cfg.AfterMessage = func() { r.handled <- struct{}{} }
 	svc, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

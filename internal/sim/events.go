@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"time"
@@ -73,6 +74,27 @@ func (s *Server) EventsAddr() (pub, replay string) {
 		return "", ""
 	}
 	return s.pub.Addr, s.pub.ReplayAddr
+}
+
+// EventsPublished returns how many event batches the server published (0 when it publishes none).
+func (s *Server) EventsPublished() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pub == nil {
+		return 0
+	}
+	return s.pub.Published()
+}
+
+// WaitEventSubscribers blocks until n subscribers receive the server's events, or ctx ends.
+func (s *Server) WaitEventSubscribers(ctx context.Context, n int) error {
+	s.mu.Lock()
+	pub := s.pub
+	s.mu.Unlock()
+	if pub == nil {
+		return fmt.Errorf("sim: the server publishes no events")
+	}
+	return pub.WaitSubscribers(ctx, n)
 }
 
 // cacheEvents is the Server as the engine's CacheObserver: it gathers the changes of one engine

@@ -84,6 +84,9 @@ func TestFleetPublishesStoresAndEvictions(t *testing.T) {
 	defer fleet.Close()
 	w, _ := worker.New(worker.Spec{URL: fleet.URLs()[0]}, worker.BreakerConfig{})
 	svc.Track(w)
+	if err := fleet.Servers()[0].WaitEventSubscribers(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
 	url := fleet.URLs()[0]
 	prompt := func(seed string) string { return strings.Repeat(seed, 400) } // 400 tokens: 25 blocks
 	holds := func(p string) int {
