@@ -29,6 +29,8 @@ type Request struct {
 // the bench's prediction accuracy. The zero value means "no detail": a policy without branches
 // (random, round_robin, power_of_two, least_load) leaves it so.
 type Decision struct {
+	// Worker is the id of the worker picked; "" when none was. Choose sets it.
+	Worker string
 	// Branch names the way the policy decided (BranchCacheHit, BranchSticky, ...); "" when the
 	// policy has a single way.
 	Branch string
@@ -43,7 +45,7 @@ type Decision struct {
 // decide records d on req; req may be nil in tests that call Pick without a view.
 func (req *Request) decide(branch string, predicted float64, has bool) {
 	if req != nil {
-		req.Decision = Decision{Branch: branch, Predicted: predicted, HasPrediction: has}
+		req.Decision = Decision{Worker: req.Decision.Worker, Branch: branch, Predicted: predicted, HasPrediction: has}
 	}
 }
 
@@ -81,3 +83,15 @@ func (LocalLoads) Load(w *worker.Worker) int64 { return w.Inflight() }
 func (LocalLoads) Report(*worker.Worker) (loadmon.Report, bool) { return loadmon.Report{}, false }
 
 var _ Loads = LocalLoads{}
+
+// Choose asks p for a worker and completes req.Decision: it clears what an earlier pick left
+// there (a retry), and names the worker picked. Callers use it rather than Pick so that the
+// decision record always describes the last pick.
+func Choose(p Policy, candidates []*worker.Worker, req *Request) *worker.Worker {
+	req.Decision = Decision{}
+	w := p.Pick(candidates, req)
+	if w != nil {
+		req.Decision.Worker = w.ID
+	}
+	return w
+}
