@@ -3,7 +3,6 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
@@ -60,13 +59,17 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
 		return http.StatusInternalServerError, pool.Model
 	}
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: routingKey(r.Header)}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p)}
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
-	res := s.fwd.Forward(r.Context(), w, &proxy.Request{
+	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
 		Path: path, Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r),
 	}, s.picker(pol, candidates, preq))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	if res.Err == nil {
+		aw.observe(s.metrics, pool.Model)
+	}
 	return res.Status, pool.Model
 }
 
@@ -86,7 +89,7 @@ func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *pol
 				c = rest
 			}
 		}
-		w := pol.Pick(c, req)
+		w := policy.Choose(pol, c, req)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
 		}
@@ -145,43 +148,6 @@ func resolvePool(v *worker.View, model string) (*worker.Pool, int, string) {
 		return p, 0, ""
 	}
 	return nil, http.StatusNotFound, fmt.Sprintf("the model %q does not exist", model)
-}
-
-// readBody reads the whole body once, into a buffer sized from Content-Length when known.
-func readBody(r *http.Request, max int64) ([]byte, int, error) {
-	if r.ContentLength > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)
-	}
-	var buf []byte
-	if r.ContentLength > 0 {
-		buf = make([]byte, 0, r.ContentLength+1) // +1 so ReadAll sees EOF without growing
-	} else {
-		buf = make([]byte, 0, 4096)
-	}
-	lr := io.LimitedReader{R: r.Body, N: max + 1}
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if r.Context().Err() != nil {
-				return nil, 499, err
-			}
-			return nil, http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err)
-		}
-	}
-	if int64(len(buf)) > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", max)
-	}
-	if len(buf) == 0 {
-		return nil, http.StatusBadRequest, errors.New("the request body is empty")
-	}
-	return buf, 0, nil
 }
 
 func clientIP(r *http.Request) string {
