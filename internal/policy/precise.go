@@ -133,17 +133,24 @@ func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.
 		p.dec.add(prNoEvents)
 		return p.CacheAwareHash.Pick(candidates, req)
 	}
-	var best *cand
+	best, held := (*cand)(nil), 0
 	for i := range av {
 		if float64(out[i])/float64(len(toks)) > p.cfg.CacheThreshold && (best == nil || lessLoaded(&av[i], best)) {
-			best = &av[i]
+			best, held = &av[i], out[i]
 		}
 	}
 	if best != nil {
 		p.dec.add(prHit)
+		req.decide(BranchPreciseHit, float64(held)/float64(len(toks)), true)
 	} else {
 		p.dec.add(prMiss)
 		best = p.place(av, av[minI].load, hashString(prefixChars(req.Text, placementChars)))
+		for i := range av {
+			if &av[i] == best {
+				held = out[i]
+			}
+		}
+		req.decide(BranchPreciseMiss, float64(held)/float64(len(toks)), true)
 	}
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)
