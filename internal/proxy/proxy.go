@@ -146,6 +146,8 @@ type Request struct {
 	Header http.Header
 	// Body is the whole request body, replayed on each attempt.
 	Body []byte
+	// BodyRef, when set, is held for as long as net/http may read Body (see BodyRef).
+	BodyRef BodyRef
 	// RequestID is sent as X-Request-Id.
 	RequestID string
 	// ClientIP is appended to X-Forwarded-For.
@@ -316,7 +318,7 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		t := time.AfterFunc(f.cfg.AttemptTimeout, func() { cancel() })
 		stopTimer = t.Stop
 	}
-	u, err := http.NewRequestWithContext(actx, http.MethodPost, w.URL.String()+req.Path, bytes.NewReader(req.Body))
+	u, err := http.NewRequestWithContext(actx, http.MethodPost, w.URL.String()+req.Path, nil)
 	if err != nil {
 		cancel()
 		return nil, &Error{Kind: KindTransport, Worker: w.ID, Err: err}
@@ -353,6 +355,7 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		cancel()
 		return nil, &Error{Kind: KindNoWorker, Worker: w.ID, Err: errNotAdmitted}
 	}
+	setBody(u, req) // only now: net/http closes (and so releases) every body it is given
 	resp, err := f.client.Do(u)
 	timedOut := stopTimer != nil && !stopTimer()
 	if err == nil && timedOut {
