@@ -134,6 +134,10 @@ type Summary struct {
 	// Decisions counts the policy's decisions by branch (cache_hit, cache_miss, imbalanced, …),
 	// summed over gateways; simulated runs of policies that count them only.
 	Decisions map[string]uint64 `json:"decisions,omitempty"`
+	// PredictionError is the mean absolute difference between the share of the prompt the
+	// policy predicted the chosen engine held and the share it served from cache, over requests
+	// whose policy predicted (0: none did).
+	PredictionError float64 `json:"prediction_error,omitempty"`
 	// TTFTQuantiles holds TTFT at quantiles 0, 0.01, …, 1 (101 values) for CDF charts.
 	TTFTQuantiles []float64 `json:"ttft_quantiles_ms,omitempty"`
 }

@@ -85,6 +85,8 @@ type Config struct {
 	// Seed seeds the gateway choice, the policies' randomness and the poll phases. The workload's
 	// own seed is separate.
 	Seed uint64
+	// KVEvents configures the engines' KV-cache events that precise_prefix reads.
+	KVEvents KVEvents
 }
 
 // DefaultConfig returns the defaults: 8 engines, 1 gateway, cache_aware on effective load, 1 s
@@ -151,7 +153,7 @@ func (c Config) Validate() error {
 	if err := c.Engine.Validate(); err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
-	return nil
+	return c.KVEvents.Validate()
 }
 
 // canonical returns the canonical name of a policy the simulator runs: any name policy.Canonical

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -103,6 +104,12 @@ type flight struct {
 	release func()
 	sent    time.Duration
 	eng     int
+	// extra is decision time the simulated engine did not see (tokenization), added to the
+	// request's latencies.
+	extra time.Duration
+	// predicted is the share of the prompt the policy expected the engine to hold.
+	predicted float64
+	hasPred   bool
 }
 
 // simEngine is one engine and its wake bookkeeping.
@@ -135,6 +142,11 @@ type sim struct {
 	evs      []engine.Event
 	noWorker int
 	ideal    *bench.Ideal
+	// kv is the engines' KV-cache event feed, when a policy reads it.
+	kv *kvFeed
+	// predErr sums |predicted − served cached share| over predN requests.
+	predErr float64
+	predN   int
 }
 
 var _ Truth = (*sim)(nil)
@@ -189,6 +201,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread = s.spread()
 	sum.Decisions = s.decisions()
+	if s.predN > 0 {
+		sum.PredictionError = s.predErr / float64(s.predN)
+	}
 	return sum, nil
 }
 
@@ -201,6 +216,9 @@ func (s *sim) build() error {
 			return fmt.Errorf("fleet: %w", err)
 		}
 		s.engines[i] = &simEngine{e: e}
+	}
+	if usesEvents(s.cfg.Policy) {
+		s.kv = newKVFeed(s)
 	}
 	s.gws = make([]*gateway, s.cfg.Gateways)
 	for g := range s.gws {
@@ -331,7 +349,11 @@ func (s *sim) sendTurn(a *active) {
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx}
+	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx,
+		predicted: gw.req.Decision.Predicted, hasPred: gw.req.Decision.HasPrediction}
+	if gw.kv != nil {
+		f.extra = gw.kv.takeCost()
+	}
 	se := s.engines[idx]
 	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
 		f.release()
@@ -391,8 +413,12 @@ func (s *sim) finish(ev engine.Event) {
 	delete(s.flights, ev.ID)
 	f.release()
 	rec := bench.Record{
-		Sent: f.sent, TTFT: ev.TTFT, E2E: ev.At - f.sent,
+		Sent: f.sent, TTFT: ev.TTFT + f.extra, E2E: ev.At - f.sent + f.extra,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
+	}
+	if f.hasPred && ev.PromptTokens > 0 && f.sent >= s.coll.Warmup {
+		s.predErr += math.Abs(f.predicted - float64(ev.CachedTokens)/float64(ev.PromptTokens))
+		s.predN++
 	}
 	if ev.CompletionTokens > 1 {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)
