@@ -32,7 +32,9 @@ func BenchmarkDecision(b *testing.B) {
 	idx := kvevents.NewIndex(1<<22, 4)
 	var ws []*worker.Worker
 	var ids []string
-	prompt := func(i int) string { return fmt.Sprintf("%08d", i) + strings.Repeat("lorem ipsum dolor sit amet ", 310)[:8184] }
+	prompt := func(i int) string {
+		return fmt.Sprintf("%08d", i) + strings.Repeat("lorem ipsum dolor sit amet ", 310)[:8184]
+	}
 	for w := range 8 {
 		wk, _ := worker.New(worker.Spec{URL: fmt.Sprintf("http://engine-%d:8000", w)}, worker.BreakerConfig{Disabled: true})
 		wk.SetHealth(worker.Ready)
