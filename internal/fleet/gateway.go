@@ -22,7 +22,7 @@ type gateway struct {
 	workers []*worker.Worker
 	index   map[*worker.Worker]int
 	pol     policy.Policy
-	evictor interface{ Evict() }
+	evictor policy.Evicter
 	rng     *rand.Rand
 
 	reports []loadmon.Report
@@ -70,7 +70,7 @@ func newGateway(s *sim, g int) (*gateway, error) {
 		gw.pol = pol
 	}
 	pol := gw.pol
-	gw.evictor, _ = pol.(interface{ Evict() })
+	gw.evictor, _ = pol.(policy.Evicter)
 	// Replicas start at different moments, so their polls are not aligned.
 	gw.phase = time.Duration(gw.rng.Int64N(int64(s.cfg.PollInterval)))
 	return gw, nil
