@@ -25,6 +25,7 @@ const (
 	evEngine                   // an engine's next event is due
 	evPoll                     // a gateway polls every engine
 	evEvict                    // a gateway trims its policy's trees
+	evWorker                   // a worker change of Config.Failover (idx: its index)
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -103,6 +104,7 @@ type flight struct {
 	release func()
 	sent    time.Duration
 	eng     int
+	dec     policy.Decision // Predicted made a share of the whole prompt
 }
 
 // simEngine is one engine and its wake bookkeeping.
@@ -150,6 +152,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		flights: map[uint64]*flight{},
 	}
 	s.coll.Warmup = sched.Limits().Warmup
+	if cfg.Timeline > 0 {
+		s.coll.Timeline = &bench.Timeline{Bucket: cfg.Timeline}
+	}
 	if err := s.build(); err != nil {
 		return bench.Summary{}, err
 	}
@@ -169,6 +174,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread = s.spread()
 	sum.Decisions = s.decisions()
+	if len(cfg.Failover) > 0 {
+		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
+	}
 	return sum, nil
 }
 
@@ -223,6 +231,7 @@ func (s *sim) start() {
 	for _, g := range s.gws {
 		g.schedule()
 	}
+	s.scheduleFailover()
 }
 
 // queueArrival queues the next open-loop session, if any.
@@ -282,6 +291,8 @@ func (s *sim) dispatch(ev event) {
 		if s.live() {
 			s.gws[ev.idx].evict()
 		}
+	case evWorker:
+		s.change(ev.idx)
 	}
 }
 
@@ -311,7 +322,8 @@ func (s *sim) sendTurn(a *active) {
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx}
+	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
+	f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
 	se := s.engines[idx]
 	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
 		f.release()
@@ -372,6 +384,7 @@ func (s *sim) finish(ev engine.Event) {
 	rec := bench.Record{
 		Sent: f.sent, TTFT: ev.TTFT, E2E: ev.At - f.sent,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
+		Worker: engineName(f.eng), Predicted: f.dec.Predicted, HasPrediction: f.dec.HasPrediction,
 	}
 	if ev.CompletionTokens > 1 {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)
