@@ -289,8 +289,7 @@ func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand,
 		return av, 0, false
 	}
 	minLoad := av[minI].load
-	imbalanced = maxLoad-minLoad > p.cfg.BalanceAbsThreshold &&
-		float64(maxLoad) > p.cfg.BalanceRelThreshold*float64(minLoad)
+	imbalanced = BalanceOf(p.cfg).Imbalanced(minLoad, maxLoad)
 	if kvSeen {
 		overloaded := maxUse > p.cfg.OverloadTokenUsageThreshold
 		spread := maxUse-minUse > p.cfg.BalanceTokenUsageThreshold
