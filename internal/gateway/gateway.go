@@ -76,6 +76,8 @@ type Server struct {
 	client  *http.Client
 
 	inflight atomic.Int64
+	// bodies recycles request-body buffers.
+	bodies bodyPool
 	// checker runs the active health checks between Start and Stop.
 	checker *worker.Checker
 	// addMu serialises registrations so duplicate checks and probes do not race.

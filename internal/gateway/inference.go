@@ -48,13 +48,15 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		}
 		defer s.inflight.Add(-1)
 	}
-	body, status, err := readBody(r, s.cfg.MaxPayloadSize)
+	rb, status, err := s.bodies.readBody(r, s.cfg.MaxPayloadSize)
 	if err != nil {
 		if status != 499 {
 			writeError(w, status, codeFor(status), err.Error())
 		}
 		return status, "", nil
 	}
+	defer rb.Release()
+	body := rb.Bytes()
 	p, err := parseBody(body, kind, s.cfg.RoutingPrefixBytes)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
@@ -88,7 +90,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	w.Header().Set("X-Request-Id", id)
 	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
 	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
-		Path: upstreamPath(path, r), Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
+		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}, s.picker(pol, candidates, preq))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
 	if res.Err == nil {
