@@ -97,7 +97,7 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
 	g.req = policy.Request{Model: simModel, Text: text, Key: key}
-	w := g.pol.Pick(g.workers, &g.req)
+	w := policy.Choose(g.pol, g.workers, &g.req)
 	if w == nil {
 		return nil, -1
 	}

@@ -25,6 +25,7 @@ const (
 	evEngine                   // an engine's next event is due
 	evPoll                     // a gateway polls every engine
 	evEvict                    // a gateway trims its policy's trees
+	evWorker                   // a worker change of Config.Failover (idx: its index)
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -103,6 +104,7 @@ type flight struct {
 	release func()
 	sent    time.Duration
 	eng     int
+	dec     policy.Decision // Predicted made a share of the whole prompt
 }
 
 // simEngine is one engine and its wake bookkeeping.
@@ -169,6 +171,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		ideal:   bench.NewIdeal(cfg.Engine.BlockSize),
 	}
 	s.coll.Warmup = sched.Limits().Warmup
+	if cfg.Timeline > 0 {
+		s.coll.Timeline = &bench.Timeline{Bucket: cfg.Timeline}
+	}
 	if err := s.build(); err != nil {
 		return bench.Summary{}, err
 	}
@@ -189,6 +194,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread = s.spread()
 	sum.Decisions = s.decisions()
+	if len(cfg.Failover) > 0 {
+		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
+	}
 	return sum, nil
 }
 
@@ -243,6 +251,7 @@ func (s *sim) start() {
 	for _, g := range s.gws {
 		g.schedule()
 	}
+	s.scheduleFailover()
 }
 
 // queueArrival queues the next open-loop session, if any.
@@ -302,6 +311,8 @@ func (s *sim) dispatch(ev event) {
 		if s.live() {
 			s.gws[ev.idx].evict()
 		}
+	case evWorker:
+		s.change(ev.idx)
 	}
 }
 
@@ -331,7 +342,8 @@ func (s *sim) sendTurn(a *active) {
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx}
+	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
+	f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
 	se := s.engines[idx]
 	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
 		f.release()
@@ -393,6 +405,7 @@ func (s *sim) finish(ev engine.Event) {
 	rec := bench.Record{
 		Sent: f.sent, TTFT: ev.TTFT, E2E: ev.At - f.sent,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
+		Worker: engineName(f.eng), Predicted: f.dec.Predicted, HasPrediction: f.dec.HasPrediction,
 	}
 	if ev.CompletionTokens > 1 {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)
