@@ -22,7 +22,7 @@ type gateway struct {
 	workers []*worker.Worker
 	index   map[*worker.Worker]int
 	pol     policy.Policy
-	evictor interface{ Evict() }
+	evictor policy.Evicter
 	rng     *rand.Rand
 
 	reports []loadmon.Report
@@ -76,7 +76,7 @@ func newGateway(s *sim, g int) (*gateway, error) {
 		gw.pol = pol
 	}
 	pol := gw.pol
-	gw.evictor, _ = pol.(interface{ Evict() })
+	gw.evictor, _ = pol.(policy.Evicter)
 	// Replicas start at different moments, so their polls are not aligned.
 	gw.phase = time.Duration(gw.rng.Int64N(int64(s.cfg.PollInterval)))
 	return gw, nil
@@ -107,7 +107,7 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
 	g.req = policy.Request{Model: simModel, Text: text, Key: key}
-	w := g.pol.Pick(g.workers, &g.req)
+	w := policy.Choose(g.pol, g.workers, &g.req)
 	if w == nil {
 		return nil, -1
 	}

@@ -35,12 +35,12 @@ func TestPreciseSeesEvictions(t *testing.T) {
 	}
 	tree, precise := rows[0], rows[1]
 	t.Logf("cache_aware_hash: hit %.3f, prediction error %.3f; precise_prefix: hit %.3f, prediction error %.3f, decisions %v",
-		tree.HitRate, tree.PredictionError, precise.HitRate, precise.PredictionError, precise.Decisions)
+		tree.HitRate, tree.PredictionMAE, precise.HitRate, precise.PredictionMAE, precise.Decisions)
 	if precise.Decisions["precise_hit"] == 0 || precise.Decisions["fallback_no_events"] != 0 {
 		t.Fatalf("precise_prefix did not route on events: %v", precise.Decisions)
 	}
-	if !(precise.PredictionError < tree.PredictionError/2) {
-		t.Fatalf("prediction error: precise %.3f, tree %.3f", precise.PredictionError, tree.PredictionError)
+	if !(precise.PredictionMAE < tree.PredictionMAE/2) {
+		t.Fatalf("prediction error: precise %.3f, tree %.3f", precise.PredictionMAE, tree.PredictionMAE)
 	}
 	if precise.HitRate < tree.HitRate {
 		t.Fatalf("hit rate: precise %.3f below the tree's %.3f", precise.HitRate, tree.HitRate)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"math"
 	"math/rand/v2"
 	"time"
 
@@ -26,6 +25,7 @@ const (
 	evEngine                   // an engine's next event is due
 	evPoll                     // a gateway polls every engine
 	evEvict                    // a gateway trims its policy's trees
+	evWorker                   // a worker change of Config.Failover (idx: its index)
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -104,12 +104,10 @@ type flight struct {
 	release func()
 	sent    time.Duration
 	eng     int
+	dec     policy.Decision // Predicted made a share of the whole prompt
 	// extra is decision time the simulated engine did not see (tokenization), added to the
 	// request's latencies.
 	extra time.Duration
-	// predicted is the share of the prompt the policy expected the engine to hold.
-	predicted float64
-	hasPred   bool
 }
 
 // simEngine is one engine and its wake bookkeeping.
@@ -144,9 +142,6 @@ type sim struct {
 	ideal    *bench.Ideal
 	// kv is the engines' KV-cache event feed, when a policy reads it.
 	kv *kvFeed
-	// predErr sums |predicted − served cached share| over predN requests.
-	predErr float64
-	predN   int
 }
 
 var _ Truth = (*sim)(nil)
@@ -181,6 +176,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		ideal:   bench.NewIdeal(cfg.Engine.BlockSize),
 	}
 	s.coll.Warmup = sched.Limits().Warmup
+	if cfg.Timeline > 0 {
+		s.coll.Timeline = &bench.Timeline{Bucket: cfg.Timeline}
+	}
 	if err := s.build(); err != nil {
 		return bench.Summary{}, err
 	}
@@ -201,8 +199,8 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread = s.spread()
 	sum.Decisions = s.decisions()
-	if s.predN > 0 {
-		sum.PredictionError = s.predErr / float64(s.predN)
+	if len(cfg.Failover) > 0 {
+		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
 	}
 	return sum, nil
 }
@@ -261,6 +259,7 @@ func (s *sim) start() {
 	for _, g := range s.gws {
 		g.schedule()
 	}
+	s.scheduleFailover()
 }
 
 // queueArrival queues the next open-loop session, if any.
@@ -320,6 +319,8 @@ func (s *sim) dispatch(ev event) {
 		if s.live() {
 			s.gws[ev.idx].evict()
 		}
+	case evWorker:
+		s.change(ev.idx)
 	}
 }
 
@@ -349,10 +350,12 @@ func (s *sim) sendTurn(a *active) {
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx,
-		predicted: gw.req.Decision.Predicted, hasPred: gw.req.Decision.HasPrediction}
+	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
 	if gw.kv != nil {
+		// precise_prefix predicts over the whole prompt, which it tokenized, and pays for that.
 		f.extra = gw.kv.takeCost()
+	} else {
+		f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
 	}
 	se := s.engines[idx]
 	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
@@ -415,10 +418,7 @@ func (s *sim) finish(ev engine.Event) {
 	rec := bench.Record{
 		Sent: f.sent, TTFT: ev.TTFT + f.extra, E2E: ev.At - f.sent + f.extra,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
-	}
-	if f.hasPred && ev.PromptTokens > 0 && f.sent >= s.coll.Warmup {
-		s.predErr += math.Abs(f.predicted - float64(ev.CachedTokens)/float64(ev.PromptTokens))
-		s.predN++
+		Worker: engineName(f.eng), Predicted: f.dec.Predicted, HasPrediction: f.dec.HasPrediction,
 	}
 	if ev.CompletionTokens > 1 {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)

@@ -107,10 +107,18 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	}
 	s.fwd = proxy.New(cfg.Proxy)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout}
+	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events
 	reg.Subscribe(func(e worker.Event) {
-		if e.Removed {
-			router.Forget(e.Worker.ID)
-			s.metrics.forgetWorker(e.Worker.ID)
+		if !e.Removed {
+			return
+		}
+		router.Forget(e.Worker.ID)
+		s.metrics.forgetWorker(e.Worker.ID)
+		view := reg.View()
+		for _, m := range e.Worker.Spec.Models {
+			if view.Pool(m) == nil {
+				s.metrics.forgetModel(m)
+			}
 		}
 	})
 	s.checker = s.newChecker()
