@@ -312,6 +312,18 @@ func (s *Service) handle(workerID string, m [][]byte) {
 	s.mu.Lock()
 	st := s.streams[src]
 	if st == nil {
+		n := 0
+		for o := range s.streams {
+			if o.Worker == src.Worker {
+				n++
+			}
+		}
+		if n >= maxSourcesPerWorker {
+			// A publisher inventing models or ranks: its new streams are dropped.
+			s.mu.Unlock()
+			s.unknown.Add(1)
+			return
+		}
 		st = &stream{}
 		s.streams[src] = st
 	}

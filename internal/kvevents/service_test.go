@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -248,8 +249,13 @@ func TestHostilePublisherIsBounded(t *testing.T) {
 		pub.Publish(batch(stored(hs, 0, false, 2, uint32(i*1000))))
 	}
 	r.wait(t, 50)
+	// A flood of invented models: streams past the per-worker bound are dropped.
+	for i := range 100 {
+		pub.pub.Send(ctx, [][]byte{[]byte(Topic("127.0.0.1:9005", fmt.Sprint("m", i))), seqBytes(0), {0x92, 0x00, 0x90}})
+	}
+	r.wait(t, 100)
 	st := r.svc.Stats()
-	if st.Malformed != 2 || st.Unknown != 1 || st.Index.Blocks > 100 || st.Index.Evicted == 0 {
+	if st.Malformed != 2 || st.Unknown != 1+100-(maxSourcesPerWorker-1) || st.Index.Blocks > 100 || st.Index.Evicted == 0 || st.Index.Sources > maxSourcesPerWorker {
 		t.Fatalf("stats %+v", st)
 	}
 }
