@@ -272,3 +272,22 @@ func TestTopicParsing(t *testing.T) {
 		}
 	}
 }
+
+// A dialed endpoint that reaches another worker's engine (a port shared by several engines on
+// one host): the topic names that engine, and its blocks are credited to it, not to the worker
+// whose endpoint was dialed.
+func TestTopicWinsOverTheDialedWorker(t *testing.T) {
+	r := newRig(t, Config{})
+	pub := newPub(t, PublisherConfig{Bind: "tcp://127.0.0.1:0", Topic: Topic("127.0.0.1:9102", "m")})
+	a := newWorker(t, "http://127.0.0.1:9101", map[string]string{EndpointLabel: "tcp://" + pub.Addr})
+	b := newWorker(t, "http://127.0.0.1:9102", nil)
+	r.svc.Track(a)
+	r.svc.Track(b)
+	waitSubs(t, pub)
+	pub.Publish(batch(stored([]uint64{1}, 0, false, 4, 1)))
+	r.wait(t, 1)
+	out, ok := r.match("m", prompt(4, 1, 1), a.ID, b.ID)
+	if !ok || out[0] != 0 || out[1] != 4 {
+		t.Fatalf("match %v %v: want the block on the worker the topic names", out, ok)
+	}
+}
