@@ -290,8 +290,8 @@ func benchProxyCost(b *testing.B, upstream string, kv, rp *proxyChild, body []by
 		name string
 		lat  []time.Duration
 	}{{"kvgate", kvp.lat}, {"rp", rpp.lat}} {
-		b.ReportMetric(float64((pct(p.lat, 50)-d50).Microseconds()), p.name+"-added-p50-us")
-		b.ReportMetric(float64((pct(p.lat, 99)-d99).Microseconds()), p.name+"-added-p99-us")
+		b.ReportMetric(float64((pct(p.lat, 50) - d50).Microseconds()), p.name+"-added-p50-us")
+		b.ReportMetric(float64((pct(p.lat, 99) - d99).Microseconds()), p.name+"-added-p99-us")
 	}
 	b.ReportMetric(float64(d50.Microseconds()), "direct-p50-us")
 	if kvp.fails+rpp.fails+direct.fails > 0 {
