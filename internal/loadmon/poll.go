@@ -73,6 +73,9 @@ var reqPaths = [nReqKinds]string{reqLoads: "/v1/loads?include=core", reqMetrics:
 
 // newPollState prepares w's requests; raw selects the raw client for a plain-http worker.
 func newPollState(w *worker.Worker, raw bool) *pollState {
+	// A key that is not a valid header value is never written raw; net/http refuses to send it,
+	// so the worker's polls fail instead of carrying what the key would inject.
+	raw = raw && worker.ValidAPIKey(w.Spec.APIKey) == nil
 	st := &pollState{w: w, raw: raw && w.URL.Scheme == "http", addr: w.URL.Host}
 	if w.URL.Port() == "" {
 		st.addr = net.JoinHostPort(w.URL.Hostname(), "80")
