@@ -80,10 +80,10 @@ func NewClient() *http.Client {
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     90 * time.Second,
 		// A 28 KB /metrics page in one or two reads instead of seven 4 KiB ones; a GET needs
-		// no large write buffer; no gzip to undo (the raw client asks for none either).
-		ReadBufferSize:     64 << 10,
-		WriteBufferSize:    1 << 10,
-		DisableCompression: true,
+		// no large write buffer. Compression stays on: this client is also the fallback for
+		// workers that answer gzip.
+		ReadBufferSize:  64 << 10,
+		WriteBufferSize: 1 << 10,
 	}}
 }
 
