@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -98,6 +99,7 @@ func (s *sim) change(i int) {
 		for _, g := range s.gws {
 			w := g.workers[ch.Engine]
 			w.Drain()
+			g.cands = slices.DeleteFunc(slices.Clone(g.candidates()), func(x *worker.Worker) bool { return x == w })
 			if f, ok := g.pol.(policy.Forgetter); ok {
 				f.Forget(w.ID)
 			}
@@ -122,10 +124,19 @@ func (g *gateway) addWorker(idx int) {
 		return // a well-formed URL
 	}
 	w.SetHealth(worker.Ready)
+	g.cands = append(slices.Clone(g.candidates()), w)
 	g.workers = append(g.workers, w)
 	g.index[w] = idx
 	g.reports = append(g.reports, loadmon.Report{})
 	g.polled = append(g.polled, false)
+}
+
+// candidates returns the workers the policy chooses among now.
+func (g *gateway) candidates() []*worker.Worker {
+	if g.cands != nil {
+		return g.cands
+	}
+	return g.workers
 }
 
 // recoveries analyses a timeline around each worker change of cfg: the span of a change runs
@@ -172,5 +183,6 @@ func (x *Experiment) compareUndisturbed(ctx context.Context, c Config, a bench.A
 		return fmt.Errorf("%s undisturbed: %w", c.Label(), err)
 	}
 	s.Recoveries = recoveries(c, x.Limits.Warmup, s.Timeline, base.Timeline)
+	s.Undisturbed = base.Timeline
 	return nil
 }
