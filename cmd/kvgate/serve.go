@@ -257,16 +257,8 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	gw.Start(bg) // health checks follow the registry from here on
 	defer gw.Stop()
 	if mon != nil {
-		// Polling runs whenever any load-aware policy exists: the default, the pools', or one
-		// a worker registered later names in its policy label.
-		if router.LoadAware() || anyLoadAware(o) {
-			mon.Start(bg)
-		}
-		reg.Subscribe(func(e worker.Event) {
-			if !e.Removed && policy.LoadAware(e.Worker.Label(policy.PolicyLabel)) {
-				mon.Start(bg)
-			}
-		})
+		// Polling starts once any load-aware policy exists: the router says so when it builds one.
+		mon.StartOnNeed(bg)
 	}
 
 	if len(o.workerURLs)+len(o.prefillURLs)+len(o.decodeURLs) == 0 {
@@ -289,14 +281,10 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	for _, a := range regs {
 		wg.Add(1)
 		first.Add(1)
-		go func() { defer wg.Done(); registerUntilDone(bg, gw, a, log, first.Done) }()
+		go func() { defer wg.Done(); gw.RegisterUntilDone(bg, a, first.Done) }()
 	}
 	first.Wait()
 	return listenAndServe(ctx, o, gw, log, ready)
-}
-
-func anyLoadAware(o *serveOptions) bool {
-	return policy.LoadAware(o.prefillPolicy) || policy.LoadAware(o.decodePolicy)
 }
 
 // registrations turns the worker flags into admin-API registrations.
@@ -335,37 +323,6 @@ func policyLabel(name string) map[string]string {
 		return nil
 	}
 	return map[string]string{policy.PolicyLabel: name}
-}
-
-// registerUntilDone registers a configured worker, retrying while it is unreachable (it may
-// still be starting) until ctx ends.
-func registerUntilDone(ctx context.Context, gw *gateway.Server, a gateway.AddWorkerRequest, log *slog.Logger, tried func()) {
-	backoff := 500 * time.Millisecond
-	tried = sync.OnceFunc(tried)
-	defer tried()
-	for warned := false; ; {
-		_, err := gw.Register(ctx, a)
-		var re *gateway.RegisterError
-		if err == nil || !errors.As(err, &re) || re.Status != http.StatusBadGateway {
-			if err != nil {
-				log.Error("worker not registered", "url", a.URL, "err", err)
-			}
-			return
-		}
-		if !warned {
-			log.Warn("worker unreachable; retrying until it answers", "url", a.URL, "err", err)
-			warned = true
-			tried()
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 10*time.Second)
-	}
 }
 
 // listenAndServe runs the API and metrics servers until ctx ends, then shuts them down: new

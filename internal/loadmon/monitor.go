@@ -38,6 +38,9 @@ type Monitor struct {
 	runMu  sync.Mutex
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// armed is the context StartOnNeed gave, until Stop; needed records a Need.
+	armed  context.Context
+	needed bool
 }
 
 // New returns a Monitor of reg's workers. Zero fields of cfg take their defaults; New panics if
@@ -63,11 +66,39 @@ func (m *Monitor) Config() Config { return m.cfg }
 func (m *Monitor) Start(ctx context.Context) {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
+	m.startLocked(ctx)
+}
+
+func (m *Monitor) startLocked(ctx context.Context) {
 	if m.cancel != nil {
 		return
 	}
 	ctx, m.cancel = context.WithCancel(ctx)
 	m.wg.Go(func() { m.run(ctx) })
+}
+
+// StartOnNeed arms the monitor: polling starts under ctx at the first Need, or at once if a
+// policy already needed it. Polling costs every worker a request per interval, so a gateway
+// whose policies never read load never polls.
+func (m *Monitor) StartOnNeed(ctx context.Context) {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.armed = ctx
+	if m.needed {
+		m.startLocked(ctx)
+	}
+}
+
+// Need says a policy reads this monitor's load (policy.LazyLoads): the policy router calls it
+// whenever it builds a load-aware policy, whether from the default name, a worker's policy label
+// or a disaggregated pool's policy. It starts polling if StartOnNeed armed the monitor.
+func (m *Monitor) Need() {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.needed = true
+	if m.armed != nil {
+		m.startLocked(m.armed)
+	}
 }
 
 // Stop stops the poll loop, cancels the polls in flight, waits until every goroutine of the
@@ -76,6 +107,7 @@ func (m *Monitor) Start(ctx context.Context) {
 func (m *Monitor) Stop() {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
+	m.armed = nil
 	if m.cancel != nil {
 		m.cancel()
 		m.wg.Wait()
