@@ -342,6 +342,7 @@ type fleetFlags struct {
 	treeSize     int
 	sticky       bool
 	stickyPlace  string
+	kvEvents     fleet.KVEvents
 
 	sweep      bool
 	slo        time.Duration
@@ -378,6 +379,9 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
 	fs.BoolVar(&ff.sticky, "sticky-sessions", false, "fleet policy: wrap every policy in sticky sessions (keyed by the session)")
 	fs.StringVar(&ff.stickyPlace, "sticky-placement", policy.PlaceHash, "fleet policy: where a new sticky session goes: hash or policy")
+	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
+	fs.DurationVar(&ff.kvEvents.TokenizeBase, "tokenize-base", time.Millisecond, "fleet precise_prefix: fixed cost of one tokenization (added to the request's TTFT)")
+	fs.Float64Var(&ff.kvEvents.TokenizeTPS, "tokenize-tps", 2e6, "fleet precise_prefix: tokenizer speed in tokens per second")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
@@ -401,6 +405,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
 		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
 		Failover: ff.failover, Timeline: ff.timeline,
+		KVEvents: ff.kvEvents,
 	}
 	if ff.engines < 1 {
 		return nil, fmt.Errorf("--engines %d must be at least 1", ff.engines)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -112,6 +113,9 @@ func (s *sim) change(i int) {
 	}
 	s.engines = append(s.engines, &simEngine{e: e})
 	idx := len(s.engines) - 1
+	if s.kv != nil {
+		e.SetCacheObserver(engineEvents{s.kv, idx})
+	}
 	for _, g := range s.gws {
 		g.addWorker(idx)
 	}
@@ -127,6 +131,12 @@ func (g *gateway) addWorker(idx int) {
 	g.cands = append(slices.Clone(g.candidates()), w)
 	g.workers = append(g.workers, w)
 	g.index[w] = idx
+	if g.kv != nil {
+		// The replica subscribes to the new engine's events from its start, as to the others'.
+		src := kvevents.Source{Worker: w.ID, Model: simModel}
+		g.kv.srcs = append(g.kv.srcs, src)
+		g.kv.idx.Expect(src)
+	}
 	g.reports = append(g.reports, loadmon.Report{})
 	g.polled = append(g.polled, false)
 }

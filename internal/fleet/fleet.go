@@ -89,6 +89,8 @@ type Config struct {
 	Failover []WorkerChange
 	// Timeline, when positive, windows the run by send time (Summary.Timeline) with this width.
 	Timeline time.Duration
+	// KVEvents configures the engines' KV-cache events that precise_prefix reads.
+	KVEvents KVEvents
 }
 
 // DefaultConfig returns the defaults: 8 engines, 1 gateway, cache_aware on effective load, 1 s
@@ -154,6 +156,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Engine.Validate(); err != nil {
 		return fmt.Errorf("fleet: %w", err)
+	}
+	if err := c.KVEvents.Validate(); err != nil {
+		return err
 	}
 	return validateFailover(c)
 }

@@ -34,6 +34,8 @@ type gateway struct {
 	// cands are the workers the policy chooses among once a worker change happened (the
 	// registry's view: a removed worker is no candidate); nil means workers.
 	cands []*worker.Worker
+	// kv is this replica's KV-cache event index and tokenizer, for precise_prefix.
+	kv *replicaKV
 }
 
 var _ policy.Loads = (*gateway)(nil)
@@ -66,6 +68,10 @@ func newGateway(s *sim, g int) (*gateway, error) {
 		gw.pol = NewOracle(s, gw.engineOf)
 		gw.fullText = true
 	} else {
+		if s.kv != nil {
+			gw.kv = newReplicaKV(gw, s.kv)
+			pc.KV = gw.kv
+		}
 		pol, err := policy.New(s.cfg.Policy, pc)
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %w", err)
@@ -96,6 +102,10 @@ func (g *gateway) schedule() {
 
 // pick asks the policy for a worker for text and returns it with its engine index.
 func (g *gateway) pick(text, key string) (*worker.Worker, int) {
+	if g.kv != nil {
+		// precise_prefix tokenizes the whole prompt, as it does a chat request's messages.
+		g.kv.prompt = text
+	}
 	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}

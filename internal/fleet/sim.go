@@ -105,6 +105,9 @@ type flight struct {
 	sent    time.Duration
 	eng     int
 	dec     policy.Decision // Predicted made a share of the whole prompt
+	// extra is decision time the simulated engine did not see (tokenization), added to the
+	// request's latencies.
+	extra time.Duration
 }
 
 // simEngine is one engine and its wake bookkeeping.
@@ -137,6 +140,8 @@ type sim struct {
 	evs      []engine.Event
 	noWorker int
 	ideal    *bench.Ideal
+	// kv is the engines' KV-cache event feed, when a policy reads it.
+	kv *kvFeed
 }
 
 var _ Truth = (*sim)(nil)
@@ -209,6 +214,9 @@ func (s *sim) build() error {
 			return fmt.Errorf("fleet: %w", err)
 		}
 		s.engines[i] = &simEngine{e: e}
+	}
+	if usesEvents(s.cfg.Policy) {
+		s.kv = newKVFeed(s)
 	}
 	s.gws = make([]*gateway, s.cfg.Gateways)
 	for g := range s.gws {
@@ -343,7 +351,12 @@ func (s *sim) sendTurn(a *active) {
 	id := s.nextID
 	s.nextID++
 	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
-	f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
+	if gw.kv != nil {
+		// precise_prefix predicts over the whole prompt, which it tokenized, and pays for that.
+		f.extra = gw.kv.takeCost()
+	} else {
+		f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
+	}
 	se := s.engines[idx]
 	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
 		f.release()
@@ -403,7 +416,7 @@ func (s *sim) finish(ev engine.Event) {
 	delete(s.flights, ev.ID)
 	f.release()
 	rec := bench.Record{
-		Sent: f.sent, TTFT: ev.TTFT, E2E: ev.At - f.sent,
+		Sent: f.sent, TTFT: ev.TTFT + f.extra, E2E: ev.At - f.sent + f.extra,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
 		Worker: engineName(f.eng), Predicted: f.dec.Predicted, HasPrediction: f.dec.HasPrediction,
 	}
