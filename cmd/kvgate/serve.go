@@ -137,6 +137,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (x-kvgate-routing-key, x-session-id or x-user-id header, else the body's user) on one worker until it saturates, around any policy")
 	fs.DurationVar(&p.Sticky.TTL, "sticky-session-ttl", p.Sticky.TTL, "sticky sessions: how long a silent session stays bound")
 	fs.IntVar(&p.Sticky.MaxSessions, "sticky-max-sessions", p.Sticky.MaxSessions, "sticky sessions: sessions kept per model (least recently used dropped past it)")
+	fs.StringVar(&p.Sticky.Placement, "sticky-placement", policy.PlaceHash, "sticky sessions: where a new session goes: hash (rendezvous order of its key; replicas agree) or policy (the routing policy's choice)")
 	fs.Float64Var(&p.Sticky.QueueRatio, "sticky-queue-ratio", p.Sticky.QueueRatio, "sticky sessions: a worker whose engine queues more than this share of its running batch is saturated")
 	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to responses (every data-plane client sees them)")
 	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
