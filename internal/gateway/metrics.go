@@ -150,13 +150,14 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	for model, p := range c.router.Policies() {
-		if d, ok := p.(interface{ Decisions() map[string]uint64 }); ok {
+	for _, pp := range c.router.Policies() {
+		p, model := pp.Policy, pp.Label()
+		if d, ok := p.(policy.DecisionReporter); ok {
 			for branch, n := range d.Decisions() {
 				ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(n), p.Name(), model, branch)
 			}
 		}
-		if t, ok := p.(interface{ TreeSizes() map[string]int64 }); ok {
+		if t, ok := p.(policy.TreeReporter); ok {
 			for wid, n := range t.TreeSizes() {
 				ch <- prometheus.MustNewConstMetric(descTree, prometheus.GaugeValue, float64(n), p.Name(), model, wid)
 			}

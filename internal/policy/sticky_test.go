@@ -268,8 +268,8 @@ func TestStickyPerModelAndPrediction(t *testing.T) {
 		t.Fatal("sticky sessions read load; the router must say so")
 	}
 	ws := cahWorkers(t, 4)
-	pa, _ := r.For("a", nil)
-	pb, _ := r.For("b", nil)
+	pa, _ := r.For("a", worker.Regular)
+	pb, _ := r.For("b", worker.Regular)
 	if pa == pb {
 		t.Fatal("two models share one policy")
 	}
