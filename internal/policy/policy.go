@@ -19,6 +19,11 @@ type Request struct {
 	// Key is the session routing key: the x-kvgate-routing-key header, else another identity
 	// header (x-session-id, x-user-id), else the body's "user" field, else "".
 	Key string
+	// Chat is set for chat completions, whose prompt is the body's messages.
+	Chat bool
+	// Body is the raw request body, read-only; nil when the caller has none. Precise routing
+	// sends a chat request's messages to the engine's tokenizer from it.
+	Body []byte
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.
@@ -94,4 +99,16 @@ func Choose(p Policy, candidates []*worker.Worker, req *Request) *worker.Worker 
 		req.Decision.Worker = w.ID
 	}
 	return w
+}
+
+// PromptShare turns a prediction about the routing text (the first routed bytes of a prompt of
+// total bytes) into one about the whole prompt. A match that ends inside the routed text says
+// the rest is not cached: the share scales down by routed/total. A match of all of it says
+// nothing about the rest; the policy routed on the assumption that it follows, so the
+// prediction stays as it is.
+func PromptShare(predicted float64, routed, total int) float64 {
+	if total <= routed || routed <= 0 || predicted >= 1 {
+		return predicted
+	}
+	return predicted * float64(routed) / float64(total)
 }
