@@ -1,6 +1,7 @@
 package loadmon
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"net"
@@ -79,26 +80,21 @@ func NewClient() *http.Client {
 		MaxIdleConns:        0, // no global cap: one idle connection per worker is the point
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     90 * time.Second,
+		// A 28 KB /metrics page in one or two reads instead of seven 4 KiB ones; a GET needs
+		// no large write buffer. Compression stays on: this client is also the fallback for
+		// workers that answer gzip.
+		ReadBufferSize:  64 << 10,
+		WriteBufferSize: 1 << 10,
 	}}
 }
 
 // withDurations replaces zero durations and sizes by their defaults.
 func (c Config) withDurations() Config {
-	if c.Interval == 0 {
-		c.Interval = time.Second
-	}
-	if c.Timeout == 0 {
-		c.Timeout = max(min(500*time.Millisecond, c.Interval/2), time.Millisecond)
-	}
-	if c.StaleAfter == 0 {
-		c.StaleAfter = 3 * c.Interval
-	}
-	if c.MaxBody == 0 {
-		c.MaxBody = 4 << 20
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 64
-	}
+	c.Interval = cmp.Or(c.Interval, time.Second)
+	c.Timeout = cmp.Or(c.Timeout, max(min(500*time.Millisecond, c.Interval/2), time.Millisecond))
+	c.StaleAfter = cmp.Or(c.StaleAfter, 3*c.Interval)
+	c.MaxBody = cmp.Or(c.MaxBody, 4<<20)
+	c.Concurrency = cmp.Or(c.Concurrency, 64)
 	return c
 }
 

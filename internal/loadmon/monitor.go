@@ -3,7 +3,9 @@ package loadmon
 import (
 	"context"
 	"fmt"
+	"iter"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -346,14 +348,35 @@ func (m *Monitor) publish(view *worker.View, targets []*pollState, results []res
 
 // setReplicas stamps every entry of a round with the round's replica estimate.
 func setReplicas(entries map[string]Entry) {
-	var backlog, local int64
-	for _, e := range entries {
-		backlog = satAdd(backlog, e.Report.Backlog())
-		local = satAdd(local, e.Report.InflightAtPoll)
-	}
-	r := EstimateReplicas(backlog, local)
+	r := roundEstimate(func(yield func(Report) bool) {
+		for _, e := range entries {
+			if !yield(e.Report) {
+				return
+			}
+		}
+	})
 	for id, e := range entries {
 		e.Report.Replicas = r
 		entries[id] = e
 	}
+}
+
+// StampReplicas sets every report of one polling round to the round's replica estimate, as the
+// monitor does for each snapshot. The fleet simulator calls it on its own rounds.
+func StampReplicas(round []Report) {
+	r := roundEstimate(slices.Values(round))
+	for i := range round {
+		round[i].Replicas = r
+	}
+}
+
+// roundEstimate is EstimateReplicas over one round's sums of reported backlog and of this
+// gateway's in-flight counts at the polls.
+func roundEstimate(round iter.Seq[Report]) float64 {
+	var backlog, local int64
+	for r := range round {
+		backlog = satAdd(backlog, r.Backlog())
+		local = satAdd(local, r.InflightAtPoll)
+	}
+	return EstimateReplicas(backlog, local)
 }

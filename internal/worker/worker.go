@@ -150,10 +150,25 @@ func IDFor(u *url.URL) string {
 	return hex.EncodeToString(sum[:6])
 }
 
+// ValidAPIKey reports whether key can be sent as a bearer token: printable ASCII only. A CR or
+// LF would end the header line and let the key's owner write headers of their own into every
+// request to the worker.
+func ValidAPIKey(key string) error {
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("invalid api_key: byte %d is not printable ASCII", i)
+		}
+	}
+	return nil
+}
+
 // New creates a worker in the Pending state from spec, with breaker settings bc.
 func New(spec Spec, bc BreakerConfig) (*Worker, error) {
 	u, err := ParseURL(spec.URL)
 	if err != nil {
+		return nil, err
+	}
+	if err := ValidAPIKey(spec.APIKey); err != nil {
 		return nil, err
 	}
 	spec.URL = u.String()
@@ -177,8 +192,9 @@ func (w *Worker) Inflight() int64 { return w.inflight.Load() }
 // Processed returns the number of requests this gateway has finished on w (any outcome).
 func (w *Worker) Processed() int64 { return w.processed.Load() }
 
-// Acquire counts one request in flight. Call it just before the upstream call and call the
-// returned release exactly once (it is idempotent) when the request ends for any reason.
+// Acquire counts one request in flight without the breaker: the fleet simulator's engines have no
+// breaker to settle. The request path uses Begin, whose lease settles both. Call it just before
+// the request is sent and call the returned release (idempotent) when it ends for any reason.
 func (w *Worker) Acquire() (release func()) {
 	w.inflight.Add(1)
 	var done atomic.Bool
@@ -220,13 +236,3 @@ func (w *Worker) SetRuntime(r string) { w.runtime.Store(&r) }
 
 // Label returns the value of label k, or "".
 func (w *Worker) Label(k string) string { return w.Spec.Labels[k] }
-
-// Serves reports whether w serves model.
-func (w *Worker) Serves(model string) bool {
-	for _, m := range w.Spec.Models {
-		if m == model {
-			return true
-		}
-	}
-	return false
-}
