@@ -25,6 +25,12 @@ type benchFlags struct {
 	// Workload and arrivals, shared by both instruments.
 	workload    string
 	trace       string
+	traceFormat string
+	blockTokens int
+	timeScale   float64
+	from, to    time.Duration
+	traceOut    string
+	gen         bench.MooncakeGen
 	seed        uint64
 	rate        float64
 	concurrency int
@@ -40,6 +46,12 @@ type benchFlags struct {
 	out    string
 	asJSON bool
 	label  string
+
+	// Worker changes during the run, and the timeline that shows them.
+	failover string
+	timeline time.Duration
+	admin    string
+	changes  []bench.Change
 
 	// Live driver.
 	target        string
@@ -69,7 +81,22 @@ against a simulated fleet of gateways and engines running the real policy and en
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
-	fs.StringVar(&f.trace, "trace", "", "JSONL trace to replay (implies --workload trace)")
+	fs.StringVar(&f.trace, "trace", "", "trace file to replay (implies --workload trace)")
+	fs.StringVar(&f.traceFormat, "trace-format", "jsonl", "trace file format: jsonl (kvgate's) or mooncake (FAST'25: timestamp, input_length, output_length, hash_ids)")
+	fs.IntVar(&f.blockTokens, "block-tokens", 512, "mooncake: tokens per hash id")
+	fs.Float64Var(&f.timeScale, "time-scale", 1, "mooncake: multiply the trace's arrival times (0.5 replays twice as fast)")
+	fs.DurationVar(&f.from, "from", 0, "mooncake: replay the trace from this offset (trace time)")
+	fs.DurationVar(&f.to, "to", 0, "mooncake: replay the trace up to this offset (trace time; 0 = its end)")
+	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth: also write the generated trace to this file (Mooncake format)")
+	gd := bench.NewMooncakeGen(0)
+	f.gen = *gd
+	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth: length of the generated trace")
+	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "mooncake-synth: mean requests per second")
+	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "mooncake-synth: opening blocks every request shares")
+	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "mooncake-synth: mean unique tokens of a conversation's first prompt")
+	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "mooncake-synth: mean turns per conversation")
+	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "mooncake-synth: mean time between turns")
+	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "mooncake-synth: coefficient of variation of conversation inter-arrival gaps (1 = Poisson)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, arrivals and simulation")
 	fs.Float64Var(&f.rate, "rate", 0, "open loop: new sessions per second (Poisson)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "closed loop: sessions in progress")
@@ -92,6 +119,9 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "live: send ignore_eos so SGLang/vLLM generate exactly max_tokens")
 	fs.BoolVar(&f.sessionHeader, "session-header", true, "live: send each session's key as x-session-id")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "live: no progress bar")
+	fs.StringVar(&f.failover, "failover", "", "worker changes during the run, comma-separated: remove[:WHICH]@TIME, add[:URL]@TIME (fleet: WHICH is an engine index, add makes a new engine; live: WHICH is an index by URL order or a URL, and add needs the URL; uses --admin)")
+	fs.DurationVar(&f.timeline, "timeline", 0, "window the run by send time with this width: hit rate and TTFT over time, in the report and as charts (default 5s with --failover)")
+	fs.StringVar(&f.admin, "admin", "", "live failover: the gateway's admin base URL (key from $KVGATE_BENCH_ADMIN_KEY)")
 	f.fleet.register(fs)
 	return fs
 }
@@ -123,6 +153,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("bench: %w", err)
 	}
 	rep := &bench.Report{Command: "kvgate bench " + strings.Join(args, " ")}
+	if f.changes, err = bench.ParseChanges(f.failover); err != nil {
+		return fmt.Errorf("bench: --failover: %w", err)
+	}
+	if f.timeline == 0 && len(f.changes) > 0 {
+		f.timeline = 5 * time.Second
+	}
+	if f.timeline < 0 {
+		return errors.New("bench: --timeline must be >= 0")
+	}
+	f.fleet.timeline = f.timeline
+	if f.fleet.failover, err = fleet.FromChanges(f.changes); f.fleet.on && err != nil {
+		return fmt.Errorf("bench: --failover: %w", err)
+	}
 	if f.target != "" {
 		err = f.runLive(ctx, w, arr, lim, rep, stderr)
 	} else {
@@ -139,11 +182,32 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 	if f.prefixes < 0 || f.prefixWords < 0 || f.outTokens < 0 {
 		return nil, errors.New("--prefixes, --prefix-words and --output-tokens must be >= 0")
 	}
+	mopt := bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed}
 	if f.trace != "" {
 		if f.workload != "shared-prefix" && f.workload != "trace" {
 			return nil, fmt.Errorf("--trace replays a trace; it cannot be combined with --workload %s", f.workload)
 		}
-		return bench.LoadTrace(f.trace, f.seed)
+		switch f.traceFormat {
+		case "jsonl", "":
+			return bench.LoadTrace(f.trace, f.seed)
+		case "mooncake":
+			return bench.LoadMooncake(f.trace, mopt)
+		}
+		return nil, fmt.Errorf("--trace-format %q: want jsonl or mooncake", f.traceFormat)
+	}
+	if f.workload == "mooncake-synth" {
+		g := f.gen
+		g.Seed, g.BlockTokens = f.seed, f.blockTokens
+		es, err := g.Generate()
+		if err != nil {
+			return nil, fmt.Errorf("mooncake-synth: %w", err)
+		}
+		if f.traceOut != "" {
+			if err := writeMooncake(f.traceOut, es); err != nil {
+				return nil, err
+			}
+		}
+		return bench.NewMooncake(es, mopt)
 	}
 	w, err := bench.NewWorkload(f.workload, f.seed)
 	if err != nil {
@@ -176,6 +240,22 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 	return w, nil
 }
 
+// writeMooncake writes a generated trace to path.
+func writeMooncake(path string, es []bench.MooncakeEntry) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--trace-out: %w", err)
+	}
+	werr := bench.WriteMooncake(fh, es)
+	if cerr := fh.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		return fmt.Errorf("--trace-out: %w", werr)
+	}
+	return nil
+}
+
 // runLive drives the workload against f.target.
 func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Arrivals, lim bench.Limits, rep *bench.Report, stderr io.Writer) error {
 	sched, err := bench.NewSchedule(w, arr, lim, f.seed)
@@ -189,6 +269,7 @@ func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Ar
 	cfg := bench.LiveConfig{
 		Target: f.target, Model: f.model, APIKey: key, API: f.api, Timeout: f.timeout,
 		MaxInflight: f.maxInflight, IgnoreEOS: f.ignoreEOS, SessionHeader: f.sessionHeader,
+		Timeline: f.timeline, Failover: f.changes, Admin: f.admin, AdminKey: os.Getenv("KVGATE_BENCH_ADMIN_KEY"),
 	}
 	if !f.noProgress {
 		cfg.Progress = stderr
@@ -209,7 +290,10 @@ func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Ar
 		if err := os.MkdirAll(f.out, 0o755); err != nil {
 			return err
 		}
-		return bench.TTFTCDF("TTFT CDF: "+w.Name(), rep.Rows).SavePNG(filepath.Join(f.out, "ttft-cdf.png"))
+		if err := bench.TTFTCDF("TTFT CDF: "+w.Name(), rep.Rows).SavePNG(filepath.Join(f.out, "ttft-cdf.png")); err != nil {
+			return err
+		}
+		return saveTimelines(f.out, w.Name(), rep.Rows)
 	}
 	return nil
 }
@@ -256,12 +340,18 @@ type fleetFlags struct {
 	balanceAbs   int64
 	balanceRel   float64
 	treeSize     int
+	sticky       bool
+	kvEvents     fleet.KVEvents
 
 	sweep      bool
 	slo        time.Duration
 	sweepLo    float64
 	sweepHi    float64
 	sweepSteps int
+
+	// Set from the bench flags: the run's worker changes and timeline window.
+	failover []fleet.WorkerChange
+	timeline time.Duration
 }
 
 func (ff *fleetFlags) register(fs *flag.FlagSet) {
@@ -270,7 +360,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&ff.on, "fleet", false, "simulate a fleet in virtual time instead of driving a live target")
 	fs.IntVar(&ff.engines, "engines", 8, "fleet: number of engines")
 	fs.StringVar(&ff.gateways, "gateways", "1", "fleet: comma-separated gateway replica counts, one run each (e.g. 1,2,4,8)")
-	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+")")
+	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+"); oracle is the simulator's exact-knowledge bound")
 	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (effective, local, snapshot, max)")
 	fs.StringVar(&ff.spread, "spread", "uniform", "fleet: how requests reach gateways: uniform or session")
 	fs.DurationVar(&ff.pollInterval, "poll-interval", time.Second, "fleet: load monitor interval")
@@ -286,6 +376,10 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
 	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
 	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
+	fs.BoolVar(&ff.sticky, "sticky-sessions", false, "fleet policy: wrap every policy in sticky sessions (keyed by the session)")
+	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
+	fs.DurationVar(&ff.kvEvents.TokenizeBase, "tokenize-base", time.Millisecond, "fleet precise_prefix: fixed cost of one tokenization (added to the request's TTFT)")
+	fs.Float64Var(&ff.kvEvents.TokenizeTPS, "tokenize-tps", 2e6, "fleet precise_prefix: tokenizer speed in tokens per second")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
@@ -304,9 +398,12 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
 	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
 	pc.CacheAware.MaxTreeSize = ff.treeSize
+	pc.Sticky.Enabled = ff.sticky
 	x.Base = fleet.Config{
 		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
 		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
+		Failover: ff.failover, Timeline: ff.timeline,
+		KVEvents: ff.kvEvents,
 	}
 	if ff.engines < 1 {
 		return nil, fmt.Errorf("--engines %d must be at least 1", ff.engines)
@@ -319,7 +416,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 			x.Policies = append(x.Policies, policy.Names()...)
 			continue
 		}
-		if _, err := policy.Canonical(p); err != nil {
+		if _, err := policy.Canonical(p); err != nil && !strings.EqualFold(p, fleet.OraclePolicy) {
 			return nil, fmt.Errorf("--policies: %w", err)
 		}
 		x.Policies = append(x.Policies, p)
@@ -394,6 +491,20 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	_, err = fleet.Charts(out, w.Name(), rep.Rows, rep.Sweeps)
-	return err
+	if _, err = fleet.Charts(out, w.Name(), rep.Rows, rep.Sweeps); err != nil {
+		return err
+	}
+	return saveTimelines(out, w.Name(), rep.Rows)
+}
+
+// saveTimelines writes the hit-rate and TTFT-p99 timelines of rows that have one.
+func saveTimelines(dir, title string, rows []bench.Summary) error {
+	hit, p99 := bench.TimelineCharts(title, rows)
+	if len(hit.Series) == 0 {
+		return nil
+	}
+	if err := hit.SavePNG(filepath.Join(dir, "timeline-hit.png")); err != nil {
+		return err
+	}
+	return p99.SavePNG(filepath.Join(dir, "timeline-p99.png"))
 }

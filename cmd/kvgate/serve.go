@@ -43,6 +43,7 @@ type serveOptions struct {
 	gw              gateway.Config
 	pol             policy.Config
 	disc            discoveryOptions
+	kv              kvEventOptions
 }
 
 // listFlag collects URLs given space- or comma-separated, over one or more uses of the flag.
@@ -110,6 +111,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&g.Proxy.Retry.InitialBackoff, "retry-initial-backoff", g.Proxy.Retry.InitialBackoff, "wait before the first retry")
 	fs.DurationVar(&g.Proxy.Retry.MaxBackoff, "retry-max-backoff", g.Proxy.Retry.MaxBackoff, "longest wait between attempts")
 	fs.Float64Var(&g.Proxy.Retry.Multiplier, "retry-backoff-multiplier", g.Proxy.Retry.Multiplier, "backoff growth per attempt")
+	fs.Var(&g.Proxy.Retry.On, "retry-on", "failed outcomes retried on another worker: connect, 429, 503, 5xx, timeout, reset, or none (the default retries only where the engine cannot have started work)")
 	fs.Float64Var(&g.Proxy.Retry.Jitter, "retry-jitter", g.Proxy.Retry.Jitter, "± fraction of jitter on each wait, below 1 (negative = none)")
 	fs.IntVar(&g.Breaker.FailureThreshold, "cb-failure-threshold", g.Breaker.FailureThreshold, "consecutive failures that open a worker's circuit")
 	fs.IntVar(&g.Breaker.SuccessThreshold, "cb-success-threshold", g.Breaker.SuccessThreshold, "half-open successes that close it")
@@ -133,12 +135,18 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&ca.MaxTreeSize, "max-tree-size", ca.MaxTreeSize, "cache_aware: characters kept per worker per model")
 	fs.IntVar(&p.PrefixHash.PrefixChars, "prefix-chars", p.PrefixHash.PrefixChars, "prefix_hash: leading characters hashed")
 	fs.Float64Var(&p.PrefixHash.LoadFactor, "prefix-hash-load-factor", p.PrefixHash.LoadFactor, "prefix_hash: load over mean at which a key moves on")
+	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (x-kvgate-routing-key, x-session-id or x-user-id header, else the body's user) on one worker until it saturates, around any policy")
+	fs.DurationVar(&p.Sticky.TTL, "sticky-session-ttl", p.Sticky.TTL, "sticky sessions: how long a silent session stays bound")
+	fs.IntVar(&p.Sticky.MaxSessions, "sticky-max-sessions", p.Sticky.MaxSessions, "sticky sessions: sessions kept per model (least recently used dropped past it)")
+	fs.Float64Var(&p.Sticky.QueueRatio, "sticky-queue-ratio", p.Sticky.QueueRatio, "sticky sessions: a worker whose engine queues more than this share of its running batch is saturated")
+	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to responses (every data-plane client sees them)")
 	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
 	fs.DurationVar(&o.loadMon.Timeout, "load-monitor-timeout", 0, "bound on one load poll (0 = min(500ms, interval/2))")
 	fs.StringVar(&o.loadMonMode, "load-mode", "scaled", "load the policies see: effective, scaled, local, snapshot or max")
 	fs.BoolVar(&o.loadMonDisabled, "disable-load-monitor", false, "route on this gateway's in-flight counts only")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
 	addDiscoveryFlags(fs, &o.disc)
+	registerKVEventFlags(fs, &o.kv)
 	return fs
 }
 
@@ -167,6 +175,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 		return nil, err
 	}
 	if err := o.pol.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.kv.validate(); err != nil {
 		return nil, err
 	}
 	if err := o.gw.Health.Validate(); err != nil {
@@ -222,12 +233,19 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		mon = loadmon.New(reg, o.loadMon)
 		o.pol.Loads, loads = mon, mon
 	}
+	kv, stopKV, err := startKVEvents(&o.kv, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopKV()
+	o.pol.KV = kv
 	router, err := policy.NewRouter(o.policyName, o.pol)
 	if err != nil {
 		return err
 	}
 	defer router.Close()
 	gw := gateway.New(o.gw, reg, router, loads)
+	registerKVEventMetrics(gw, kv)
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -241,16 +259,8 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	gw.Start(bg) // health checks follow the registry from here on
 	defer gw.Stop()
 	if mon != nil {
-		// Polling runs whenever any load-aware policy exists: the default, the pools', or one
-		// a worker registered later names in its policy label.
-		if router.LoadAware() || anyLoadAware(o) {
-			mon.Start(bg)
-		}
-		reg.Subscribe(func(e worker.Event) {
-			if !e.Removed && policy.LoadAware(e.Worker.Label(policy.PolicyLabel)) {
-				mon.Start(bg)
-			}
-		})
+		// Polling starts once any load-aware policy exists: the router says so when it builds one.
+		mon.StartOnNeed(bg)
 	}
 
 	if o.disc.enabled {
@@ -279,14 +289,10 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	for _, a := range regs {
 		wg.Add(1)
 		first.Add(1)
-		go func() { defer wg.Done(); registerUntilDone(bg, gw, a, log, first.Done) }()
+		go func() { defer wg.Done(); gw.RegisterUntilDone(bg, a, first.Done) }()
 	}
 	first.Wait()
 	return listenAndServe(ctx, o, gw, log, ready)
-}
-
-func anyLoadAware(o *serveOptions) bool {
-	return policy.LoadAware(o.prefillPolicy) || policy.LoadAware(o.decodePolicy)
 }
 
 // registrations turns the worker flags into admin-API registrations.
@@ -325,37 +331,6 @@ func policyLabel(name string) map[string]string {
 		return nil
 	}
 	return map[string]string{policy.PolicyLabel: name}
-}
-
-// registerUntilDone registers a configured worker, retrying while it is unreachable (it may
-// still be starting) until ctx ends.
-func registerUntilDone(ctx context.Context, gw *gateway.Server, a gateway.AddWorkerRequest, log *slog.Logger, tried func()) {
-	backoff := 500 * time.Millisecond
-	tried = sync.OnceFunc(tried)
-	defer tried()
-	for warned := false; ; {
-		_, err := gw.Register(ctx, a)
-		var re *gateway.RegisterError
-		if err == nil || !errors.As(err, &re) || re.Status != http.StatusBadGateway {
-			if err != nil {
-				log.Error("worker not registered", "url", a.URL, "err", err)
-			}
-			return
-		}
-		if !warned {
-			log.Warn("worker unreachable; retrying until it answers", "url", a.URL, "err", err)
-			warned = true
-			tried()
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 10*time.Second)
-	}
 }
 
 // listenAndServe runs the API and metrics servers until ctx ends, then shuts them down: new

@@ -24,6 +24,13 @@ type Record struct {
 	PromptTokens, CachedTokens, OutputTokens int
 	// Err is the failure; "" on success.
 	Err string
+	// Worker names the worker that answered, when known (fleet runs; live runs through a
+	// gateway with --audit-headers); "" otherwise.
+	Worker string
+	// Predicted is the share of the prompt the routing policy expected cached; meaningful when
+	// HasPrediction (fleet runs of policies with a prefix tree; live runs with audit headers).
+	Predicted     float64
+	HasPrediction bool
 }
 
 // Collector accumulates records into the figures of a Summary without keeping the records: a
@@ -40,10 +47,18 @@ type Collector struct {
 	output         int64
 	first, last    time.Duration
 	errKinds       map[string]int
+	predN          int
+	predAbs, predE float64
+
+	// Timeline, when set, also receives every record, warm-up included.
+	Timeline *Timeline
 }
 
 // Add accounts one finished request; end is its completion offset from the start of the run.
 func (c *Collector) Add(r Record) {
+	if c.Timeline != nil {
+		c.Timeline.Add(r)
+	}
 	if r.Sent < c.Warmup {
 		c.Skipped++
 		return
@@ -67,6 +82,12 @@ func (c *Collector) Add(r Record) {
 	c.prompt += int64(r.PromptTokens)
 	c.cached += int64(r.CachedTokens)
 	c.output += int64(r.OutputTokens)
+	if r.HasPrediction && r.PromptTokens > 0 {
+		e := r.Predicted - float64(r.CachedTokens)/float64(r.PromptTokens)
+		c.predN++
+		c.predAbs += math.Abs(e)
+		c.predE += e
+	}
 	c.ttft = append(c.ttft, ms(r.TTFT))
 	c.e2e = append(c.e2e, ms(r.E2E))
 	if r.OutputTokens > 1 {
@@ -122,6 +143,12 @@ type Summary struct {
 	// E2EP50 and E2EP99 are end-to-end latency percentiles.
 	E2EP50 float64 `json:"e2e_p50_ms"`
 	E2EP99 float64 `json:"e2e_p99_ms"`
+	// IdealHitRate is the workload's ideal hit rate (Ideal: one engine with an infinite cache
+	// sent the same requests in the same order); simulated runs only.
+	IdealHitRate float64 `json:"ideal_hit_rate,omitempty"`
+	// HitVsOracle and GoodputVsOracle are this row's hit rate (and goodput, in a sweep) as a
+	// fraction of the oracle's in the same grid at the same gateway count; 0 without an oracle row.
+	HitVsOracle float64 `json:"hit_vs_oracle,omitempty"`
 	// Spread is max/min over engines of the time-averaged backlog (running + waiting); 0 when
 	// unknown (live runs), +Inf is reported as -1 (an engine that was never loaded).
 	Spread float64 `json:"load_spread,omitempty"`
@@ -130,6 +157,16 @@ type Summary struct {
 	Decisions map[string]uint64 `json:"decisions,omitempty"`
 	// TTFTQuantiles holds TTFT at quantiles 0, 0.01, …, 1 (101 values) for CDF charts.
 	TTFTQuantiles []float64 `json:"ttft_quantiles_ms,omitempty"`
+	// Predicted counts the successful requests whose policy predicted a cached share;
+	// PredictionMAE is the mean absolute error of that prediction against the reported share
+	// (cached/prompt tokens), PredictionBias its mean signed error (positive: optimistic).
+	Predicted      int     `json:"predicted,omitempty"`
+	PredictionMAE  float64 `json:"prediction_mae,omitempty"`
+	PredictionBias float64 `json:"prediction_bias,omitempty"`
+	// Timeline is the run windowed by send time, when one was asked for.
+	Timeline []TimelinePoint `json:"timeline,omitempty"`
+	// Recoveries analyse the timeline around worker changes (fleet and live failover runs).
+	Recoveries []Recovery `json:"recoveries,omitempty"`
 }
 
 // Summarize turns the collected figures into a row labelled label.
@@ -149,6 +186,14 @@ func (c *Collector) Summarize(label string) Summary {
 	}
 	if c.prompt > 0 {
 		s.HitRate = round(float64(c.cached)/float64(c.prompt), 4)
+	}
+	if c.predN > 0 {
+		s.Predicted = c.predN
+		s.PredictionMAE = round(c.predAbs/float64(c.predN), 4)
+		s.PredictionBias = round(c.predE/float64(c.predN), 4)
+	}
+	if c.Timeline != nil {
+		s.Timeline = c.Timeline.Points()
 	}
 	s.TTFTMean, s.E2EMean = round(mean(c.ttft), 3), round(mean(c.e2e), 3)
 	slices.Sort(c.ttft)
@@ -227,14 +272,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Rows) > 0 {
 		b.WriteByte('\n')
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\t")
+		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tideal\t÷oracle\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\t")
 		for _, s := range r.Rows {
 			gw := "-"
 			if s.Gateways > 0 {
 				gw = fmt.Sprint(s.Gateways)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-				s.Label, gw, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				s.Label, gw, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate, fmtRatio(s.IdealHitRate), fmtRatio(s.HitVsOracle),
 				fmtMS(s.TTFTP50), fmtMS(s.TTFTP90), fmtMS(s.TTFTP99), fmtMS(s.ITLP50),
 				fmtMS(s.E2EP50), fmtMS(s.E2EP99), fmtSpread(s.Spread))
 		}
@@ -242,12 +287,15 @@ func (r *Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
+	if err := writeAccuracy(&b, r.Rows); err != nil {
+		return err
+	}
 	if len(r.Sweeps) > 0 {
 		b.WriteByte('\n')
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "policy\tSLO TTFT p99\tgoodput req/s\thit at goodput\tprobes\t")
+		fmt.Fprintln(tw, "policy\tSLO TTFT p99\tgoodput req/s\t÷oracle\thit at goodput\tprobes\t")
 		for _, s := range r.Sweeps {
-			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.3f\t%d\t\n", s.Label, fmtMS(s.SLOms), s.Goodput, s.HitRate, len(s.Points))
+			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%.3f\t%d\t\n", s.Label, fmtMS(s.SLOms), s.Goodput, fmtRatio(s.GoodputVsOracle), s.HitRate, len(s.Points))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -276,6 +324,14 @@ func fmtMS(v float64) string {
 	return fmt.Sprintf("%.2fms", v)
 }
 
+// fmtRatio formats a ratio, "-" when unknown (zero).
+func fmtRatio(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
+}
+
 func fmtSpread(v float64) string {
 	switch {
 	case v == 0:
@@ -284,4 +340,37 @@ func fmtSpread(v float64) string {
 		return "inf"
 	}
 	return fmt.Sprintf("%.2f", v)
+}
+
+// writeAccuracy writes the prediction-accuracy table and the failover recoveries of the rows
+// that have them.
+func writeAccuracy(b *strings.Builder, rows []Summary) error {
+	var pred, rec bool
+	for _, s := range rows {
+		pred = pred || s.Predicted > 0
+		rec = rec || len(s.Recoveries) > 0
+	}
+	if pred {
+		b.WriteString("\nprediction of the cached share (predicted − reported, per request)\n")
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "policy\tgw\tpredicted\tof ok\tMAE\tbias\t")
+		for _, s := range rows {
+			if s.Predicted == 0 {
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.3f\t%+.3f\t\n", s.Label, s.Gateways, s.Predicted, s.OK, s.PredictionMAE, s.PredictionBias)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if rec {
+		b.WriteString("\nfailover\n")
+		for _, s := range rows {
+			for _, r := range s.Recoveries {
+				fmt.Fprintf(b, "%s: %s\n", s.Label, r)
+			}
+		}
+	}
+	return nil
 }

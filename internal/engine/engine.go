@@ -150,8 +150,9 @@ type req struct {
 	computed  int
 	cached    int
 	pinned    []blockID
-	priv      int // private blocks held
-	uncached  int // this request's share of Load().WaitingUncachedTokens while waiting
+	toks      []uint32 // the prompt's tokens, kept only while a CacheObserver is set
+	priv      int      // private blocks held
+	uncached  int      // this request's share of Load().WaitingUncachedTokens while waiting
 }
 
 func (r *req) held() int { return len(r.pinned) + r.priv }
@@ -243,8 +244,16 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	} else {
 		keys = blockKeysText(keys, r.Text, bs)
 	}
+	toks := q.toks[:0]
+	if e.cache.obs != nil {
+		if r.Tokens != nil {
+			toks = append(toks, r.Tokens...)
+		} else {
+			toks = AppendTokens(toks, r.Text)
+		}
+	}
 	*q = req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
-		pinned: q.pinned[:0]}
+		pinned: q.pinned[:0], toks: toks}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()
@@ -316,6 +325,7 @@ func (e *Engine) Abort(now time.Duration, id uint64) bool {
 // the number of tokens dropped.
 func (e *Engine) FlushCache(now time.Duration) int {
 	e.advance(now, false)
+	e.cache.at = e.now
 	return e.cache.flush() * e.cfg.BlockSize
 }
 
@@ -398,3 +408,17 @@ func (e *Engine) retire(r *req) {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// CachedPrefix returns how many leading tokens of text would hit the prefix cache if a request
+// for it were admitted now: the engine's true longest cached prefix (whole blocks, at most the
+// prompt minus one token, as admission counts them). It changes nothing, not even LRU order.
+// It is what an oracle router with exact knowledge of the engine's cache would read.
+func (e *Engine) CachedPrefix(text string) int {
+	n := TokenCount(text)
+	if n == 0 {
+		return 0
+	}
+	var buf [256]uint64
+	m, _ := e.cache.match(blockKeysText(buf[:0], text, e.cfg.BlockSize))
+	return min(m*e.cfg.BlockSize, n-1)
+}

@@ -3,7 +3,6 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"time"
@@ -17,57 +16,95 @@ import (
 func (s *Server) inference(path string, kind routeKind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		status, model := s.serveInference(w, r, path, kind)
+		status, model, abort := s.serveInference(w, r, path, kind)
 		s.metrics.observeRequest(path, model, status, time.Since(start))
+		if abort {
+			// The client has a truncated body that nothing marks as such: cut the connection
+			// so it sees an error, now that every counter is settled.
+			panic(http.ErrAbortHandler)
+		}
 	})
 }
 
-// serveInference handles one request and returns the status the client saw and the resolved
-// model (a bounded label: "" for requests that named no served model).
-func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (int, string) {
+// serveInference handles one request and returns the status the client saw, the resolved model
+// (a bounded label: "" for requests that named no served model), and whether the client's
+// connection must be aborted (Result.Abort).
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (status int, model string, abort bool) {
+	status, model, res := s.route(w, r, path, kind)
+	if res != nil {
+		abort = res.Abort
+	}
+	return status, model, abort
+}
+
+// route validates, routes and forwards one request; res is nil when it was answered before any
+// forwarding.
+func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (int, string, *proxy.Result) {
 	if max := s.cfg.MaxConcurrentRequests; max > 0 {
 		if s.inflight.Add(1) > max {
 			s.inflight.Add(-1)
 			writeError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("the gateway is at its limit of %d concurrent requests", max))
-			return http.StatusTooManyRequests, ""
+			return http.StatusTooManyRequests, "", nil
 		}
 		defer s.inflight.Add(-1)
 	}
-	body, status, err := readBody(r, s.cfg.MaxPayloadSize)
+	rb, status, err := s.bodies.readBody(r, s.cfg.MaxPayloadSize)
 	if err != nil {
 		if status != 499 {
 			writeError(w, status, codeFor(status), err.Error())
 		}
-		return status, ""
+		return status, "", nil
 	}
+	defer rb.Release()
+	body := rb.Bytes()
 	p, err := parseBody(body, kind, s.cfg.RoutingPrefixBytes)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
-		return http.StatusBadRequest, ""
+		return http.StatusBadRequest, "", nil
 	}
 	view := s.reg.View()
 	pool, status, msg := resolvePool(view, p.Model)
 	if pool == nil {
 		writeError(w, status, codeFor(status), msg)
-		return status, ""
+		return status, "", nil
 	}
 	candidates := pool.Regular
-	if len(candidates) == 0 && pool.Disaggregated() {
-		return s.serveDisaggregated(w, r, path, body, &p, pool), pool.Model
+	if len(candidates) == 0 {
+		if !pool.Disaggregated() {
+			// A rollout can leave a model with prefill workers and no decode workers, or the
+			// reverse: nothing can serve it until the other half arrives.
+			msg := fmt.Sprintf("no available worker for model %q: %d prefill and %d decode workers, and a disaggregated request needs both", pool.Model, len(pool.Prefill), len(pool.Decode))
+			writeError(w, http.StatusServiceUnavailable, "no_available_worker", msg)
+			return http.StatusServiceUnavailable, pool.Model, nil
+		}
+		res := s.serveDisaggregated(w, r, path, body, &p, pool)
+		return res.Status, pool.Model, &res
 	}
-	pol, err := s.router.For(pool.Model, candidates[0])
+	pol, err := s.router.For(pool.Model, worker.Regular)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
-		return http.StatusInternalServerError, pool.Model
+		return http.StatusInternalServerError, pool.Model, nil
 	}
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: routingKey(r.Header)}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p), Chat: kind == kindChat, Body: body}
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
-	res := s.fwd.Forward(r.Context(), w, &proxy.Request{
-		Path: path, Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r),
+	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
+		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}, s.picker(pol, candidates, preq))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
-	return res.Status, pool.Model
+	if res.Err == nil {
+		aw.observe(s.metrics, pool.Model)
+	}
+	return res.Status, pool.Model, &res
+}
+
+// upstreamPath is the worker path for route with the client's query string.
+func upstreamPath(route string, r *http.Request) string {
+	if r.URL.RawQuery == "" {
+		return route
+	}
+	return route + "?" + r.URL.RawQuery
 }
 
 // picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
@@ -86,7 +123,7 @@ func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *pol
 				c = rest
 			}
 		}
-		w := pol.Pick(c, req)
+		w := policy.Choose(pol, c, req)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
 		}
@@ -120,12 +157,17 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result
 	if res.Committed || res.Status == 499 {
 		return
 	}
-	msg, code := res.Err.Error(), codeFor(res.Status)
-	switch {
-	case errors.Is(res.Err, proxy.ErrNoWorker):
-		msg = s.unavailableMessage(model, res.Err)
-	case errors.Is(res.Err, proxy.ErrShuttingDown):
-		msg, code = "the gateway is shutting down; retry the request", "shutting_down"
+	var e *proxy.Error
+	if !errors.As(res.Err, &e) {
+		writeError(w, res.Status, codeFor(res.Status), "the request failed")
+		return
+	}
+	msg, code := failureMessage(e), codeFor(res.Status)
+	switch e.Kind {
+	case proxy.KindNoWorker:
+		msg = s.unavailableMessage(model, e)
+	case proxy.KindShutdown:
+		code = "shutting_down"
 	}
 	writeError(w, res.Status, code, msg)
 }
@@ -145,43 +187,6 @@ func resolvePool(v *worker.View, model string) (*worker.Pool, int, string) {
 		return p, 0, ""
 	}
 	return nil, http.StatusNotFound, fmt.Sprintf("the model %q does not exist", model)
-}
-
-// readBody reads the whole body once, into a buffer sized from Content-Length when known.
-func readBody(r *http.Request, max int64) ([]byte, int, error) {
-	if r.ContentLength > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)
-	}
-	var buf []byte
-	if r.ContentLength > 0 {
-		buf = make([]byte, 0, r.ContentLength+1) // +1 so ReadAll sees EOF without growing
-	} else {
-		buf = make([]byte, 0, 4096)
-	}
-	lr := io.LimitedReader{R: r.Body, N: max + 1}
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if r.Context().Err() != nil {
-				return nil, 499, err
-			}
-			return nil, http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err)
-		}
-	}
-	if int64(len(buf)) > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", max)
-	}
-	if len(buf) == 0 {
-		return nil, http.StatusBadRequest, errors.New("the request body is empty")
-	}
-	return buf, 0, nil
 }
 
 func clientIP(r *http.Request) string {

@@ -19,6 +19,11 @@ type Parsed struct {
 	// Text is the routing text (DESIGN.md §2), truncated to the parser's limit at a UTF-8
 	// boundary. It is the only copy made of the prompt.
 	Text string
+	// TextBytes is the length of the whole routing text as it appears in the body (escaped),
+	// so that a prediction about Text can be scaled to the whole prompt.
+	TextBytes int
+	// User is the body's "user" (the OpenAI end-user id), a session key of last resort.
+	User string
 }
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
@@ -36,6 +41,15 @@ const (
 
 // parseBody validates body as a JSON object and extracts Parsed, in one pass over the body that
 // validates it too. limit caps the routing text in bytes; only that much of it is unescaped.
+//
+// What the gateway promises about a malformed body: it forwards a body only if the body is one
+// JSON object that encoding/json.Valid accepts (the full RFC 8259 grammar, checked in every
+// string too: no raw control character, no malformed escape; bytes that are not UTF-8 pass, as
+// encoding/json.Valid lets them) and the members it reads have the types the API gives them
+// ("model" a string, "stream" a boolean or null, "messages" an array of objects, "prompt",
+// "text" and "input" a string, an array or null). Every other body is answered 400
+// invalid_request and reaches no worker. Members it does not read are checked for grammar
+// only. FuzzParseBody and jsonscan's FuzzScanner hold this to encoding/json.
 func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 	var p Parsed
 	s := jsonscan.New(body)
@@ -60,6 +74,9 @@ func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 					return
 				}
 				p.Model = string(s.Str(true))
+				return
+			case string(key) == "user" && s.Peek() == '"':
+				p.User = string(s.Str(true))
 				return
 			case string(key) == "stream":
 				if s.Null() {
@@ -89,7 +106,7 @@ func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 	if err := s.Err(); err != nil {
 		return Parsed{}, fmt.Errorf("%w: malformed JSON: %v", errBadBody, err)
 	}
-	p.Text = text.String()
+	p.Text, p.TextBytes = text.String(), text.total
 	return p, nil
 }
 
@@ -99,12 +116,14 @@ type textBuf struct {
 	b     []byte
 	limit int
 	want  int
+	total int // raw bytes offered, kept or not
 }
 
 func (t *textBuf) full() bool { return len(t.b) >= t.limit }
 
 // add appends the decoded contents of a raw JSON string, up to the limit.
 func (t *textBuf) add(raw []byte) {
+	t.total += len(raw)
 	if !t.full() {
 		t.b = jsonscan.AppendUnescaped(t.b, raw, t.limit)
 	}

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -57,7 +60,7 @@ func (s *Server) newWorker(spec worker.Spec) (*worker.Worker, error) {
 
 // unavailableMessage explains a 503: how many of the model's workers exist and why none could
 // take the request, and the last upstream error when there was one.
-func (s *Server) unavailableMessage(model string, err error) string {
+func (s *Server) unavailableMessage(model string, e *proxy.Error) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "no available worker for model %q", model)
 	pool := s.reg.View().Pool(model)
@@ -83,15 +86,50 @@ func (s *Server) unavailableMessage(model string, err error) string {
 	if avail > 0 {
 		fmt.Fprintf(&b, ", %d unreachable", avail)
 	}
-	if msg := err.Error(); strings.Contains(msg, "(last: ") {
-		b.WriteString(" ")
-		b.WriteString(msg[strings.Index(msg, "(last: "):])
+	if e.Last != nil {
+		fmt.Fprintf(&b, " (last attempt: %s)", failureMessage(e.Last))
 	}
 	return b.String()
 }
 
 // forgetWorker drops a removed worker's transition series.
 func (m *Metrics) forgetWorker(id string) {
-	m.healthTo.DeletePartialMatch(map[string]string{"worker": id})
-	m.circuitTo.DeletePartialMatch(map[string]string{"worker": id})
+	l := prometheus.Labels{"worker": id}
+	m.healthTo.DeletePartialMatch(l)
+	m.circuitTo.DeletePartialMatch(l)
+	m.selections.DeletePartialMatch(l)
+	m.upstream.DeletePartialMatch(l)
+}
+
+// forgetModel drops the series of a model that no worker serves any more, so that a gateway that
+// has served many models over its life keeps series only for the current ones.
+func (m *Metrics) forgetModel(model string) {
+	l := prometheus.Labels{"model": model}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.requests, m.duration, m.ttft, m.selections, m.predictionError, m.predictionMissing,
+	} {
+		v.DeletePartialMatch(l)
+	}
+}
+
+// failureMessage tells a client why forwarding failed, from the classified error alone: never a
+// worker's address or a Go error string (the log has those).
+func failureMessage(e *proxy.Error) string {
+	switch e.Kind {
+	case proxy.KindConnect:
+		return "the worker could not be connected to"
+	case proxy.KindTimeout:
+		return "the worker did not answer in time"
+	case proxy.KindCanceled:
+		return "the client closed the request"
+	case proxy.KindShutdown:
+		return "the gateway is shutting down; retry the request"
+	case proxy.KindNoWorker:
+		return "no worker is available"
+	case proxy.KindStatus:
+		return fmt.Sprintf("the worker answered %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+	case proxy.KindStreamBroken:
+		return "the worker's answer broke off"
+	}
+	return "the worker's connection failed"
 }

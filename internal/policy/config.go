@@ -20,9 +20,13 @@ type Config struct {
 	// NoBackground: policies start no goroutines; the caller (the virtual-time fleet simulator)
 	// calls Evict itself. False (the zero value) in the gateway.
 	NoBackground bool `yaml:"-"`
+	// KV is the engines' KV-cache event view that precise_prefix routes on; nil makes it
+	// route as cache_aware_hash.
+	KV KVView `yaml:"-"`
 
 	CacheAware CacheAwareConfig `yaml:",inline"`
 	PrefixHash PrefixHashConfig `yaml:",inline"`
+	Sticky     StickyConfig     `yaml:",inline"`
 }
 
 // CacheAwareConfig holds the cache_aware knobs (DESIGN.md §3).
@@ -64,6 +68,7 @@ func DefaultConfig() Config {
 			MaxTreeSize:                 1 << 26,
 		},
 		PrefixHash: PrefixHashConfig{PrefixChars: 1024, LoadFactor: 1.25},
+		Sticky:     defaultSticky(),
 	}
 }
 
@@ -90,7 +95,7 @@ func (c *Config) Validate() error {
 	case c.PrefixHash.LoadFactor < 1:
 		return errors.New("prefix_hash_load_factor must be >= 1")
 	}
-	return nil
+	return c.Sticky.validate()
 }
 
 // withDefaults fills the injected dependencies.
