@@ -3,7 +3,12 @@ package main
 import (
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 func TestDiscoveryFlags(t *testing.T) {
@@ -49,5 +54,33 @@ func TestDiscoveryFlags(t *testing.T) {
 				t.Errorf("selectors: got %v / %v", c.Selector, c.PrefillSelector)
 			}
 		})
+	}
+}
+
+// The config file shipped in deploy/'s ConfigMap is one kvgate accepts, and it turns discovery on.
+func TestDeployConfigMapParses(t *testing.T) {
+	raw, err := os.ReadFile("../../deploy/kubernetes/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, _, _ := strings.Cut(string(raw), "\n---\n")
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal([]byte(doc), &cm); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("POD_NAMESPACE", "llm")
+	o, err := parseServe([]string{"--config", path}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := o.disc.config(nil)
+	if err != nil || !o.disc.enabled || c.PortName != "http" || len(c.Selector) != 1 {
+		t.Fatalf("discovery from the ConfigMap: %+v, %v", c, err)
 	}
 }
