@@ -341,6 +341,7 @@ type fleetFlags struct {
 	balanceRel   float64
 	treeSize     int
 	sticky       bool
+	stickyPlace  string
 	kvEvents     fleet.KVEvents
 
 	sweep      bool
@@ -377,6 +378,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
 	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
 	fs.BoolVar(&ff.sticky, "sticky-sessions", false, "fleet policy: wrap every policy in sticky sessions (keyed by the session)")
+	fs.StringVar(&ff.stickyPlace, "sticky-placement", policy.PlaceHash, "fleet policy: where a new sticky session goes: hash or policy")
 	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
 	fs.DurationVar(&ff.kvEvents.TokenizeBase, "tokenize-base", time.Millisecond, "fleet precise_prefix: fixed cost of one tokenization (added to the request's TTFT)")
 	fs.Float64Var(&ff.kvEvents.TokenizeTPS, "tokenize-tps", 2e6, "fleet precise_prefix: tokenizer speed in tokens per second")
@@ -398,7 +400,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
 	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
 	pc.CacheAware.MaxTreeSize = ff.treeSize
-	pc.Sticky.Enabled = ff.sticky
+	pc.Sticky.Enabled, pc.Sticky.Placement = ff.sticky, ff.stickyPlace
 	x.Base = fleet.Config{
 		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
 		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,

@@ -167,6 +167,9 @@ type Summary struct {
 	Timeline []TimelinePoint `json:"timeline,omitempty"`
 	// Recoveries analyse the timeline around worker changes (fleet and live failover runs).
 	Recoveries []Recovery `json:"recoveries,omitempty"`
+	// Undisturbed is the timeline of the same simulated run without its worker changes, the
+	// reference of Recoveries (fleet failover runs).
+	Undisturbed []TimelinePoint `json:"undisturbed_timeline,omitempty"`
 }
 
 // Summarize turns the collected figures into a row labelled label.

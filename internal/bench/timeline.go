@@ -275,23 +275,45 @@ func (r Recovery) String() string {
 }
 
 // TimelineCharts returns two charts of rows' timelines: hit rate and TTFT p99 against time,
-// one series per row.
+// one series per row, one per row's undisturbed run when it has one, and a vertical line at
+// each worker change of the first row that has changes.
 func TimelineCharts(title string, rows []Summary) (hit, p99 Chart) {
-	hit = Chart{Title: "Hit rate over time: " + title, XLabel: "time (s)", YLabel: "token-weighted hit rate per window"}
+	hit = Chart{Title: "Hit rate over time: " + title, XLabel: "time (s)", YLabel: "token-weighted hit rate (window)"}
 	p99 = Chart{Title: "TTFT p99 over time: " + title, XLabel: "time (s)", YLabel: "TTFT p99 per window (ms, log scale)", LogY: true}
-	for _, r := range rows {
-		h, q := Series{Label: r.Label}, Series{Label: r.Label}
-		for _, pt := range r.Timeline {
+	loH, hiH, loQ, hiQ := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
+	add := func(label string, pts []TimelinePoint) {
+		h, q := Series{Label: label}, Series{Label: label}
+		for _, pt := range pts {
 			if pt.OK == 0 {
 				continue
 			}
+			y := max(pt.TTFTP99, 0.001)
 			h.X, h.Y = append(h.X, pt.At), append(h.Y, pt.HitRate)
-			q.X, q.Y = append(q.X, pt.At), append(q.Y, max(pt.TTFTP99, 0.001))
+			q.X, q.Y = append(q.X, pt.At), append(q.Y, y)
+			loH, hiH, loQ, hiQ = min(loH, pt.HitRate), max(hiH, pt.HitRate), min(loQ, y), max(hiQ, y)
 		}
 		if len(h.X) > 0 {
 			hit.Series = append(hit.Series, h)
 			p99.Series = append(p99.Series, q)
 		}
+	}
+	var events []Recovery
+	for _, r := range rows {
+		add(r.Label, r.Timeline)
+		if len(r.Undisturbed) > 0 {
+			add(r.Label+" undisturbed", r.Undisturbed)
+		}
+		if events == nil {
+			events = r.Recoveries
+		}
+	}
+	if len(hit.Series) == 0 {
+		return hit, p99
+	}
+	for _, e := range events {
+		label := fmt.Sprintf("%s (%.0f s)", e.Event, e.At)
+		hit.Series = append(hit.Series, Series{Label: label, X: []float64{e.At, e.At}, Y: []float64{loH, hiH}})
+		p99.Series = append(p99.Series, Series{Label: label, X: []float64{e.At, e.At}, Y: []float64{loQ, hiQ}})
 	}
 	return hit, p99
 }

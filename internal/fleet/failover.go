@@ -3,11 +3,13 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/kvevents"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -98,6 +100,7 @@ func (s *sim) change(i int) {
 		for _, g := range s.gws {
 			w := g.workers[ch.Engine]
 			w.Drain()
+			g.cands = slices.DeleteFunc(slices.Clone(g.candidates()), func(x *worker.Worker) bool { return x == w })
 			if f, ok := g.pol.(policy.Forgetter); ok {
 				f.Forget(w.ID)
 			}
@@ -110,6 +113,9 @@ func (s *sim) change(i int) {
 	}
 	s.engines = append(s.engines, &simEngine{e: e})
 	idx := len(s.engines) - 1
+	if s.kv != nil {
+		e.SetCacheObserver(engineEvents{s.kv, idx})
+	}
 	for _, g := range s.gws {
 		g.addWorker(idx)
 	}
@@ -122,10 +128,25 @@ func (g *gateway) addWorker(idx int) {
 		return // a well-formed URL
 	}
 	w.SetHealth(worker.Ready)
+	g.cands = append(slices.Clone(g.candidates()), w)
 	g.workers = append(g.workers, w)
 	g.index[w] = idx
+	if g.kv != nil {
+		// The replica subscribes to the new engine's events from its start, as to the others'.
+		src := kvevents.Source{Worker: w.ID, Model: simModel}
+		g.kv.srcs = append(g.kv.srcs, src)
+		g.kv.idx.Expect(src)
+	}
 	g.reports = append(g.reports, loadmon.Report{})
 	g.polled = append(g.polled, false)
+}
+
+// candidates returns the workers the policy chooses among now.
+func (g *gateway) candidates() []*worker.Worker {
+	if g.cands != nil {
+		return g.cands
+	}
+	return g.workers
 }
 
 // recoveries analyses a timeline around each worker change of cfg: the span of a change runs
@@ -172,5 +193,6 @@ func (x *Experiment) compareUndisturbed(ctx context.Context, c Config, a bench.A
 		return fmt.Errorf("%s undisturbed: %w", c.Label(), err)
 	}
 	s.Recoveries = recoveries(c, x.Limits.Warmup, s.Timeline, base.Timeline)
+	s.Undisturbed = base.Timeline
 	return nil
 }

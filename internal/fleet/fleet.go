@@ -181,6 +181,9 @@ func (c Config) Label() string {
 	}
 	if c.PolicyConfig.Sticky.Enabled {
 		name += "+sticky"
+		if c.PolicyConfig.Sticky.Placement == policy.PlacePolicy {
+			name += "(policy)"
+		}
 	}
 	if c.LoadMode != loadmon.ModeEffective {
 		name += "/" + c.LoadMode.String()

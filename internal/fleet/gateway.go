@@ -32,6 +32,9 @@ type gateway struct {
 	req     policy.Request
 	// fullText: the policy sees the whole prompt, not the gateway's routing prefix (the oracle).
 	fullText bool
+	// cands are the workers the policy chooses among once a worker change happened (the
+	// registry's view: a removed worker is no candidate); nil means workers.
+	cands []*worker.Worker
 	// kv is this replica's KV-cache event index and tokenizer, for precise_prefix.
 	kv *replicaKV
 }
@@ -108,7 +111,7 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
 	g.req = policy.Request{Model: simModel, Text: text, Key: key}
-	w := policy.Choose(g.pol, g.workers, &g.req)
+	w := policy.Choose(g.pol, g.candidates(), &g.req)
 	if w == nil {
 		return nil, -1
 	}

@@ -93,12 +93,17 @@ type CacheAware struct {
 	dec   *counters
 	kv    bool // a KV-usage trigger is on
 	// placeMiss, when set, chooses the worker for a prompt no worker holds enough of (given the
-	// available candidates and the least load among them); nil means the least loaded worker.
-	placeMiss func(av []cand, minLoad int64, text string) *cand
+	// available candidates, the least load among them, and how many leading characters of the
+	// text the tree holds for several workers); nil means the least loaded worker.
+	placeMiss func(av []cand, minLoad int64, text string, known int) *cand
+	// acceptHit, when set, says whether the least loaded holder of the prompt may take it given
+	// the least load of the pool; when it may not, the prompt is placed as a miss.
+	acceptHit func(av []cand, h *cand, minLoad int64) bool
 
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+	budget    *TreeBudget // shared with the router's other policies; nil: none
 }
 
 var (
@@ -128,6 +133,8 @@ func NewCacheAware(cfg Config) *CacheAware {
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
+	p.budget = c.Budget
+	p.budget.add(p.tree)
 	if c.NoBackground {
 		close(p.done)
 		return p
@@ -154,14 +161,15 @@ func (p *CacheAware) evictLoop(interval time.Duration) {
 	}
 }
 
-// Evict trims every worker's share of the tree to MaxTreeSize characters, least recently used
-// first, now. The eviction loop calls it; the virtual-time fleet simulator calls it itself.
-func (p *CacheAware) Evict() { p.tree.Evict(int64(p.cfg.MaxTreeSize)) }
+// Evict trims every worker's share of the tree to MaxTreeSize characters, or less when the
+// gateway-wide TreeBudget is exceeded, least recently used first, now. The eviction loop calls
+// it; the virtual-time fleet simulator calls it itself.
+func (p *CacheAware) Evict() { p.tree.Evict(p.budget.shareCap(int64(p.cfg.MaxTreeSize))) }
 
 // Close stops the eviction loop and waits for it to exit. It is idempotent and always returns
 // nil; it exists so that owners can treat policies as io.Closer.
 func (p *CacheAware) Close() error {
-	p.closeOnce.Do(func() { close(p.stop) })
+	p.closeOnce.Do(func() { close(p.stop); p.budget.remove(p.tree) })
 	<-p.done
 	return nil
 }
@@ -211,14 +219,14 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	// loaded of them keeps the hit without queueing behind the first holder.
 	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
 		if m.Ratio() > p.cfg.CacheThreshold {
-			if h := leastLoadedHolder(av, m.Holders); h != nil {
+			if h := leastLoadedHolder(av, m.Holders); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
 				best, hit = h, true
 				predicted = p.predict(m, best.w.ID)
 				return best.w.ID
 			}
 		}
 		if p.placeMiss != nil {
-			best = p.placeMiss(av, av[minI].load, req.Text)
+			best = p.placeMiss(av, av[minI].load, req.Text, m.Shared)
 		}
 		predicted = p.predict(m, best.w.ID)
 		return best.w.ID
