@@ -15,6 +15,8 @@ type KVView interface {
 	// Tokenize returns the token ids of a request for model (a chat request's messages from its
 	// body, else text), asking worker via when it must; it fails when it cannot in time.
 	Tokenize(ctx context.Context, via *worker.Worker, model string, chat bool, body []byte, text string) ([]uint32, error)
+	// Covers reports whether Match can answer for every worker (checked before tokenizing).
+	Covers(model string, workers []string) bool
 	// Match writes to out[i] the leading tokens of toks that workers[i]'s engine holds for
 	// model; it reports false when the events cannot answer for every worker.
 	Match(model string, toks []uint32, workers []string, out []int) bool
@@ -149,17 +151,21 @@ func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.
 		return p.CacheAwareHash.Pick(candidates, req)
 	}
 	start := time.Now()
-	toks, err := p.kv.Tokenize(context.Background(), av[minI].w, req.Model, req.Chat, req.Body, req.Text)
-	if err != nil || len(toks) == 0 {
-		p.dec.add(prTokenizer)
-		return p.CacheAwareHash.Pick(candidates, req)
-	}
 	var idBuf [64]string
 	var outBuf [64]int
 	ids, out := idBuf[:0], outBuf[:0]
 	for i := range av {
 		ids = append(ids, av[i].w.ID)
 		out = append(out, 0)
+	}
+	if !p.kv.Covers(req.Model, ids) {
+		p.dec.add(prNoEvents)
+		return p.CacheAwareHash.Pick(candidates, req)
+	}
+	toks, err := p.kv.Tokenize(context.Background(), av[minI].w, req.Model, req.Chat, req.Body, req.Text)
+	if err != nil || len(toks) == 0 {
+		p.dec.add(prTokenizer)
+		return p.CacheAwareHash.Pick(candidates, req)
 	}
 	if !p.kv.Match(req.Model, toks, ids, out) {
 		p.dec.add(prNoEvents)

@@ -26,6 +26,8 @@ func (f *fakeKV) Tokenize(_ context.Context, via *worker.Worker, model string, c
 	return make([]uint32, len(text)), nil
 }
 
+func (f *fakeKV) Covers(string, []string) bool { return !f.blind }
+
 func (f *fakeKV) Match(model string, toks []uint32, ids []string, out []int) bool {
 	if f.blind {
 		return false
@@ -115,6 +117,9 @@ func TestPreciseFallsBack(t *testing.T) {
 			branch := map[string]string{"blind": BranchFallbackNoEvents, "tokenizer": BranchFallbackTokenizer}[name]
 			if d[branch] != 5 || d[BranchPreciseHit]+d[BranchPreciseMiss] != 0 {
 				t.Fatalf("decisions %v", d)
+			}
+			if name == "blind" && kv.tokenized != 0 {
+				t.Fatalf("tokenized %d prompts that no event could match", kv.tokenized)
 			}
 		})
 	}
