@@ -3,10 +3,13 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/kvgate/kvgate/internal/policy"
@@ -31,6 +34,9 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		return http.StatusServiceUnavailable
 	}
 	s.metrics.selected(ppol.Name(), pool.Model, pw)
+	if p.Bootstrap {
+		body = withoutBootstrap(body)
+	}
 	pdBody := withBootstrap(body, pw)
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
@@ -69,12 +75,15 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	})
 	wg.Wait()
 	if prefillErr != nil && !res.Committed {
-		res.Err = fmt.Errorf("prefill worker %s failed: %w", pw.ID, prefillErr)
+		res.Err = fmt.Errorf("%w: worker %s: %w", errPrefillFailed, pw.ID, prefillErr)
 		res.Status = http.StatusBadGateway
 	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
 	return res.Status
 }
+
+// errPrefillFailed marks a disaggregated request whose prefill half failed.
+var errPrefillFailed = errors.New("the prefill worker failed")
 
 // withBootstrap returns a copy of the JSON object body with the bootstrap fields first.
 func withBootstrap(body []byte, prefill *worker.Worker) []byte {
@@ -92,4 +101,25 @@ func withBootstrap(body []byte, prefill *worker.Worker) []byte {
 		out = append(out, ',')
 	}
 	return append(out, rest...)
+}
+
+// withoutBootstrap returns the JSON object body without its top-level "bootstrap_*" members: a
+// client's own bootstrap_host or bootstrap_room next to the gateway's would let a worker that
+// keeps the last duplicate key fetch KV from, or join the room of, a place the client chose. Such
+// bodies are rare, so this decodes and re-encodes the members (their values byte for byte).
+func withoutBootstrap(body []byte) []byte {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(body, &members) != nil {
+		return body // parseBody accepted it, so this does not happen
+	}
+	for k := range members {
+		if strings.HasPrefix(k, "bootstrap_") {
+			delete(members, k)
+		}
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(members)
+	return bytes.TrimRight(b.Bytes(), "\n")
 }

@@ -3,9 +3,9 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
@@ -25,6 +25,12 @@ func (s *Server) inference(path string, kind routeKind) http.Handler {
 // serveInference handles one request and returns the status the client saw and the resolved
 // model (a bounded label: "" for requests that named no served model).
 func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (int, string) {
+	if s.looped(r) {
+		s.log.Warn("request loop: a request came back to this gateway; is its own address registered as a worker?",
+			"request_id", requestID(r), "hops", strings.Join(r.Header.Values(HopHeader), ","))
+		writeError(w, http.StatusLoopDetected, "loop_detected", "the request looped back to the gateway that sent it")
+		return http.StatusLoopDetected, ""
+	}
 	if max := s.cfg.MaxConcurrentRequests; max > 0 {
 		if s.inflight.Add(1) > max {
 			s.inflight.Add(-1)
@@ -33,12 +39,13 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 		}
 		defer s.inflight.Add(-1)
 	}
-	body, status, err := readBody(r, s.cfg.MaxPayloadSize)
+	body, err := s.readRequestBody(w, r)
 	if err != nil {
-		if status != 499 {
-			writeError(w, status, codeFor(status), err.Error())
+		be := err.(*bodyError)
+		if be.status != StatusClientClosed {
+			writeError(w, be.status, codeFor(be.status), be.msg)
 		}
-		return status, ""
+		return be.status, ""
 	}
 	p, err := parseBody(body, kind, s.cfg.RoutingPrefixBytes)
 	if err != nil {
@@ -115,19 +122,30 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result
 	if res.Worker != nil {
 		wid = res.Worker.ID
 	}
-	s.log.Debug("request failed", "request_id", id, "model", model, "worker", wid,
-		"status", res.Status, "attempts", res.Attempts, "committed", res.Committed, "err", res.Err)
-	if res.Committed || res.Status == 499 {
+	if res.Committed || res.Status == StatusClientClosed {
+		s.log.Debug("request failed", "request_id", id, "model", model, "worker", wid,
+			"status", res.Status, "attempts", res.Attempts, "committed", res.Committed, "err", res.Err)
 		return
 	}
-	msg, code := res.Err.Error(), codeFor(res.Status)
+	// The client learns what happened and the request id; the worker's address and the Go
+	// error go to the log only.
+	s.log.Warn("request failed", "request_id", id, "model", model, "worker", wid,
+		"status", res.Status, "attempts", res.Attempts, "err", res.Err)
+	code := codeFor(res.Status)
+	var msg string
 	switch {
 	case errors.Is(res.Err, proxy.ErrNoWorker):
-		msg = s.unavailableMessage(model, res.Err)
+		msg = s.unavailableMessage(model)
 	case errors.Is(res.Err, proxy.ErrShuttingDown):
 		msg, code = "the gateway is shutting down; retry the request", "shutting_down"
+	case errors.Is(res.Err, errPrefillFailed):
+		msg = "the prefill worker failed to answer"
+	case res.Status == http.StatusGatewayTimeout:
+		msg = "the worker did not answer in time"
+	default:
+		msg = "the worker failed to answer"
 	}
-	writeError(w, res.Status, code, msg)
+	writeError(w, res.Status, code, msg+" (request id "+id+")")
 }
 
 // resolvePool finds the pool for model: the named one, or the only one when the body names none.
@@ -145,43 +163,6 @@ func resolvePool(v *worker.View, model string) (*worker.Pool, int, string) {
 		return p, 0, ""
 	}
 	return nil, http.StatusNotFound, fmt.Sprintf("the model %q does not exist", model)
-}
-
-// readBody reads the whole body once, into a buffer sized from Content-Length when known.
-func readBody(r *http.Request, max int64) ([]byte, int, error) {
-	if r.ContentLength > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)
-	}
-	var buf []byte
-	if r.ContentLength > 0 {
-		buf = make([]byte, 0, r.ContentLength+1) // +1 so ReadAll sees EOF without growing
-	} else {
-		buf = make([]byte, 0, 4096)
-	}
-	lr := io.LimitedReader{R: r.Body, N: max + 1}
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if r.Context().Err() != nil {
-				return nil, 499, err
-			}
-			return nil, http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err)
-		}
-	}
-	if int64(len(buf)) > max {
-		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", max)
-	}
-	if len(buf) == 0 {
-		return nil, http.StatusBadRequest, errors.New("the request body is empty")
-	}
-	return buf, 0, nil
 }
 
 func clientIP(r *http.Request) string {
@@ -209,6 +190,12 @@ func codeFor(status int) string {
 		return "no_available_worker"
 	case http.StatusGatewayTimeout:
 		return "upstream_timeout"
+	case http.StatusRequestTimeout:
+		return "request_timeout"
+	case http.StatusUnsupportedMediaType:
+		return "unsupported_media_type"
+	case http.StatusLoopDetected:
+		return "loop_detected"
 	}
 	return "error"
 }

@@ -56,8 +56,8 @@ func (s *Server) newWorker(spec worker.Spec) (*worker.Worker, error) {
 }
 
 // unavailableMessage explains a 503: how many of the model's workers exist and why none could
-// take the request, and the last upstream error when there was one.
-func (s *Server) unavailableMessage(model string, err error) string {
+// take the request. The last upstream error is logged, not shown.
+func (s *Server) unavailableMessage(model string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "no available worker for model %q", model)
 	pool := s.reg.View().Pool(model)
@@ -82,10 +82,6 @@ func (s *Server) unavailableMessage(model string, err error) string {
 	fmt.Fprintf(&b, ": %d workers, %d not ready, %d circuit open, %d draining", len(all), notReady, open, draining)
 	if avail > 0 {
 		fmt.Fprintf(&b, ", %d unreachable", avail)
-	}
-	if msg := err.Error(); strings.Contains(msg, "(last: ") {
-		b.WriteString(" ")
-		b.WriteString(msg[strings.Index(msg, "(last: "):])
 	}
 	return b.String()
 }

@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"compress/gzip"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/proxy"
+)
+
+// Limits bounds what one client connection or request may cost the gateway. Zero fields take
+// DefaultLimits' values.
+type Limits struct {
+	// HeaderReadTimeout bounds reading a request's headers, so that a client sending them a
+	// byte at a time cannot hold a connection. Default 10s.
+	HeaderReadTimeout time.Duration
+	// BodyReadTimeout bounds reading a request's whole body, from the end of its headers, so that
+	// a client that declares a body and sends it slowly (or never) cannot hold a concurrency slot
+	// for longer. Default 60s.
+	BodyReadTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that carries no request for this long. Default
+	// 120s.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes caps a request's header block (431 above). Default 64 KiB.
+	MaxHeaderBytes int
+	// MaxUpstreamHeaderBytes caps a worker's response header block; a worker sending more fails
+	// the attempt (502). Default 64 KiB.
+	MaxUpstreamHeaderBytes int64
+}
+
+// DefaultLimits returns the defaults: 10s to send headers, 60s to send a body, 120s idle, 64 KiB
+// of request headers and 64 KiB of worker response headers.
+func DefaultLimits() Limits {
+	return Limits{
+		HeaderReadTimeout:      10 * time.Second,
+		BodyReadTimeout:        60 * time.Second,
+		IdleTimeout:            120 * time.Second,
+		MaxHeaderBytes:         64 << 10,
+		MaxUpstreamHeaderBytes: 64 << 10,
+	}
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.HeaderReadTimeout <= 0 {
+		l.HeaderReadTimeout = d.HeaderReadTimeout
+	}
+	if l.BodyReadTimeout <= 0 {
+		l.BodyReadTimeout = d.BodyReadTimeout
+	}
+	if l.IdleTimeout <= 0 {
+		l.IdleTimeout = d.IdleTimeout
+	}
+	if l.MaxHeaderBytes <= 0 {
+		l.MaxHeaderBytes = d.MaxHeaderBytes
+	}
+	if l.MaxUpstreamHeaderBytes <= 0 {
+		l.MaxUpstreamHeaderBytes = d.MaxUpstreamHeaderBytes
+	}
+	return l
+}
+
+// ConfigureServer applies the connection limits (header read timeout, idle timeout, header size)
+// to srv, which serves this gateway's Handler or AdminHandler.
+func (s *Server) ConfigureServer(srv *http.Server) {
+	l := s.cfg.Limits
+	srv.ReadHeaderTimeout = l.HeaderReadTimeout
+	srv.IdleTimeout = l.IdleTimeout
+	srv.MaxHeaderBytes = l.MaxHeaderBytes
+}
+
+// bodyError is a request body the gateway will not take, with the status that says why.
+type bodyError struct {
+	status int
+	msg    string
+}
+
+func (e *bodyError) Error() string { return e.msg }
+
+// readRequestBody reads the whole body under the body read deadline, decompressing a gzip body,
+// with at most max bytes after decompression. On success the request's Content-Encoding is
+// removed: the body is forwarded decompressed.
+func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	max := s.cfg.MaxPayloadSize
+	if r.ContentLength > max {
+		return nil, &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)}
+	}
+	// The deadline is lifted again once the body is read: the connection's reads after that
+	// only watch for the client leaving, and must not end a long response.
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(s.cfg.Limits.BodyReadTimeout)) == nil {
+		defer rc.SetReadDeadline(time.Time{})
+	}
+	var src io.Reader = r.Body
+	gz := false
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip", "x-gzip":
+		gz = true
+	default:
+		return nil, &bodyError{http.StatusUnsupportedMediaType, "unsupported Content-Encoding: only gzip and identity are accepted"}
+	}
+	if gz {
+		zr, err := gzip.NewReader(io.LimitReader(r.Body, max+1))
+		if err != nil {
+			return nil, s.bodyReadError(r, err, true)
+		}
+		src = zr
+	}
+	body, err := readBody(src, max)
+	if err != nil {
+		return nil, s.bodyReadError(r, err, gz)
+	}
+	if gz {
+		r.Header.Del("Content-Encoding")
+	}
+	return body, nil
+}
+
+// errTooLarge and errEmptyBody are readBody's errors for a body over its limit, and for none.
+var (
+	errTooLarge  = errors.New("request body too large")
+	errEmptyBody = errors.New("the request body is empty")
+)
+
+// bodyReadError maps a failure to read the body to the client's answer.
+func (s *Server) bodyReadError(r *http.Request, err error, gz bool) error {
+	switch {
+	case errors.Is(err, errTooLarge):
+		what := "the request body"
+		if gz {
+			what = "the decompressed request body"
+		}
+		return &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("%s exceeds the limit of %d bytes", what, s.cfg.MaxPayloadSize)}
+	case errors.Is(err, errEmptyBody):
+		return &bodyError{http.StatusBadRequest, "the request body is empty"}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &bodyError{http.StatusRequestTimeout, fmt.Sprintf("the request body was not received within %v", s.cfg.Limits.BodyReadTimeout)}
+	case r.Context().Err() != nil:
+		return &bodyError{StatusClientClosed, "the client went away"}
+	case gz:
+		return &bodyError{http.StatusBadRequest, "the request body is not valid gzip"}
+	}
+	return &bodyError{http.StatusBadRequest, "the request body could not be read in full"}
+}
+
+// readBody reads src to its end into a buffer that grows as bytes arrive, never from a declared
+// length: a client that declares a large body and sends a few bytes costs a few bytes. More than
+// max bytes is errTooLarge.
+func readBody(src io.Reader, max int64) ([]byte, error) {
+	buf := make([]byte, 0, 4096)
+	lr := io.LimitedReader{R: src, N: max + 1}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if int64(len(buf)) > max {
+		return nil, errTooLarge
+	}
+	if len(buf) == 0 {
+		return nil, errEmptyBody
+	}
+	return buf, nil
+}
+
+// HopHeader lists the gateways a request has passed through. Each kvgate adds its own random id
+// when forwarding; a request that arrives carrying this gateway's id has looped back to it (a
+// worker registered at the gateway's own address, or two gateways pointing at each other).
+const HopHeader = proxy.HopHeader
+
+// maxHops bounds the gateways one request may cross even when none of them sees itself twice.
+const maxHops = 8
+
+func newHopID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// looped reports whether r has passed through this gateway already, or through too many.
+func (s *Server) looped(r *http.Request) bool {
+	n := 0
+	for _, v := range r.Header.Values(HopHeader) {
+		for _, id := range strings.Split(v, ",") {
+			n++
+			if strings.TrimSpace(id) == s.hopID || n > maxHops {
+				return true
+			}
+		}
+	}
+	return false
+}
