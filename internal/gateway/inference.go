@@ -19,6 +19,13 @@ func (s *Server) inference(path string, kind routeKind) http.Handler {
 		start := time.Now()
 		status, model := s.serveInference(w, r, path, kind)
 		s.metrics.observeRequest(path, model, status, time.Since(start))
+		if status == StatusClientClosed {
+			// The client closed its side (a half-close ends the request as a full close does:
+			// the two cannot be told apart, and the worker must stop at once when a client
+			// leaves). Cut the connection rather than let net/http finish the response: an
+			// empty 200, or a truncated body that looks complete, would be a lie.
+			panic(http.ErrAbortHandler)
+		}
 	})
 }
 

@@ -93,11 +93,25 @@ func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) ([]byte
 		return nil, &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)}
 	}
 	// The deadline is lifted again once the body is read: the connection's reads after that
-	// only watch for the client leaving, and must not end a long response.
+	// only watch for the client leaving, and must not end a long response. After a failure it
+	// stays, and the connection is closed after the answer: net/http would otherwise wait for
+	// the rest of the body before answering.
 	rc := http.NewResponseController(w)
-	if rc.SetReadDeadline(time.Now().Add(s.cfg.Limits.BodyReadTimeout)) == nil {
-		defer rc.SetReadDeadline(time.Time{})
+	deadline := rc.SetReadDeadline(time.Now().Add(s.cfg.Limits.BodyReadTimeout)) == nil
+	body, err := s.readLimitedBody(r)
+	if err != nil {
+		w.Header().Set("Connection", "close")
+		return nil, err
 	}
+	if deadline {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return body, nil
+}
+
+// readLimitedBody reads the body, decompressing gzip, with at most MaxPayloadSize bytes.
+func (s *Server) readLimitedBody(r *http.Request) ([]byte, error) {
+	max := s.cfg.MaxPayloadSize
 	var src io.Reader = r.Body
 	gz := false
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
