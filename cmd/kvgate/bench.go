@@ -25,6 +25,12 @@ type benchFlags struct {
 	// Workload and arrivals, shared by both instruments.
 	workload    string
 	trace       string
+	traceFormat string
+	blockTokens int
+	timeScale   float64
+	from, to    time.Duration
+	traceOut    string
+	gen         bench.MooncakeGen
 	seed        uint64
 	rate        float64
 	concurrency int
@@ -69,7 +75,22 @@ against a simulated fleet of gateways and engines running the real policy and en
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
-	fs.StringVar(&f.trace, "trace", "", "JSONL trace to replay (implies --workload trace)")
+	fs.StringVar(&f.trace, "trace", "", "trace file to replay (implies --workload trace)")
+	fs.StringVar(&f.traceFormat, "trace-format", "jsonl", "trace file format: jsonl (kvgate's) or mooncake (FAST'25: timestamp, input_length, output_length, hash_ids)")
+	fs.IntVar(&f.blockTokens, "block-tokens", 512, "mooncake: tokens per hash id")
+	fs.Float64Var(&f.timeScale, "time-scale", 1, "mooncake: multiply the trace's arrival times (0.5 replays twice as fast)")
+	fs.DurationVar(&f.from, "from", 0, "mooncake: replay the trace from this offset (trace time)")
+	fs.DurationVar(&f.to, "to", 0, "mooncake: replay the trace up to this offset (trace time; 0 = its end)")
+	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth: also write the generated trace to this file (Mooncake format)")
+	gd := bench.NewMooncakeGen(0)
+	f.gen = *gd
+	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth: length of the generated trace")
+	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "mooncake-synth: mean requests per second")
+	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "mooncake-synth: opening blocks every request shares")
+	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "mooncake-synth: mean unique tokens of a conversation's first prompt")
+	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "mooncake-synth: mean turns per conversation")
+	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "mooncake-synth: mean time between turns")
+	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "mooncake-synth: coefficient of variation of conversation inter-arrival gaps (1 = Poisson)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, arrivals and simulation")
 	fs.Float64Var(&f.rate, "rate", 0, "open loop: new sessions per second (Poisson)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "closed loop: sessions in progress")
@@ -139,11 +160,32 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 	if f.prefixes < 0 || f.prefixWords < 0 || f.outTokens < 0 {
 		return nil, errors.New("--prefixes, --prefix-words and --output-tokens must be >= 0")
 	}
+	mopt := bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed}
 	if f.trace != "" {
 		if f.workload != "shared-prefix" && f.workload != "trace" {
 			return nil, fmt.Errorf("--trace replays a trace; it cannot be combined with --workload %s", f.workload)
 		}
-		return bench.LoadTrace(f.trace, f.seed)
+		switch f.traceFormat {
+		case "jsonl", "":
+			return bench.LoadTrace(f.trace, f.seed)
+		case "mooncake":
+			return bench.LoadMooncake(f.trace, mopt)
+		}
+		return nil, fmt.Errorf("--trace-format %q: want jsonl or mooncake", f.traceFormat)
+	}
+	if f.workload == "mooncake-synth" {
+		g := f.gen
+		g.Seed, g.BlockTokens = f.seed, f.blockTokens
+		es, err := g.Generate()
+		if err != nil {
+			return nil, fmt.Errorf("mooncake-synth: %w", err)
+		}
+		if f.traceOut != "" {
+			if err := writeMooncake(f.traceOut, es); err != nil {
+				return nil, err
+			}
+		}
+		return bench.NewMooncake(es, mopt)
 	}
 	w, err := bench.NewWorkload(f.workload, f.seed)
 	if err != nil {
@@ -174,6 +216,22 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 		w.Init()
 	}
 	return w, nil
+}
+
+// writeMooncake writes a generated trace to path.
+func writeMooncake(path string, es []bench.MooncakeEntry) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--trace-out: %w", err)
+	}
+	werr := bench.WriteMooncake(fh, es)
+	if cerr := fh.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		return fmt.Errorf("--trace-out: %w", werr)
+	}
+	return nil
 }
 
 // runLive drives the workload against f.target.
@@ -270,7 +328,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&ff.on, "fleet", false, "simulate a fleet in virtual time instead of driving a live target")
 	fs.IntVar(&ff.engines, "engines", 8, "fleet: number of engines")
 	fs.StringVar(&ff.gateways, "gateways", "1", "fleet: comma-separated gateway replica counts, one run each (e.g. 1,2,4,8)")
-	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+")")
+	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+"); oracle is the simulator's exact-knowledge bound")
 	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (effective, local, snapshot, max)")
 	fs.StringVar(&ff.spread, "spread", "uniform", "fleet: how requests reach gateways: uniform or session")
 	fs.DurationVar(&ff.pollInterval, "poll-interval", time.Second, "fleet: load monitor interval")
@@ -319,7 +377,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 			x.Policies = append(x.Policies, policy.Names()...)
 			continue
 		}
-		if _, err := policy.Canonical(p); err != nil {
+		if _, err := policy.Canonical(p); err != nil && !strings.EqualFold(p, fleet.OraclePolicy) {
 			return nil, fmt.Errorf("--policies: %w", err)
 		}
 		x.Policies = append(x.Policies, p)

@@ -26,7 +26,7 @@ func (a Arrivals) Closed() bool { return a.Concurrency > 0 }
 
 // Validate checks a against workload w.
 func (a Arrivals) Validate(w Workload) error {
-	_, timed := w.(*Trace)
+	_, timed := w.(Replay)
 	switch {
 	case a.Rate < 0 || math.IsNaN(a.Rate) || math.IsInf(a.Rate, 0):
 		return fmt.Errorf("rate %v must be a finite number >= 0", a.Rate)
@@ -70,7 +70,7 @@ type Limits struct {
 
 // Validate checks that l bounds a run of w.
 func (l Limits) Validate(w Workload) error {
-	_, finite := w.(*Trace)
+	_, finite := w.(Replay)
 	switch {
 	case l.Duration < 0:
 		return fmt.Errorf("duration %v must be >= 0", l.Duration)

@@ -122,6 +122,12 @@ type Summary struct {
 	// E2EP50 and E2EP99 are end-to-end latency percentiles.
 	E2EP50 float64 `json:"e2e_p50_ms"`
 	E2EP99 float64 `json:"e2e_p99_ms"`
+	// IdealHitRate is the workload's ideal hit rate (Ideal: one engine with an infinite cache
+	// sent the same requests in the same order); simulated runs only.
+	IdealHitRate float64 `json:"ideal_hit_rate,omitempty"`
+	// HitVsOracle and GoodputVsOracle are this row's hit rate (and goodput, in a sweep) as a
+	// fraction of the oracle's in the same grid at the same gateway count; 0 without an oracle row.
+	HitVsOracle float64 `json:"hit_vs_oracle,omitempty"`
 	// Spread is max/min over engines of the time-averaged backlog (running + waiting); 0 when
 	// unknown (live runs), +Inf is reported as -1 (an engine that was never loaded).
 	Spread float64 `json:"load_spread,omitempty"`
@@ -227,14 +233,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Rows) > 0 {
 		b.WriteByte('\n')
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\t")
+		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tideal\t÷oracle\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\t")
 		for _, s := range r.Rows {
 			gw := "-"
 			if s.Gateways > 0 {
 				gw = fmt.Sprint(s.Gateways)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-				s.Label, gw, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				s.Label, gw, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate, fmtRatio(s.IdealHitRate), fmtRatio(s.HitVsOracle),
 				fmtMS(s.TTFTP50), fmtMS(s.TTFTP90), fmtMS(s.TTFTP99), fmtMS(s.ITLP50),
 				fmtMS(s.E2EP50), fmtMS(s.E2EP99), fmtSpread(s.Spread))
 		}
@@ -245,9 +251,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Sweeps) > 0 {
 		b.WriteByte('\n')
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "policy\tSLO TTFT p99\tgoodput req/s\thit at goodput\tprobes\t")
+		fmt.Fprintln(tw, "policy\tSLO TTFT p99\tgoodput req/s\t÷oracle\thit at goodput\tprobes\t")
 		for _, s := range r.Sweeps {
-			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%.3f\t%d\t\n", s.Label, fmtMS(s.SLOms), s.Goodput, s.HitRate, len(s.Points))
+			fmt.Fprintf(tw, "%s\t%s\t%.2f\t%s\t%.3f\t%d\t\n", s.Label, fmtMS(s.SLOms), s.Goodput, fmtRatio(s.GoodputVsOracle), s.HitRate, len(s.Points))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -274,6 +280,14 @@ func fmtMS(v float64) string {
 		return fmt.Sprintf("%.1fms", v)
 	}
 	return fmt.Sprintf("%.2fms", v)
+}
+
+// fmtRatio formats a ratio, "-" when unknown (zero).
+func fmtRatio(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", v)
 }
 
 func fmtSpread(v float64) string {

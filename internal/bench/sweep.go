@@ -56,6 +56,8 @@ type SweepResult struct {
 	Goodput float64 `json:"goodput_rate"`
 	// HitRate is the hit rate measured at Goodput.
 	HitRate float64 `json:"hit_rate_at_goodput"`
+	// GoodputVsOracle is Goodput as a fraction of the oracle's in the same grid; 0 without one.
+	GoodputVsOracle float64 `json:"goodput_vs_oracle,omitempty"`
 	// Points are the probes, in the order they ran.
 	Points []SweepPoint `json:"points"`
 }

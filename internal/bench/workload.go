@@ -78,6 +78,19 @@ type Workload interface {
 	Session(k int) (Session, bool)
 }
 
+// Replay is implemented by workloads that replay a recorded trace: every session carries its own
+// arrival time (Session.Timed), and the workload ends after Len sessions.
+type Replay interface {
+	Workload
+	// Len returns the number of sessions.
+	Len() int
+}
+
+var (
+	_ Replay = (*Trace)(nil)
+	_ Replay = (*Mooncake)(nil)
+)
+
 // rngFor returns an independent random stream for (seed, purpose, k).
 func rngFor(seed uint64, purpose uint64, k int) *rand.Rand {
 	return rand.New(rand.NewPCG(seed^0x9e3779b97f4a7c15*(purpose+1), uint64(k)*0xbf58476d1ce4e5b9+purpose))
@@ -283,7 +296,7 @@ func (w *LongContext) Session(k int) (Session, bool) {
 }
 
 // WorkloadNames lists the names NewWorkload accepts.
-var WorkloadNames = []string{"shared-prefix", "multi-turn", "long-context", "trace"}
+var WorkloadNames = []string{"shared-prefix", "multi-turn", "long-context", "trace", "mooncake-synth"}
 
 // NewWorkload builds a named synthetic workload with its defaults. A trace is loaded with
 // LoadTrace instead.
@@ -297,6 +310,12 @@ func NewWorkload(name string, seed uint64) (Workload, error) {
 		return NewLongContext(seed), nil
 	case "trace":
 		return nil, fmt.Errorf("workload trace needs a trace file (--trace FILE)")
+	case "mooncake-synth":
+		es, err := NewMooncakeGen(seed).Generate()
+		if err != nil {
+			return nil, err
+		}
+		return NewMooncake(es, MooncakeOptions{Seed: seed})
 	}
 	return nil, fmt.Errorf("unknown workload %q (want %s)", name, strings.Join(WorkloadNames, ", "))
 }

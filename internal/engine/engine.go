@@ -398,3 +398,17 @@ func (e *Engine) retire(r *req) {
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+// CachedPrefix returns how many leading tokens of text would hit the prefix cache if a request
+// for it were admitted now: the engine's true longest cached prefix (whole blocks, at most the
+// prompt minus one token, as admission counts them). It changes nothing, not even LRU order.
+// It is what an oracle router with exact knowledge of the engine's cache would read.
+func (e *Engine) CachedPrefix(text string) int {
+	n := TokenCount(text)
+	if n == 0 {
+		return 0
+	}
+	var buf [256]uint64
+	m, _ := e.cache.match(blockKeysText(buf[:0], text, e.cfg.BlockSize))
+	return min(m*e.cfg.BlockSize, n-1)
+}

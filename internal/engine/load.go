@@ -13,6 +13,9 @@ type Load struct {
 	// WaitingUncachedTokens is the prompt tokens of queued requests that missed the prefix
 	// cache when they were queued.
 	WaitingUncachedTokens int64
+	// PrefillTokens is the prompt tokens queued or admitted but not yet prefilled (the queued
+	// ones counted without their cached prefix): the prefill work ahead of a new request.
+	PrefillTokens int64
 	// UsedTokens is the KV capacity held by running requests (whole blocks); evictable cached
 	// blocks count as free. MaxTokens is the capacity.
 	UsedTokens, MaxTokens int64
@@ -42,6 +45,7 @@ func (e *Engine) Load() Load {
 		Running:               len(e.running),
 		Waiting:               len(e.waiting) - e.wh,
 		WaitingUncachedTokens: e.uncached,
+		PrefillTokens:         e.uncached,
 		UsedTokens:            int64(e.cache.used()) * bs,
 		MaxTokens:             int64(e.cache.total) * bs,
 		MaxRunning:            e.cfg.MaxRunning,
@@ -51,6 +55,9 @@ func (e *Engine) Load() Load {
 		Finished:              e.stats.finished,
 		Aborted:               e.stats.aborted,
 		Preemptions:           e.stats.preempted,
+	}
+	for _, r := range e.running {
+		l.PrefillTokens += int64(max(r.target-r.computed, 0))
 	}
 	l.TokenUsage = float64(l.UsedTokens) / float64(l.MaxTokens)
 	w := e.cfg.StatsWindow

@@ -119,3 +119,11 @@ func blockKeysText(dst []uint64, text string, bs int) []uint64 {
 	}
 	return dst
 }
+
+// BlockKeys appends to dst the prefix-cache keys of the full blocks of text, for blocks of
+// blockSize tokens, exactly as an engine with that block size keys them, and returns the
+// extended slice. Two texts share their first j keys exactly when they share their first j
+// blocks of tokens.
+func BlockKeys(dst []uint64, text string, blockSize int) []uint64 {
+	return blockKeysText(dst, text, blockSize)
+}

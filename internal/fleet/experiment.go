@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -86,8 +87,27 @@ func (x *Experiment) Run(ctx context.Context) ([]bench.Summary, error) {
 		out[i] = s
 		return err
 	})
+	if err == nil {
+		versusOracle(out)
+	}
 	return out, err
 }
+
+// versusOracle sets each row's HitVsOracle from the oracle row at the same gateway count, if
+// the grid has one.
+func versusOracle(rows []bench.Summary) {
+	for i := range rows {
+		for _, o := range rows {
+			if o.Policy == OraclePolicy && o.Gateways == rows[i].Gateways && o.HitRate > 0 {
+				rows[i].HitVsOracle = round3(rows[i].HitRate / o.HitRate)
+				break
+			}
+		}
+	}
+}
+
+// round3 rounds a ratio to three decimals, as the reports print it.
+func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 
 // Sweep searches the goodput of every configuration of the grid under sc, varying the open-loop
 // rate.
@@ -116,6 +136,16 @@ func (x *Experiment) Sweep(ctx context.Context, sc bench.SweepConfig) ([]bench.S
 		out[i] = res
 		return err
 	})
+	if err == nil {
+		for i := range out {
+			for j, o := range out {
+				if p, _ := canonical(cfgs[j].Policy); p == OraclePolicy && cfgs[j].Gateways == cfgs[i].Gateways && o.Goodput > 0 {
+					out[i].GoodputVsOracle = round3(out[i].Goodput / o.Goodput)
+					break
+				}
+			}
+		}
+	}
 	return out, err
 }
 

@@ -62,8 +62,8 @@ type Config struct {
 	Engines int
 	// Gateways is the number of gateway replicas (G). Default 1.
 	Gateways int
-	// Policy is the routing policy name (any name or alias policy.New accepts). Default
-	// cache_aware.
+	// Policy is the routing policy name (any name or alias policy.New accepts, or OraclePolicy).
+	// Default cache_aware.
 	Policy string
 	// PolicyConfig holds the policy knobs. Its Loads, Rand, Now and NoBackground are set by the
 	// simulator for each gateway. The zero value means policy.DefaultConfig().
@@ -142,7 +142,7 @@ func (c Config) Validate() error {
 	case c.RoutingPrefixBytes < 1:
 		return errors.New("fleet: routing prefix bytes must be positive")
 	}
-	if _, err := policy.Canonical(c.Policy); err != nil {
+	if _, err := canonical(c.Policy); err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
 	if err := c.PolicyConfig.Validate(); err != nil {
@@ -154,10 +154,19 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// canonical returns the canonical name of a policy the simulator runs: any name policy.Canonical
+// accepts, or OraclePolicy.
+func canonical(name string) (string, error) {
+	if strings.EqualFold(strings.TrimSpace(name), OraclePolicy) {
+		return OraclePolicy, nil
+	}
+	return policy.Canonical(name)
+}
+
 // Label returns a row label for c: the policy, plus the load mode when it is not the default.
 func (c Config) Label() string {
 	c = c.withDefaults()
-	name, err := policy.Canonical(c.Policy)
+	name, err := canonical(c.Policy)
 	if err != nil {
 		name = c.Policy
 	}

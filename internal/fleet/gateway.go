@@ -29,6 +29,8 @@ type gateway struct {
 	polled  []bool
 	phase   time.Duration
 	req     policy.Request
+	// fullText: the policy sees the whole prompt, not the gateway's routing prefix (the oracle).
+	fullText bool
 }
 
 var _ policy.Loads = (*gateway)(nil)
@@ -57,11 +59,17 @@ func newGateway(s *sim, g int) (*gateway, error) {
 	pc.Rand = func(n int) int { return gw.rng.IntN(n) }
 	pc.Now = func() time.Time { return epoch.Add(s.now) }
 	pc.NoBackground = true
-	pol, err := policy.New(s.cfg.Policy, pc)
-	if err != nil {
-		return nil, fmt.Errorf("fleet: %w", err)
+	if name, _ := canonical(s.cfg.Policy); name == OraclePolicy {
+		gw.pol = NewOracle(s, gw.engineOf)
+		gw.fullText = true
+	} else {
+		pol, err := policy.New(s.cfg.Policy, pc)
+		if err != nil {
+			return nil, fmt.Errorf("fleet: %w", err)
+		}
+		gw.pol = pol
 	}
-	gw.pol = pol
+	pol := gw.pol
 	gw.evictor, _ = pol.(interface{ Evict() })
 	// Replicas start at different moments, so their polls are not aligned.
 	gw.phase = time.Duration(gw.rng.Int64N(int64(s.cfg.PollInterval)))
@@ -85,7 +93,7 @@ func (g *gateway) schedule() {
 
 // pick asks the policy for a worker for text and returns it with its engine index.
 func (g *gateway) pick(text, key string) (*worker.Worker, int) {
-	if len(text) > g.s.cfg.RoutingPrefixBytes {
+	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
 	g.req = policy.Request{Model: simModel, Text: text, Key: key}
@@ -140,6 +148,12 @@ func (g *gateway) report(i int) (loadmon.Report, bool) {
 	}
 	r := g.reports[i]
 	return r, epoch.Add(g.s.now).Sub(r.PolledAt) <= g.s.cfg.StaleAfter
+}
+
+// engineOf returns the engine index of one of this gateway's workers.
+func (g *gateway) engineOf(w *worker.Worker) (int, bool) {
+	i, ok := g.index[w]
+	return i, ok
 }
 
 // Load returns w's load as this gateway sees it, by loadmon.Effective.

@@ -134,6 +134,24 @@ type sim struct {
 	coll     bench.Collector
 	evs      []engine.Event
 	noWorker int
+	ideal    *bench.Ideal
+}
+
+var _ Truth = (*sim)(nil)
+
+// CachedPrefix returns how many leading tokens of text engine i holds now (Truth).
+func (s *sim) CachedPrefix(i int, text string) int {
+	s.syncEngine(i)
+	return s.engines[i].e.CachedPrefix(text)
+}
+
+// Config returns engine i's configuration (Truth).
+func (s *sim) Config(i int) engine.Config { return s.engines[i].e.Config() }
+
+// Load returns engine i's load now (Truth).
+func (s *sim) Load(i int) engine.Load {
+	s.syncEngine(i)
+	return s.engines[i].e.Load()
 }
 
 // Run simulates the workload of sched on the fleet cfg and returns its summary, labelled
@@ -148,6 +166,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		sched:   sched,
 		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x5eed)),
 		flights: map[uint64]*flight{},
+		ideal:   bench.NewIdeal(cfg.Engine.BlockSize),
 	}
 	s.coll.Warmup = sched.Limits().Warmup
 	if err := s.build(); err != nil {
@@ -164,7 +183,8 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		s.dispatch(ev)
 	}
 	sum := s.coll.Summarize(cfg.Label())
-	canon, _ := policy.Canonical(cfg.Policy)
+	sum.IdealHitRate = s.ideal.HitRate()
+	canon, _ := canonical(cfg.Policy)
 	sum.Policy, sum.Gateways, sum.Engines, sum.LoadMode = canon, cfg.Gateways, cfg.Engines, cfg.LoadMode.String()
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread = s.spread()
@@ -320,6 +340,7 @@ func (s *sim) sendTurn(a *active) {
 		return
 	}
 	s.flights[id] = f
+	s.ideal.Add(text, s.now >= s.coll.Warmup)
 	s.wake(idx)
 }
 

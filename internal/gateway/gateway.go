@@ -42,6 +42,9 @@ type Config struct {
 	MaxPayloadSize int64
 	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192.
 	RoutingPrefixBytes int
+	// AuditHeaders adds x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to every
+	// routed response (audit.go says who sees them). Default false.
+	AuditHeaders bool
 	// MaxConcurrentRequests caps requests in flight through this gateway (429 above); 0 = no cap.
 	MaxConcurrentRequests int64
 	// ProbeTimeout bounds the registration probe of a worker. Default 5s.

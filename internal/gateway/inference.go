@@ -74,13 +74,17 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
 		return http.StatusInternalServerError, pool.Model
 	}
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: routingKey(r.Header)}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p)}
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
-	res := s.fwd.Forward(r.Context(), w, &proxy.Request{
+	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
 		Path: path, Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r),
 	}, s.picker(pol, candidates, preq))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	if res.Err == nil {
+		aw.observe(s.metrics, pool.Model)
+	}
 	return res.Status, pool.Model
 }
 
@@ -100,7 +104,7 @@ func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *pol
 				c = rest
 			}
 		}
-		w := pol.Pick(c, req)
+		w := policy.Choose(pol, c, req)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
 		}

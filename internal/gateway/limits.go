@@ -138,12 +138,6 @@ func (s *Server) readLimitedBody(r *http.Request) ([]byte, error) {
 	return body, nil
 }
 
-// errTooLarge and errEmptyBody are readBody's errors for a body over its limit, and for none.
-var (
-	errTooLarge  = errors.New("request body too large")
-	errEmptyBody = errors.New("the request body is empty")
-)
-
 // bodyReadError maps a failure to read the body to the client's answer.
 func (s *Server) bodyReadError(r *http.Request, err error, gz bool) error {
 	switch {
@@ -163,34 +157,6 @@ func (s *Server) bodyReadError(r *http.Request, err error, gz bool) error {
 		return &bodyError{http.StatusBadRequest, "the request body is not valid gzip"}
 	}
 	return &bodyError{http.StatusBadRequest, "the request body could not be read in full"}
-}
-
-// readBody reads src to its end into a buffer that grows as bytes arrive, never from a declared
-// length: a client that declares a large body and sends a few bytes costs a few bytes. More than
-// max bytes is errTooLarge.
-func readBody(src io.Reader, max int64) ([]byte, error) {
-	buf := make([]byte, 0, 4096)
-	lr := io.LimitedReader{R: src, N: max + 1}
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	if int64(len(buf)) > max {
-		return nil, errTooLarge
-	}
-	if len(buf) == 0 {
-		return nil, errEmptyBody
-	}
-	return buf, nil
 }
 
 // HopHeader lists the gateways a request has passed through. Each kvgate adds its own random id

@@ -28,6 +28,9 @@ type Metrics struct {
 	exhausted  *prometheus.CounterVec
 	healthTo   *prometheus.CounterVec
 	circuitTo  *prometheus.CounterVec
+
+	predictionError   *prometheus.HistogramVec
+	predictionMissing *prometheus.CounterVec
 }
 
 var _ proxy.Observer = (*Metrics)(nil)
@@ -65,6 +68,8 @@ func newMetrics(reg *worker.Registry, router *policy.Router, loads policy.Loads)
 			Name: "kvgate_worker_circuit_transitions_total", Help: "Circuit-breaker state changes by worker and new state.",
 		}, []string{"worker", "to"}),
 	}
+	m.predictionError, m.predictionMissing = auditMetrics()
+	m.reg.MustRegister(m.predictionError, m.predictionMissing, sessionCollector{router})
 	m.reg.MustRegister(m.requests, m.duration, m.ttft, m.selections, m.upstream, m.retries, m.exhausted, m.healthTo, m.circuitTo,
 		&workerCollector{reg: reg, router: router, loads: loads},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

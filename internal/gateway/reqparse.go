@@ -23,6 +23,11 @@ type Parsed struct {
 	// Bootstrap is true when the body has a top-level key starting "bootstrap_": fields the
 	// gateway sets itself on a disaggregated request, which a client must not choose.
 	Bootstrap bool
+	// TextBytes is the length of the whole routing text as it appears in the body (escaped),
+	// so that a prediction about Text can be scaled to the whole prompt.
+	TextBytes int
+	// User is the body's "user" (the OpenAI end-user id), a session key of last resort.
+	User string
 }
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
@@ -67,6 +72,9 @@ func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 				}
 				p.Model = string(s.Str(true))
 				return
+			case string(key) == "user" && s.Peek() == '"':
+				p.User = string(s.Str(true))
+				return
 			case string(key) == "stream":
 				if s.Null() {
 					return
@@ -97,7 +105,7 @@ func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 	if err := s.Err(); err != nil {
 		return Parsed{}, fmt.Errorf("%w: malformed JSON: %v", errBadBody, err)
 	}
-	p.Text = text.String()
+	p.Text, p.TextBytes = text.String(), text.total
 	return p, nil
 }
 
@@ -107,12 +115,14 @@ type textBuf struct {
 	b     []byte
 	limit int
 	want  int
+	total int // raw bytes offered, kept or not
 }
 
 func (t *textBuf) full() bool { return len(t.b) >= t.limit }
 
 // add appends the decoded contents of a raw JSON string, up to the limit.
 func (t *textBuf) add(raw []byte) {
+	t.total += len(raw)
 	if !t.full() {
 		t.b = jsonscan.AppendUnescaped(t.b, raw, t.limit)
 	}

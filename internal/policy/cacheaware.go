@@ -106,6 +106,7 @@ var (
 	_ Forgetter        = (*CacheAware)(nil)
 	_ DecisionReporter = (*CacheAware)(nil)
 	_ TreeReporter     = (*CacheAware)(nil)
+	_ Recorder         = (*CacheAware)(nil)
 )
 
 const (
@@ -191,15 +192,20 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	switch {
 	case imbalanced:
 		p.dec.add(caImbalanced)
-		if req.Text != "" {
-			p.tree.Insert(req.Text, best.w.ID)
+		if req.Text == "" {
+			req.decide(BranchImbalanced, 0, false)
+			return best.w
 		}
+		p.Record(req, best.w)
+		req.Decision.Branch = BranchImbalanced
 		return best.w
 	case req.Text == "":
 		p.dec.add(caMiss)
+		req.decide(BranchCacheMiss, 0, false)
 		return best.w
 	}
 	hit := false
+	predicted := 0.0
 	// Every worker holding more than the threshold of the text is a candidate, not only those
 	// on the deepest matched node: under load the prefix spreads to more workers, and the least
 	// loaded of them keeps the hit without queueing behind the first holder.
@@ -207,20 +213,54 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 		if m.Ratio() > p.cfg.CacheThreshold {
 			if h := leastLoadedHolder(av, m.Holders); h != nil {
 				best, hit = h, true
+				predicted = p.predict(m, best.w.ID)
 				return best.w.ID
 			}
 		}
 		if p.placeMiss != nil {
 			best = p.placeMiss(av, av[minI].load, req.Text)
 		}
+		predicted = p.predict(m, best.w.ID)
 		return best.w.ID
 	})
 	if hit {
 		p.dec.add(caHit)
+		req.decide(BranchCacheHit, predicted, true)
 	} else {
 		p.dec.add(caMiss)
+		req.decide(BranchCacheMiss, predicted, true)
 	}
 	return best.w
+}
+
+// predict is the share of m's text that the tree says worker id holds: the whole match when id
+// is on the deepest matched node, more than CacheThreshold (taken as the threshold, a lower
+// bound) when it is only among the holders, else nothing. The tree records what was sent, not
+// what the engine kept, so this is the prediction that audit compares with cached_tokens.
+func (p *CacheAware) predict(m *radix.Match, id string) float64 {
+	switch {
+	case slices.Contains(m.Tenants, id):
+		return m.Ratio()
+	case slices.Contains(m.Holders, id):
+		return p.cfg.CacheThreshold
+	}
+	return 0
+}
+
+// Record records req.Text as sent to w without choosing, and sets req.Decision's prediction
+// for w (its branch is left to the caller). The sticky wrapper calls it when it, not this
+// policy, chose the worker, so that the tree still learns where the conversation lives.
+func (p *CacheAware) Record(req *Request, w *worker.Worker) {
+	if req.Text == "" {
+		req.decide("", 0, false)
+		return
+	}
+	predicted := 0.0
+	p.tree.Route(req.Text, func(m *radix.Match) string {
+		predicted = p.predict(m, w.ID)
+		return w.ID
+	})
+	req.decide("", predicted, true)
 }
 
 // gather appends the available candidates with their loads to dst and returns them, the index
@@ -249,8 +289,7 @@ func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand,
 		return av, 0, false
 	}
 	minLoad := av[minI].load
-	imbalanced = maxLoad-minLoad > p.cfg.BalanceAbsThreshold &&
-		float64(maxLoad) > p.cfg.BalanceRelThreshold*float64(minLoad)
+	imbalanced = BalanceOf(p.cfg).Imbalanced(minLoad, maxLoad)
 	if kvSeen {
 		overloaded := maxUse > p.cfg.OverloadTokenUsageThreshold
 		spread := maxUse-minUse > p.cfg.BalanceTokenUsageThreshold

@@ -53,9 +53,10 @@ func (*CacheAwareHash) Name() string { return "cache_aware_hash" }
 func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64) *cand {
 	var best *cand
 	var bestScore uint64
+	b := BalanceOf(p.cfg)
 	for i := range av {
 		c := &av[i]
-		if c.load-minLoad > p.cfg.BalanceAbsThreshold && float64(c.load) > p.cfg.BalanceRelThreshold*float64(minLoad) {
+		if !b.Within(c.load, minLoad) {
 			continue
 		}
 		if s := score(key, c.w.ID); best == nil || s > bestScore {

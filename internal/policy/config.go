@@ -23,6 +23,7 @@ type Config struct {
 
 	CacheAware CacheAwareConfig `yaml:",inline"`
 	PrefixHash PrefixHashConfig `yaml:",inline"`
+	Sticky     StickyConfig     `yaml:",inline"`
 }
 
 // CacheAwareConfig holds the cache_aware knobs (DESIGN.md §3).
@@ -64,6 +65,7 @@ func DefaultConfig() Config {
 			MaxTreeSize:                 1 << 26,
 		},
 		PrefixHash: PrefixHashConfig{PrefixChars: 1024, LoadFactor: 1.25},
+		Sticky:     defaultSticky(),
 	}
 }
 
@@ -90,7 +92,7 @@ func (c *Config) Validate() error {
 	case c.PrefixHash.LoadFactor < 1:
 		return errors.New("prefix_hash_load_factor must be >= 1")
 	}
-	return nil
+	return c.Sticky.validate()
 }
 
 // withDefaults fills the injected dependencies.

@@ -87,6 +87,7 @@ func (p *ConsistentHashing) Pick(candidates []*worker.Worker, req *Request) *wor
 			return nil
 		}
 		p.dec.add(chNoKey)
+		req.decide(BranchNoKey, 0, false)
 		return av[p.rand(len(av))]
 	}
 	key := hashString(req.Key)
@@ -102,6 +103,7 @@ func (p *ConsistentHashing) Pick(candidates []*worker.Worker, req *Request) *wor
 	}
 	if best != nil {
 		p.dec.add(chHash)
+		req.decide(BranchHash, 0, false)
 	}
 	return best
 }
@@ -168,6 +170,7 @@ func (p *PrefixHash) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	}
 	if k == "" {
 		p.dec.add(phNoKey)
+		req.decide(BranchNoKey, 0, false)
 		return av[minI].w
 	}
 	key := hashString(k)
@@ -183,9 +186,11 @@ func (p *PrefixHash) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	}
 	if av[first].load < bound {
 		p.dec.add(phHash)
+		req.decide(BranchHash, 0, false)
 		return av[first].w
 	}
 	p.dec.add(phOverflow)
+	req.decide(BranchHashOverflow, 0, false)
 	order := make([]int, len(av))
 	for i := range order {
 		order[i] = i

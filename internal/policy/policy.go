@@ -17,8 +17,36 @@ type Request struct {
 	// It may be truncated to the length policies need.
 	Text string
 	// Key is the session routing key: the x-kvgate-routing-key header, else another identity
-	// header (x-session-id, x-user-id), else "".
+	// header (x-session-id, x-user-id), else the body's "user" field, else "".
 	Key string
+
+	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
+	// the last attempt it describes the worker that served the request.
+	Decision Decision
+}
+
+// Decision records why a policy picked the worker it returned, for audit headers, metrics and
+// the bench's prediction accuracy. The zero value means "no detail": a policy without branches
+// (random, round_robin, power_of_two, least_load) leaves it so.
+type Decision struct {
+	// Worker is the id of the worker picked; "" when none was. Choose sets it.
+	Worker string
+	// Branch names the way the policy decided (BranchCacheHit, BranchSticky, ...); "" when the
+	// policy has a single way.
+	Branch string
+	// Predicted is the share of the routing text, in [0,1], that the policy expects the chosen
+	// worker to hold in its prefix cache; meaningful only when HasPrediction.
+	Predicted float64
+	// HasPrediction is true when the policy keeps a view of the workers' caches (a prefix tree)
+	// and so predicted a share.
+	HasPrediction bool
+}
+
+// decide records d on req; req may be nil in tests that call Pick without a view.
+func (req *Request) decide(branch string, predicted float64, has bool) {
+	if req != nil {
+		req.Decision = Decision{Worker: req.Decision.Worker, Branch: branch, Predicted: predicted, HasPrediction: has}
+	}
 }
 
 // Policy picks one worker among candidates for req, or nil when none is available. Candidates
@@ -55,3 +83,15 @@ func (LocalLoads) Load(w *worker.Worker) int64 { return w.Inflight() }
 func (LocalLoads) Report(*worker.Worker) (loadmon.Report, bool) { return loadmon.Report{}, false }
 
 var _ Loads = LocalLoads{}
+
+// Choose asks p for a worker and completes req.Decision: it clears what an earlier pick left
+// there (a retry), and names the worker picked. Callers use it rather than Pick so that the
+// decision record always describes the last pick.
+func Choose(p Policy, candidates []*worker.Worker, req *Request) *worker.Worker {
+	req.Decision = Decision{}
+	w := p.Pick(candidates, req)
+	if w != nil {
+		req.Decision.Worker = w.ID
+	}
+	return w
+}

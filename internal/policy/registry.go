@@ -73,7 +73,7 @@ func LoadAware(name string) bool {
 	return err == nil && s.loadAware
 }
 
-// New builds the named policy from cfg.
+// New builds the named policy from cfg, wrapped in Sticky when cfg.Sticky.Enabled.
 func New(name string, cfg Config) (Policy, error) {
 	s, err := lookup(name)
 	if err != nil {
@@ -82,7 +82,11 @@ func New(name string, cfg Config) (Policy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("policy %s: %w", s.name, err)
 	}
-	return s.build(cfg.withDefaults())
+	p, err := s.build(cfg.withDefaults())
+	if err != nil || !cfg.Sticky.Enabled {
+		return p, err
+	}
+	return NewSticky(p, cfg), nil
 }
 
 // PolicyLabel is the worker label that selects a model's policy.
@@ -147,7 +151,7 @@ func (r *Router) For(model string, first *worker.Worker) (Policy, error) {
 
 // LoadAware reports whether any policy in use, or the default, reads load.
 func (r *Router) LoadAware() bool {
-	if LoadAware(r.defaultName) {
+	if LoadAware(r.defaultName) || r.cfg.Sticky.Enabled { // sticky sessions judge saturation by load
 		return true
 	}
 	r.mu.Lock()

@@ -1,0 +1,253 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"time"
+)
+
+// MooncakeEntry is one line of a Mooncake-format trace (FAST'25; DESIGN.md §9):
+//
+//	{"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59]}
+//
+// Each hash id stands for one block of BlockTokens prompt tokens (512 in the published traces);
+// two requests share a prompt prefix exactly as far as their hash-id lists agree. Ids are
+// global to the file.
+type MooncakeEntry struct {
+	// Timestamp is the arrival in milliseconds from the start of the trace.
+	Timestamp float64 `json:"timestamp"`
+	// InputLength is the prompt length in tokens.
+	InputLength int `json:"input_length"`
+	// OutputLength is the number of tokens generated; zero is sent as one.
+	OutputLength int `json:"output_length"`
+	// HashIDs are the prompt's blocks, in order.
+	HashIDs []int64 `json:"hash_ids"`
+}
+
+// maxHashID bounds hash ids: the published traces use small dense ids, and a bound keeps a
+// corrupt line from being mistaken for data.
+const maxHashID = 1 << 53
+
+// ParseMooncakeLine decodes and validates one trace line for blocks of blockTokens tokens.
+// Unknown fields are ignored (traces grow fields); a field of the wrong type, a negative or
+// non-finite value, or more hash ids than the input length covers is an error.
+func ParseMooncakeLine(line []byte, blockTokens int) (MooncakeEntry, error) {
+	var e MooncakeEntry
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(line, &raw); err != nil {
+		return e, fmt.Errorf("bad JSON: %w", err)
+	}
+	for _, k := range []string{"timestamp", "input_length", "hash_ids"} {
+		if _, ok := raw[k]; !ok {
+			return e, fmt.Errorf("missing %q", k)
+		}
+	}
+	if err := json.Unmarshal(line, &e); err != nil {
+		return e, fmt.Errorf("bad field: %w", err)
+	}
+	switch {
+	case math.IsNaN(e.Timestamp) || math.IsInf(e.Timestamp, 0) || e.Timestamp < 0 || e.Timestamp > 1e12:
+		return e, fmt.Errorf("timestamp %v must be milliseconds in [0, 1e12]", e.Timestamp)
+	case e.InputLength < 1 || e.InputLength > maxTraceTokens:
+		return e, fmt.Errorf("input_length %d out of range [1, %d]", e.InputLength, maxTraceTokens)
+	case e.OutputLength < 0 || e.OutputLength > maxTraceTokens:
+		return e, fmt.Errorf("output_length %d out of range [0, %d]", e.OutputLength, maxTraceTokens)
+	case len(e.HashIDs) > (e.InputLength+blockTokens-1)/blockTokens:
+		return e, fmt.Errorf("%d hash_ids but input_length %d covers only %d blocks of %d tokens",
+			len(e.HashIDs), e.InputLength, (e.InputLength+blockTokens-1)/blockTokens, blockTokens)
+	}
+	for _, id := range e.HashIDs {
+		if id < 0 || id > maxHashID {
+			return e, fmt.Errorf("hash id %d out of range [0, 2^53]", id)
+		}
+	}
+	return e, nil
+}
+
+// ParseMooncake reads a Mooncake-format trace for blocks of blockTokens tokens. Blank lines are
+// skipped; errors name the line. Timestamps must not decrease.
+func ParseMooncake(r io.Reader, blockTokens int) ([]MooncakeEntry, error) {
+	if blockTokens < 1 || blockTokens > 1<<16 {
+		return nil, fmt.Errorf("block tokens %d must be in [1, 65536]", blockTokens)
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 64<<20)
+	var out []MooncakeEntry
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		e, err := ParseMooncakeLine(line, blockTokens)
+		if err != nil {
+			return nil, fmt.Errorf("mooncake trace line %d: %w", n, err)
+		}
+		if len(out) > 0 && e.Timestamp < out[len(out)-1].Timestamp {
+			return nil, fmt.Errorf("mooncake trace line %d: timestamp %v is before the previous line's %v", n, e.Timestamp, out[len(out)-1].Timestamp)
+		}
+		out = append(out, e)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading mooncake trace: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("mooncake trace has no requests")
+	}
+	return out, nil
+}
+
+// WriteMooncake writes entries as a Mooncake-format trace, one JSON object a line.
+func WriteMooncake(w io.Writer, entries []MooncakeEntry) error {
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	for i := range entries {
+		if err := enc.Encode(&entries[i]); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+// MooncakeOptions say how a Mooncake-format trace is replayed.
+type MooncakeOptions struct {
+	// BlockTokens is the tokens one hash id stands for. Zero means 512, the published traces'.
+	BlockTokens int
+	// TimeScale multiplies the trace's arrival offsets: 0.5 replays twice as fast. Zero means 1.
+	TimeScale float64
+	// From and To select the window [From, To) of trace time (before scaling); the window's
+	// start becomes time zero. Zero To means the end of the trace.
+	From, To time.Duration
+	// Seed fixes the text each hash id becomes.
+	Seed uint64
+}
+
+func (o MooncakeOptions) withDefaults() MooncakeOptions {
+	if o.BlockTokens == 0 {
+		o.BlockTokens = 512
+	}
+	if o.TimeScale == 0 {
+		o.TimeScale = 1
+	}
+	return o
+}
+
+// Validate reports the first invalid option.
+func (o MooncakeOptions) Validate() error {
+	o = o.withDefaults()
+	switch {
+	case o.BlockTokens < 1 || o.BlockTokens > 1<<16:
+		return fmt.Errorf("block tokens %d must be in [1, 65536]", o.BlockTokens)
+	case !(o.TimeScale > 0) || o.TimeScale > 1e6:
+		return fmt.Errorf("time scale %v must be in (0, 1e6]", o.TimeScale)
+	case o.From < 0 || o.To < 0 || (o.To > 0 && o.To <= o.From):
+		return fmt.Errorf("window [%v, %v) must be non-negative and non-empty", o.From, o.To)
+	}
+	return nil
+}
+
+// Mooncake replays a Mooncake-format trace: one single-turn session per line, at its recorded
+// (scaled) time under an open loop. Hash id h becomes the same BlockTokens words of text wherever
+// it appears (a pure function of the seed and h: one word is one engine token, 4 bytes), so shared
+// blocks are shared text and different ids never share a block; a request's last block is cut to
+// its input_length, and an input_length beyond its blocks is filled with text unique to the line.
+// The zero value is not usable; use NewMooncake or LoadMooncake.
+type Mooncake struct {
+	opt     MooncakeOptions
+	entries []MooncakeEntry
+	lines   []int // entries[i]'s index in the whole trace, for unique filler text
+}
+
+// NewMooncake builds the replay of entries (in timestamp order) under opt.
+func NewMooncake(entries []MooncakeEntry, opt MooncakeOptions) (*Mooncake, error) {
+	if err := opt.Validate(); err != nil {
+		return nil, err
+	}
+	opt = opt.withDefaults()
+	m := &Mooncake{opt: opt}
+	from, to := ms(opt.From), ms(opt.To)
+	for i, e := range entries {
+		if e.Timestamp < from || (opt.To > 0 && e.Timestamp >= to) {
+			continue
+		}
+		m.entries = append(m.entries, e)
+		m.lines = append(m.lines, i)
+	}
+	if len(m.entries) == 0 {
+		return nil, fmt.Errorf("no request of the trace falls in the window [%v, %v)", opt.From, opt.To)
+	}
+	return m, nil
+}
+
+// LoadMooncake reads the Mooncake-format trace at path and builds its replay.
+func LoadMooncake(path string, opt MooncakeOptions) (*Mooncake, error) {
+	if err := opt.Validate(); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	defer f.Close()
+	es, err := ParseMooncake(f, opt.withDefaults().BlockTokens)
+	if err != nil {
+		return nil, fmt.Errorf("trace %s: %w", path, err)
+	}
+	return NewMooncake(es, opt)
+}
+
+// Name returns "mooncake".
+func (*Mooncake) Name() string { return "mooncake" }
+
+// Len returns the number of requests in the window.
+func (m *Mooncake) Len() int { return len(m.entries) }
+
+// Entries returns the requests of the window (shared; do not modify).
+func (m *Mooncake) Entries() []MooncakeEntry { return m.entries }
+
+// Session returns request k of the window as a one-turn session.
+func (m *Mooncake) Session(k int) (Session, bool) {
+	if k < 0 || k >= len(m.entries) {
+		return Session{}, false
+	}
+	e := &m.entries[k]
+	at := (e.Timestamp - ms(m.opt.From)) * m.opt.TimeScale
+	t := Turn{
+		Messages:     []Message{{Role: "user", Content: m.Text(k)}},
+		OutputTokens: max(e.OutputLength, 1),
+	}
+	if len(e.HashIDs) > 0 {
+		t.PrefixID = fmt.Sprintf("h%d", e.HashIDs[0])
+	}
+	return Session{
+		ID:    k,
+		Key:   fmt.Sprintf("m%d", m.lines[k]),
+		Turns: []Turn{t},
+		At:    time.Duration(at * float64(time.Millisecond)),
+		Timed: true,
+	}, true
+}
+
+// Text returns the prompt of request k: its blocks' text, cut to its input_length.
+func (m *Mooncake) Text(k int) string {
+	e := &m.entries[k]
+	bt := m.opt.BlockTokens
+	var b strings.Builder
+	b.Grow(e.InputLength * 4)
+	left := e.InputLength
+	for _, id := range e.HashIDs {
+		n := min(bt, left)
+		b.WriteString(Words(rngFor(m.opt.Seed, 9, int(id)), n))
+		left -= n
+	}
+	if left > 0 {
+		b.WriteString(Words(rngFor(m.opt.Seed, 10, m.lines[k]), left))
+	}
+	return b.String()
+}

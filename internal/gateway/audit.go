@@ -1,0 +1,201 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvgate/kvgate/internal/policy"
+)
+
+// Audit of routing decisions. Every request the gateway routes carries a decision record
+// (policy.Decision: worker, branch, predicted cached share). Two things are done with it:
+//
+//   - With Config.AuditHeaders on (off by default), the response carries it as headers:
+//     x-kvgate-worker (the worker id, a hash of its URL: no address is shown), x-kvgate-route
+//     (policy/branch) and, when the policy predicted one, x-kvgate-predicted-hit (the share of
+//     the prompt it expected cached, 3 decimals). Any client allowed on the data plane sees
+//     them, which is why they are opt-in: they tell a client how many workers there are and
+//     which requests share a cache, which a multi-tenant deployment may not want to disclose.
+//   - Always, when the policy predicted a share, the share the worker then reports
+//     (usage.prompt_tokens / usage.prompt_tokens_details.cached_tokens) is compared with it and
+//     the difference is observed in kvgate_prefix_prediction_error. The response is never
+//     buffered for this: a non-streaming body is looked at only when it is small (the bytes
+//     already relayed, up to auditBodyMax), a stream only through its last auditTailMax bytes,
+//     where the usage chunk is.
+const (
+	headerWorker    = "X-Kvgate-Worker"
+	headerRoute     = "X-Kvgate-Route"
+	headerPredicted = "X-Kvgate-Predicted-Hit"
+
+	// auditBodyMax is the largest non-streaming body whose usage is read.
+	auditBodyMax = 64 << 10
+	// auditTailMax is how much of a stream's end is kept to find its usage chunk.
+	auditTailMax = 4 << 10
+)
+
+// auditWriter relays a response to the client, adding the audit headers when asked, and keeps
+// what it needs to read the usage afterwards.
+type auditWriter struct {
+	http.ResponseWriter
+	req       *policy.Request
+	textBytes int // the whole routing text's length in the body
+	policy    string
+	headers   bool
+
+	status  int
+	sse     bool
+	keep    []byte // non-streaming: the body so far; streaming: its tail
+	dropped bool   // non-streaming body over auditBodyMax: not read
+}
+
+// newAuditWriter wraps w for req, whose routing text is textBytes long in the body, routed by
+// the policy named policy.
+func newAuditWriter(w http.ResponseWriter, req *policy.Request, textBytes int, policy string, headers bool) *auditWriter {
+	return &auditWriter{ResponseWriter: w, req: req, textBytes: textBytes, policy: policy, headers: headers}
+}
+
+// WriteHeader adds the audit headers (when on) from the decision of the last pick.
+func (a *auditWriter) WriteHeader(code int) {
+	if a.status != 0 {
+		return
+	}
+	a.status = code
+	h := a.Header()
+	a.sse = strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
+	if a.headers {
+		d := &a.req.Decision
+		if d.Worker != "" {
+			h.Set(headerWorker, d.Worker)
+			route := a.policy
+			if d.Branch != "" {
+				route += "/" + d.Branch
+			}
+			h.Set(headerRoute, route)
+			if d.HasPrediction {
+				h.Set(headerPredicted, strconv.FormatFloat(a.promptShare(), 'f', 3, 64))
+			}
+		}
+	}
+	a.ResponseWriter.WriteHeader(code)
+}
+
+// Write relays b, keeping the body (small, non-streaming) or the stream's tail.
+func (a *auditWriter) Write(b []byte) (int, error) {
+	if a.status == 0 {
+		a.WriteHeader(http.StatusOK)
+	}
+	switch {
+	case a.sse:
+		if len(b) >= auditTailMax {
+			a.keep = append(a.keep[:0], b[len(b)-auditTailMax:]...)
+			break
+		}
+		if len(a.keep)+len(b) > 2*auditTailMax {
+			// Shift once the buffer holds two windows: amortised, each byte moves at most once.
+			n := copy(a.keep, a.keep[len(a.keep)-auditTailMax:])
+			a.keep = a.keep[:n]
+		}
+		a.keep = append(a.keep, b...)
+	case !a.dropped:
+		if len(a.keep)+len(b) > auditBodyMax {
+			a.keep, a.dropped = nil, true
+			break
+		}
+		a.keep = append(a.keep, b...)
+	}
+	return a.ResponseWriter.Write(b)
+}
+
+// Flush flushes the client connection (the proxy flushes every streamed event).
+func (a *auditWriter) Flush() {
+	if f, ok := a.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (a *auditWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
+// usage is the part of an OpenAI usage object the audit reads.
+type auditUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// cachedShare returns the share of the prompt the worker reported as cached, from the last
+// "usage" object in what was kept; ok false when there is none or it lacks cached_tokens.
+func (a *auditWriter) cachedShare() (share float64, ok bool) {
+	if a.status != http.StatusOK || a.dropped || len(a.keep) == 0 {
+		return 0, false
+	}
+	return usageShare(a.keep)
+}
+
+// usageShare finds the last `"usage":` in b and reads the object after it.
+func usageShare(b []byte) (float64, bool) {
+	i := bytes.LastIndex(b, []byte(`"usage"`))
+	if i < 0 {
+		return 0, false
+	}
+	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return 0, false
+	}
+	var u auditUsage
+	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil {
+		return 0, false
+	}
+	if u.PromptTokens <= 0 || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == nil {
+		return 0, false
+	}
+	c := *u.PromptTokensDetails.CachedTokens
+	return min(max(float64(c)/float64(u.PromptTokens), 0), 1), true
+}
+
+// promptShare scales the predicted share of the routing text to the whole prompt: a policy
+// sees at most RoutingPrefixBytes of it, and predicts nothing about the rest.
+func (a *auditWriter) promptShare() float64 {
+	p := a.req.Decision.Predicted
+	if n := a.textBytes; n > len(a.req.Text) {
+		return p * float64(len(a.req.Text)) / float64(n)
+	}
+	return p
+}
+
+// observe compares the decision's prediction with what the worker reported, once the response
+// is relayed.
+func (a *auditWriter) observe(m *Metrics, model string) {
+	d := &a.req.Decision
+	if !d.HasPrediction {
+		return
+	}
+	actual, ok := a.cachedShare()
+	if !ok {
+		m.predictionMissing.WithLabelValues(a.policy, model).Inc()
+		return
+	}
+	m.predictionError.WithLabelValues(a.policy, model).Observe(a.promptShare() - actual)
+}
+
+// predictionErrorBuckets cover predicted − actual share in [−1, 1], finer near zero.
+var predictionErrorBuckets = []float64{-1, -0.75, -0.5, -0.25, -0.1, -0.05, -0.01, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1}
+
+// auditMetrics are the audit's metrics, registered by newMetrics.
+func auditMetrics() (*prometheus.HistogramVec, *prometheus.CounterVec) {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvgate_prefix_prediction_error",
+			Help:    "Predicted minus worker-reported cached share of the prompt, per routed request whose policy predicted one and whose worker reported cached_tokens.",
+			Buckets: predictionErrorBuckets,
+		}, []string{"policy", "model"}),
+		prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_prefix_prediction_unverified_total",
+			Help: "Requests with a predicted cached share whose response gave no cached_tokens to compare (no usage, a large body, an error).",
+		}, []string{"policy", "model"})
+}

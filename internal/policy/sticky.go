@@ -1,0 +1,425 @@
+package policy
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// Branches of the sticky wrapper, as reported by Decisions and Request.Decision.
+const (
+	// BranchSticky: the request went to the worker its session is bound to.
+	BranchSticky = "sticky"
+	// BranchStickyMoved: the session's worker was gone or unavailable, so the session moved to
+	// the next available worker in rendezvous order of its key, and is bound there now.
+	BranchStickyMoved = "sticky_moved"
+	// BranchStickySaturated: the session's worker was saturated, so this one request went to the
+	// session's next worker in rendezvous order; the session stays bound to its worker.
+	BranchStickySaturated = "sticky_saturated"
+	// BranchPolicy counts the requests a wrapped policy without branches decided (new or
+	// keyless sessions).
+	BranchPolicy = "policy"
+)
+
+// StickyConfig configures sticky sessions (the Sticky wrapper around any policy).
+type StickyConfig struct {
+	// Enabled wraps every policy in Sticky. Default false.
+	Enabled bool `yaml:"sticky_sessions"`
+	// TTL is how long a session stays bound after its last request. Default 30 min.
+	TTL time.Duration `yaml:"sticky_session_ttl"`
+	// MaxSessions bounds the session table of one model; the least recently used session is
+	// dropped past it. Each entry holds the key (up to MaxKeyBytes) and ~100 bytes. Default 100000.
+	MaxSessions int `yaml:"sticky_max_sessions"`
+	// QueueRatio defines saturation: a worker whose engine reports a queue (so its running
+	// requests are all it can hold now) is saturated when its effective load exceeds its running
+	// requests by more than QueueRatio × running, i.e. when a new request would wait behind more
+	// than QueueRatio of a full batch. Default 0.25.
+	QueueRatio float64 `yaml:"sticky_queue_ratio"`
+}
+
+// MaxKeyBytes is the longest session key kept; longer keys are hashed down to 64 bits, so a
+// hostile client cannot make the table hold large strings.
+const MaxKeyBytes = 128
+
+// defaultSticky returns the sticky defaults (disabled).
+func defaultSticky() StickyConfig {
+	return StickyConfig{TTL: 30 * time.Minute, MaxSessions: 100_000, QueueRatio: 0.25}
+}
+
+// validate reports the first invalid sticky knob.
+func (c StickyConfig) validate() error {
+	switch {
+	case c.TTL < 0:
+		return errors.New("sticky_session_ttl must be >= 0")
+	case c.MaxSessions < 0:
+		return errors.New("sticky_max_sessions must be >= 0")
+	case c.QueueRatio < 0:
+		return errors.New("sticky_queue_ratio must be >= 0")
+	}
+	return nil
+}
+
+// Recorder is implemented by policies with a view of the workers' caches (a prefix tree): Record
+// tells them that req goes to w although they did not choose it, and sets req.Decision's
+// prediction for w.
+type Recorder interface {
+	Record(req *Request, w *worker.Worker)
+}
+
+// SessionReporter is implemented by Sticky; the gateway's metrics read it at scrape time.
+type SessionReporter interface {
+	// Sessions returns the session table's size and lifetime counters.
+	Sessions() SessionStats
+}
+
+// SessionStats describes a session table.
+type SessionStats struct {
+	// Active is the sessions bound now.
+	Active int
+	// Created, Expired and Evicted count sessions bound, dropped after TTL of silence, and
+	// dropped to stay under MaxSessions.
+	Created, Expired, Evicted uint64
+}
+
+// Sticky keeps each conversation on one worker. A request with a session key (Request.Key: the
+// x-kvgate-routing-key or x-session-id header, or the body's "user") goes to the worker its
+// session is bound to while that worker is available and not saturated; a new session is placed
+// by the wrapped policy and bound to its choice. When the bound worker is gone (removed, not
+// ready, circuit open) the session moves to the first available unsaturated worker in rendezvous
+// order of its key and is bound there: only the sessions of the worker that left move, and every
+// gateway replica moves them alike. A saturated worker's sessions spill, one request at a time,
+// to that same rendezvous successor, so that repeated spills of a conversation build one second
+// cache rather than many. Requests without a key go to the wrapped policy.
+//
+// Saturated means: when the worker's fresh load report shows a queue (its running requests are
+// then all it can hold), an effective load above (1 + QueueRatio) × its running requests; with
+// no fresh report or no queue, cache_aware's imbalance rule for this worker (load more than
+// balance_abs_threshold above the least loaded candidate and more than balance_rel_threshold
+// times it).
+//
+// The table is per policy instance, and the Router builds one policy per model, so sessions are
+// scoped per model. It is bounded by MaxSessions (least recently used dropped first) and TTL.
+// Create it with NewSticky; the zero value is not usable.
+type Sticky struct {
+	inner Policy
+	rec   Recorder // inner as a Recorder, or nil
+	cfg   StickyConfig
+	bal   CacheAwareConfig
+	loads Loads
+	now   func() time.Time
+	dec   *counters
+
+	mu    sync.Mutex
+	table map[string]*session
+	lru   session // sentinel of the recency list: lru.next is the most recent
+	stats SessionStats
+	own   atomic.Uint64 // BranchPolicy count when inner reports no branches
+}
+
+// session is one bound conversation, an entry of the table and of its recency list.
+type session struct {
+	key        string
+	worker     string
+	last       time.Time
+	prev, next *session
+}
+
+var (
+	_ Policy           = (*Sticky)(nil)
+	_ Forgetter        = (*Sticky)(nil)
+	_ DecisionReporter = (*Sticky)(nil)
+	_ SessionReporter  = (*Sticky)(nil)
+	_ io.Closer        = (*Sticky)(nil)
+)
+
+const (
+	stSticky = iota
+	stMoved
+	stSaturated
+)
+
+// NewSticky wraps inner; cfg gives the sticky knobs, the load view, the clock and the balance
+// thresholds of the saturation rule.
+func NewSticky(inner Policy, cfg Config) *Sticky {
+	c := cfg.withDefaults()
+	d := defaultSticky()
+	if c.Sticky.TTL == 0 {
+		c.Sticky.TTL = d.TTL
+	}
+	if c.Sticky.MaxSessions == 0 {
+		c.Sticky.MaxSessions = d.MaxSessions
+	}
+	p := &Sticky{
+		inner: inner, cfg: c.Sticky, bal: c.CacheAware, loads: c.Loads, now: c.Now,
+		dec:   newCounters(BranchSticky, BranchStickyMoved, BranchStickySaturated),
+		table: map[string]*session{},
+	}
+	p.rec, _ = inner.(Recorder)
+	p.lru.prev, p.lru.next = &p.lru, &p.lru
+	return p
+}
+
+// Name returns the wrapped policy's name: stickiness is a property of the deployment, and the
+// name keys the load-awareness lookup and the metrics.
+func (p *Sticky) Name() string { return p.inner.Name() }
+
+// Inner returns the wrapped policy.
+func (p *Sticky) Inner() Policy { return p.inner }
+
+// Pick routes req by its session, as the type's doc says.
+func (p *Sticky) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+	if req.Key == "" {
+		return p.pickInner(candidates, req)
+	}
+	key := sessionKey(req.Key)
+	now := p.now()
+	p.mu.Lock()
+	s := p.lookup(key, now)
+	bound := ""
+	if s != nil {
+		bound = s.worker
+	}
+	p.mu.Unlock()
+	if bound == "" {
+		w := p.pickInner(candidates, req)
+		if w != nil {
+			p.bind(key, w.ID, now)
+		}
+		return w
+	}
+	var bw *worker.Worker
+	for _, w := range candidates {
+		if w.ID == bound {
+			bw = w
+			break
+		}
+	}
+	if bw != nil && bw.Available() {
+		if !p.saturated(bw, candidates) {
+			return p.sticky(req, bw, stSticky, BranchSticky)
+		}
+		if w := p.successor(candidates, key, bw); w != nil {
+			return p.sticky(req, w, stSaturated, BranchStickySaturated)
+		}
+		return p.sticky(req, bw, stSticky, BranchSticky) // every other worker is saturated too
+	}
+	w := p.successor(candidates, key, nil)
+	if w == nil {
+		return nil
+	}
+	p.bind(key, w.ID, now)
+	return p.sticky(req, w, stMoved, BranchStickyMoved)
+}
+
+// pickInner asks the wrapped policy.
+func (p *Sticky) pickInner(candidates []*worker.Worker, req *Request) *worker.Worker {
+	w := p.inner.Pick(candidates, req)
+	if w != nil {
+		if _, ok := p.inner.(DecisionReporter); !ok {
+			p.own.Add(1)
+		}
+	}
+	return w
+}
+
+// sticky records the decision to send req to w.
+func (p *Sticky) sticky(req *Request, w *worker.Worker, counter int, branch string) *worker.Worker {
+	p.dec.add(counter)
+	if p.rec != nil {
+		p.rec.Record(req, w)
+	} else {
+		req.decide("", 0, false)
+	}
+	req.Decision.Branch = branch
+	return w
+}
+
+// successor returns the first available, unsaturated worker other than skip in rendezvous order
+// of key; failing that, the first available one other than skip; nil when none.
+func (p *Sticky) successor(candidates []*worker.Worker, key string, skip *worker.Worker) *worker.Worker {
+	h := hashString(key)
+	var best, bestAny *worker.Worker
+	var bestScore, anyScore uint64
+	for _, w := range candidates {
+		if w == skip || !w.Available() {
+			continue
+		}
+		s := score(h, w.ID)
+		if bestAny == nil || s > anyScore {
+			bestAny, anyScore = w, s
+		}
+		if (best == nil || s > bestScore) && !p.saturated(w, candidates) {
+			best, bestScore = w, s
+		}
+	}
+	if best != nil {
+		return best
+	}
+	return bestAny
+}
+
+// saturated applies the saturation rule of the type's doc to w.
+func (p *Sticky) saturated(w *worker.Worker, candidates []*worker.Worker) bool {
+	load := p.loads.Load(w)
+	if r, ok := p.loads.Report(w); ok && r.Waiting > 0 && r.Running > 0 {
+		return float64(load-r.Running) > p.cfg.QueueRatio*float64(r.Running)
+	}
+	minLoad := load
+	for _, c := range candidates {
+		if c != w && c.Available() {
+			minLoad = min(minLoad, p.loads.Load(c))
+		}
+	}
+	return load-minLoad > p.bal.BalanceAbsThreshold && float64(load) > p.bal.BalanceRelThreshold*float64(minLoad)
+}
+
+// lookup returns key's live session marked used now, dropping it if it expired; the caller
+// holds mu.
+func (p *Sticky) lookup(key string, now time.Time) *session {
+	s := p.table[key]
+	if s == nil {
+		return nil
+	}
+	if now.Sub(s.last) > p.cfg.TTL {
+		p.drop(s)
+		p.stats.Expired++
+		return nil
+	}
+	s.unlink()
+	s.last = now
+	p.pushFront(s)
+	return s
+}
+
+// bind binds key to worker id as of now, making it the most recent session and dropping the
+// least recent ones (or expired ones) past MaxSessions.
+func (p *Sticky) bind(key, id string, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.table[key]
+	if s == nil {
+		s = &session{key: key}
+		p.table[key] = s
+		p.stats.Created++
+	} else {
+		s.unlink()
+	}
+	s.worker, s.last = id, now
+	p.pushFront(s)
+	for len(p.table) > p.cfg.MaxSessions {
+		old := p.lru.prev
+		if now.Sub(old.last) > p.cfg.TTL {
+			p.stats.Expired++
+		} else {
+			p.stats.Evicted++
+		}
+		p.drop(old)
+	}
+}
+
+// pushFront makes s the most recent session; the caller holds mu.
+func (p *Sticky) pushFront(s *session) {
+	s.prev, s.next = &p.lru, p.lru.next
+	p.lru.next.prev = s
+	p.lru.next = s
+}
+
+func (s *session) unlink() {
+	s.prev.next, s.next.prev = s.next, s.prev
+	s.prev, s.next = nil, nil
+}
+
+// drop removes s from the table; the caller holds mu.
+func (p *Sticky) drop(s *session) {
+	s.unlink()
+	delete(p.table, s.key)
+}
+
+// sessionKey bounds a client-chosen key: keys up to MaxKeyBytes are kept as they are, longer
+// ones become a fixed-size hash.
+func sessionKey(k string) string {
+	if len(k) <= MaxKeyBytes {
+		return k
+	}
+	h := hashString(k)
+	var b [17]byte
+	b[0] = '#'
+	const hexd = "0123456789abcdef"
+	for i := 0; i < 16; i++ {
+		b[16-i] = hexd[h&0xf]
+		h >>= 4
+	}
+	return string(b[:])
+}
+
+// Evict drops every expired session, then trims the wrapped policy (if it trims). The eviction
+// loop of the wrapped policy does not call it; the fleet simulator and Sweep do.
+func (p *Sticky) Evict() {
+	p.Sweep()
+	if e, ok := p.inner.(interface{ Evict() }); ok {
+		e.Evict()
+	}
+}
+
+// Sweep drops every session silent for longer than TTL. Lookups drop expired sessions as they
+// meet them; Sweep frees the memory of those never asked for again.
+func (p *Sticky) Sweep() {
+	now := p.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for s := p.lru.prev; s != &p.lru && now.Sub(s.last) > p.cfg.TTL; s = p.lru.prev {
+		p.drop(s)
+		p.stats.Expired++
+	}
+}
+
+// Forget tells the wrapped policy that the worker is gone. Its sessions stay bound: each moves,
+// in rendezvous order, on its next request, so a worker that leaves moves only its own sessions.
+func (p *Sticky) Forget(workerID string) {
+	if f, ok := p.inner.(Forgetter); ok {
+		f.Forget(workerID)
+	}
+}
+
+// Decisions returns the wrapped policy's decisions (or BranchPolicy for one that counts none)
+// plus sticky, sticky_moved and sticky_saturated.
+func (p *Sticky) Decisions() map[string]uint64 {
+	out := p.dec.snapshot()
+	if d, ok := p.inner.(DecisionReporter); ok {
+		for k, v := range d.Decisions() {
+			out[k] += v
+		}
+	} else {
+		out[BranchPolicy] = p.own.Load()
+	}
+	return out
+}
+
+// TreeSizes returns the wrapped policy's tree sizes; nil when it keeps no tree.
+func (p *Sticky) TreeSizes() map[string]int64 {
+	if t, ok := p.inner.(TreeReporter); ok {
+		return t.TreeSizes()
+	}
+	return nil
+}
+
+// Sessions returns the table's size and counters.
+func (p *Sticky) Sessions() SessionStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.stats
+	st.Active = len(p.table)
+	return st
+}
+
+// Close closes the wrapped policy if it has background work.
+func (p *Sticky) Close() error {
+	if c, ok := p.inner.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
