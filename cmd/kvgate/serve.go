@@ -107,6 +107,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&g.Proxy.Retry.InitialBackoff, "retry-initial-backoff", g.Proxy.Retry.InitialBackoff, "wait before the first retry")
 	fs.DurationVar(&g.Proxy.Retry.MaxBackoff, "retry-max-backoff", g.Proxy.Retry.MaxBackoff, "longest wait between attempts")
 	fs.Float64Var(&g.Proxy.Retry.Multiplier, "retry-backoff-multiplier", g.Proxy.Retry.Multiplier, "backoff growth per attempt")
+	fs.Var(&g.Proxy.Retry.On, "retry-on", "failed outcomes retried on another worker: connect, 429, 503, 5xx, timeout, reset, or none (the default retries only where the engine cannot have started work)")
 	fs.Float64Var(&g.Proxy.Retry.Jitter, "retry-jitter", g.Proxy.Retry.Jitter, "± fraction of jitter on each wait, below 1 (negative = none)")
 	fs.IntVar(&g.Breaker.FailureThreshold, "cb-failure-threshold", g.Breaker.FailureThreshold, "consecutive failures that open a worker's circuit")
 	fs.IntVar(&g.Breaker.SuccessThreshold, "cb-success-threshold", g.Breaker.SuccessThreshold, "half-open successes that close it")

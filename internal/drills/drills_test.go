@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -102,6 +103,8 @@ func TestDrillWorkerKilled(t *testing.T) {
 func TestDrillWorkerHangs(t *testing.T) {
 	rc := defaultRig(3)
 	rc.proxy.AttemptTimeout = 250 * time.Millisecond
+	// A timed-out request may still run on the engine: re-sending it is the operator's choice.
+	rc.proxy.Retry.On = proxy.DefaultRetryOn | proxy.RetryTimeout
 	rc.health.Interval = 2 * time.Second // slow checks, so that the breaker is what sheds it
 	r := newRig(t, rc)
 	victim := r.workers[1]

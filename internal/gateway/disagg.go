@@ -20,18 +20,18 @@ import (
 // serveDisaggregated runs a request on a prefill/decode pair (SGLang bootstrap protocol): it
 // picks one prefill and one decode worker, adds bootstrap_host, bootstrap_port and bootstrap_room
 // to the body, sends it to both at once, and relays the decode worker's answer.
-func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path string, body []byte, p *Parsed, pool *worker.Pool) int {
+func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path string, body []byte, p *Parsed, pool *worker.Pool) proxy.Result {
 	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, p)}
 	ppol, err1 := s.router.For(pool.Model+"#prefill", pool.Prefill[0])
 	dpol, err2 := s.router.For(pool.Model+"#decode", pool.Decode[0])
 	if err1 != nil || err2 != nil {
 		writeError(w, http.StatusInternalServerError, "policy_error", fmt.Sprint(err1, err2))
-		return http.StatusInternalServerError
+		return proxy.Result{Status: http.StatusInternalServerError}
 	}
 	pw := ppol.Pick(pool.Prefill, preq)
 	if pw == nil {
 		writeError(w, http.StatusServiceUnavailable, "no_available_worker", fmt.Sprintf("no available prefill worker for model %q", pool.Model))
-		return http.StatusServiceUnavailable
+		return proxy.Result{Status: http.StatusServiceUnavailable}
 	}
 	s.metrics.selected(ppol.Name(), pool.Model, pw)
 	if p.Bootstrap {
@@ -40,7 +40,7 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	pdBody := withBootstrap(body, pw)
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
-	req := &proxy.Request{Path: path, Header: r.Header, Body: pdBody, RequestID: id, ClientIP: clientIP(r)}
+	req := &proxy.Request{Path: upstreamPath(path, r), Header: r.Header, Body: pdBody, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream}
 
 	// The decode worker waits for the KV cache the prefill worker sends: if the prefill request
 	// fails, the decode side would wait until its timeout, so it is cancelled at once and the
@@ -74,16 +74,19 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		return dw
 	})
 	wg.Wait()
-	if prefillErr != nil && !res.Committed {
-		res.Err = fmt.Errorf("%w: worker %s: %w", errPrefillFailed, pw.ID, prefillErr)
-		res.Status = http.StatusBadGateway
+	var pe *proxy.Error
+	if errors.As(prefillErr, &pe) && !res.Committed {
+		res.Err, res.Status = pe, http.StatusBadGateway
+		if pe.Kind == proxy.KindTimeout {
+			res.Status = http.StatusGatewayTimeout
+		}
+		s.log.Warn("request failed", "request_id", id, "model", pool.Model, "prefill_worker", pw.ID, "status", res.Status, "err", pe)
+		writeError(w, res.Status, codeFor(res.Status), "the prefill worker failed: "+failureMessage(pe)+" (request id "+id+")")
+		return res
 	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
-	return res.Status
+	return res
 }
-
-// errPrefillFailed marks a disaggregated request whose prefill half failed.
-var errPrefillFailed = errors.New("the prefill worker failed")
 
 // withBootstrap returns a copy of the JSON object body with the bootstrap fields first.
 func withBootstrap(body []byte, prefill *worker.Worker) []byte {

@@ -17,32 +17,44 @@ import (
 func (s *Server) inference(path string, kind routeKind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		status, model := s.serveInference(w, r, path, kind)
+		status, model, abort := s.serveInference(w, r, path, kind)
 		s.metrics.observeRequest(path, model, status, time.Since(start))
-		if status == StatusClientClosed {
-			// The client closed its side (a half-close ends the request as a full close does:
-			// the two cannot be told apart, and the worker must stop at once when a client
-			// leaves). Cut the connection rather than let net/http finish the response: an
-			// empty 200, or a truncated body that looks complete, would be a lie.
+		if abort || status == StatusClientClosed {
+			// The client has a truncated body that nothing marks as such, or closed its side
+			// (a half-close ends the request as a full close does: the two cannot be told
+			// apart, and the worker must stop at once when a client leaves). Cut the
+			// connection, now that every counter is settled, rather than let net/http finish
+			// the response: an empty 200 would be a lie.
 			panic(http.ErrAbortHandler)
 		}
 	})
 }
 
-// serveInference handles one request and returns the status the client saw and the resolved
-// model (a bounded label: "" for requests that named no served model).
-func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (int, string) {
+// serveInference handles one request and returns the status the client saw, the resolved model
+// (a bounded label: "" for requests that named no served model), and whether the client's
+// connection must be aborted (Result.Abort).
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (status int, model string, abort bool) {
+	status, model, res := s.route(w, r, path, kind)
+	if res != nil {
+		abort = res.Abort
+	}
+	return status, model, abort
+}
+
+// route validates, routes and forwards one request; res is nil when it was answered before any
+// forwarding.
+func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (int, string, *proxy.Result) {
 	if s.looped(r) {
 		s.log.Warn("request loop: a request came back to this gateway; is its own address registered as a worker?",
 			"request_id", requestID(r), "hops", strings.Join(r.Header.Values(HopHeader), ","))
 		writeError(w, http.StatusLoopDetected, "loop_detected", "the request looped back to the gateway that sent it")
-		return http.StatusLoopDetected, ""
+		return http.StatusLoopDetected, "", nil
 	}
 	if max := s.cfg.MaxConcurrentRequests; max > 0 {
 		if s.inflight.Add(1) > max {
 			s.inflight.Add(-1)
 			writeError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("the gateway is at its limit of %d concurrent requests", max))
-			return http.StatusTooManyRequests, ""
+			return http.StatusTooManyRequests, "", nil
 		}
 		defer s.inflight.Add(-1)
 	}
@@ -52,40 +64,56 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 		if be.status != StatusClientClosed {
 			writeError(w, be.status, codeFor(be.status), be.msg)
 		}
-		return be.status, ""
+		return be.status, "", nil
 	}
 	p, err := parseBody(body, kind, s.cfg.RoutingPrefixBytes)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
-		return http.StatusBadRequest, ""
+		return http.StatusBadRequest, "", nil
 	}
 	view := s.reg.View()
 	pool, status, msg := resolvePool(view, p.Model)
 	if pool == nil {
 		writeError(w, status, codeFor(status), msg)
-		return status, ""
+		return status, "", nil
 	}
 	candidates := pool.Regular
-	if len(candidates) == 0 && pool.Disaggregated() {
-		return s.serveDisaggregated(w, r, path, body, &p, pool), pool.Model
+	if len(candidates) == 0 {
+		if !pool.Disaggregated() {
+			// A rollout can leave a model with prefill workers and no decode workers, or the
+			// reverse: nothing can serve it until the other half arrives.
+			msg := fmt.Sprintf("no available worker for model %q: %d prefill and %d decode workers, and a disaggregated request needs both", pool.Model, len(pool.Prefill), len(pool.Decode))
+			writeError(w, http.StatusServiceUnavailable, "no_available_worker", msg)
+			return http.StatusServiceUnavailable, pool.Model, nil
+		}
+		res := s.serveDisaggregated(w, r, path, body, &p, pool)
+		return res.Status, pool.Model, &res
 	}
 	pol, err := s.router.For(pool.Model, candidates[0])
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
-		return http.StatusInternalServerError, pool.Model
+		return http.StatusInternalServerError, pool.Model, nil
 	}
 	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p)}
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
 	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
-		Path: path, Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r),
+		Path: upstreamPath(path, r), Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}, s.picker(pol, candidates, preq))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
 	if res.Err == nil {
 		aw.observe(s.metrics, pool.Model)
 	}
-	return res.Status, pool.Model
+	return res.Status, pool.Model, &res
+}
+
+// upstreamPath is the worker path for route with the client's query string.
+func upstreamPath(route string, r *http.Request) string {
+	if r.URL.RawQuery == "" {
+		return route
+	}
+	return route + "?" + r.URL.RawQuery
 }
 
 // picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
@@ -142,19 +170,17 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result
 	// error go to the log only.
 	s.log.Warn("request failed", "request_id", id, "model", model, "worker", wid,
 		"status", res.Status, "attempts", res.Attempts, "err", res.Err)
-	code := codeFor(res.Status)
-	var msg string
-	switch {
-	case errors.Is(res.Err, proxy.ErrNoWorker):
-		msg = s.unavailableMessage(model)
-	case errors.Is(res.Err, proxy.ErrShuttingDown):
-		msg, code = "the gateway is shutting down; retry the request", "shutting_down"
-	case errors.Is(res.Err, errPrefillFailed):
-		msg = "the prefill worker failed to answer"
-	case res.Status == http.StatusGatewayTimeout:
-		msg = "the worker did not answer in time"
-	default:
-		msg = "the worker failed to answer"
+	var e *proxy.Error
+	if !errors.As(res.Err, &e) {
+		writeError(w, res.Status, codeFor(res.Status), "the request failed (request id "+id+")")
+		return
+	}
+	msg, code := failureMessage(e), codeFor(res.Status)
+	switch e.Kind {
+	case proxy.KindNoWorker:
+		msg = s.unavailableMessage(model, e)
+	case proxy.KindShutdown:
+		code = "shutting_down"
 	}
 	writeError(w, res.Status, code, msg+" (request id "+id+")")
 }

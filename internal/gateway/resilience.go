@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -56,8 +57,8 @@ func (s *Server) newWorker(spec worker.Spec) (*worker.Worker, error) {
 }
 
 // unavailableMessage explains a 503: how many of the model's workers exist and why none could
-// take the request. The last upstream error is logged, not shown.
-func (s *Server) unavailableMessage(model string) string {
+// take the request, and the last upstream error when there was one.
+func (s *Server) unavailableMessage(model string, e *proxy.Error) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "no available worker for model %q", model)
 	pool := s.reg.View().Pool(model)
@@ -83,6 +84,9 @@ func (s *Server) unavailableMessage(model string) string {
 	if avail > 0 {
 		fmt.Fprintf(&b, ", %d unreachable", avail)
 	}
+	if e.Last != nil {
+		fmt.Fprintf(&b, " (last attempt: %s)", failureMessage(e.Last))
+	}
 	return b.String()
 }
 
@@ -90,4 +94,26 @@ func (s *Server) unavailableMessage(model string) string {
 func (m *Metrics) forgetWorker(id string) {
 	m.healthTo.DeletePartialMatch(map[string]string{"worker": id})
 	m.circuitTo.DeletePartialMatch(map[string]string{"worker": id})
+}
+
+// failureMessage tells a client why forwarding failed, from the classified error alone: never a
+// worker's address or a Go error string (the log has those).
+func failureMessage(e *proxy.Error) string {
+	switch e.Kind {
+	case proxy.KindConnect:
+		return "the worker could not be connected to"
+	case proxy.KindTimeout:
+		return "the worker did not answer in time"
+	case proxy.KindCanceled:
+		return "the client closed the request"
+	case proxy.KindShutdown:
+		return "the gateway is shutting down; retry the request"
+	case proxy.KindNoWorker:
+		return "no worker is available"
+	case proxy.KindStatus:
+		return fmt.Sprintf("the worker answered %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+	case proxy.KindStreamBroken:
+		return "the worker's answer broke off"
+	}
+	return "the worker's connection failed"
 }

@@ -1,9 +1,13 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+
+	"github.com/kvgate/kvgate/internal/worker"
 )
 
 // Kind classifies why a request failed. Errors are classified once, here, and mapped to a status
@@ -62,14 +66,23 @@ var ErrShuttingDown = errors.New("the gateway is shutting down")
 // ErrNoWorker is wrapped by errors that mean no worker could take the request.
 var ErrNoWorker = errors.New("no available worker")
 
-// Error is a classified forwarding failure.
+// Error is a classified forwarding failure: everything the gateway needs to answer the client and
+// to log, without reading the error's text.
 type Error struct {
 	Kind Kind
 	// Worker is the id of the worker involved ("" for KindNoWorker).
 	Worker string
 	// StatusCode is the worker's status for KindStatus.
 	StatusCode int
-	Err        error
+	// Attempts is the number of attempts the request made in all (0 when none was sent).
+	Attempts int
+	// LastStatus is the status of the last answer a worker gave this request, 0 if none did.
+	LastStatus int
+	// Last is the failure of the last attempt made, for a KindNoWorker error after attempts;
+	// nil otherwise.
+	Last *Error
+	// Err is the underlying error, for logs.
+	Err error
 }
 
 func (e *Error) Error() string {
@@ -102,16 +115,54 @@ func Status(err error) int {
 	}
 }
 
-// retryableStatus reports whether a worker's status may succeed on another attempt (DESIGN §3).
-func retryableStatus(code int) bool {
-	switch code {
-	case http.StatusRequestTimeout, http.StatusTooManyRequests, http.StatusInternalServerError,
-		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return true
+// errClientGone marks a failed write to the client: the client left.
+type errClientGone struct{ err error }
+
+func (e errClientGone) Error() string { return "writing to the client: " + e.err.Error() }
+func (e errClientGone) Unwrap() error { return e.err }
+
+// classify is the one place where what ended an attempt becomes a Kind and the worker's Outcome.
+// ctx is the request's context; err what failed; timedOut whether the attempt's own header timer
+// fired; relaying whether the response headers had arrived (bytes may have reached the client).
+func classify(ctx context.Context, err error, timedOut, relaying bool) (Kind, worker.Outcome) {
+	var gone errClientGone
+	switch cerr := ctx.Err(); {
+	case errors.As(err, &gone):
+		return KindCanceled, worker.Abandoned
+	case errors.Is(cerr, context.Canceled) && errors.Is(context.Cause(ctx), ErrShuttingDown):
+		return KindShutdown, worker.Abandoned
+	case errors.Is(cerr, context.Canceled):
+		return KindCanceled, worker.Abandoned
+	case cerr != nil && relaying:
+		// The request's own time bound ran out while the answer was flowing: a long answer, not
+		// a fault of the worker's.
+		return KindTimeout, worker.Abandoned
+	case cerr != nil, timedOut, isTimeout(err):
+		return KindTimeout, worker.Failed
+	case relaying:
+		return KindStreamBroken, worker.Failed
+	case isConnect(err):
+		return KindConnect, worker.Failed
 	}
-	return false
+	return KindTransport, worker.Failed
 }
 
-// workerFault reports whether a status counts against the worker's circuit breaker: 5xx do; 4xx
-// (the client's doing, or 429 back-pressure) do not.
-func workerFault(code int) bool { return code >= 500 }
+// statusOutcome is a worker's answer as its breaker sees it: 5xx are its fault; 4xx (the
+// client's doing, or 429 back-pressure) are not.
+func statusOutcome(code int) worker.Outcome {
+	if code >= 500 {
+		return worker.Failed
+	}
+	return worker.Succeeded
+}
+
+// isConnect reports whether err is a failure to connect: nothing reached the worker.
+func isConnect(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

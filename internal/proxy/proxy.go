@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,11 +33,14 @@ type RetryConfig struct {
 	MaxBackoff time.Duration `yaml:"max_backoff"`
 	// Jitter is the ± fraction applied to each wait, below 1. Default 0.2; negative means none.
 	Jitter float64 `yaml:"jitter"`
+	// On is the set of failed outcomes that are retried. Zero means DefaultRetryOn: only those
+	// where the engine cannot have started work (connect errors, 429 and 503 answers).
+	On RetryOn `yaml:"on"`
 }
 
 // DefaultRetryConfig returns the defaults of DESIGN.md §3.
 func DefaultRetryConfig() RetryConfig {
-	return RetryConfig{MaxAttempts: 5, InitialBackoff: 50 * time.Millisecond, Multiplier: 1.5, MaxBackoff: 30 * time.Second, Jitter: 0.2}
+	return RetryConfig{MaxAttempts: 5, InitialBackoff: 50 * time.Millisecond, Multiplier: 1.5, MaxBackoff: 30 * time.Second, Jitter: 0.2, On: DefaultRetryOn}
 }
 
 // Config configures a Forwarder.
@@ -108,17 +112,12 @@ func (nopObserver) RetriesExhausted(string)            {}
 func New(cfg Config) *Forwarder {
 	d := DefaultRetryConfig()
 	r := &cfg.Retry
-	if r.MaxAttempts <= 0 {
-		r.MaxAttempts = d.MaxAttempts
-	}
-	if r.InitialBackoff <= 0 {
-		r.InitialBackoff = d.InitialBackoff
-	}
+	r.MaxAttempts = cmp.Or(max(r.MaxAttempts, 0), d.MaxAttempts)
+	r.InitialBackoff = cmp.Or(max(r.InitialBackoff, 0), d.InitialBackoff)
+	r.MaxBackoff = cmp.Or(max(r.MaxBackoff, 0), d.MaxBackoff)
+	r.On = cmp.Or(r.On, d.On)
 	if r.Multiplier < 1 {
 		r.Multiplier = d.Multiplier
-	}
-	if r.MaxBackoff <= 0 {
-		r.MaxBackoff = d.MaxBackoff
 	}
 	switch {
 	case r.Jitter == 0 || r.Jitter >= 1:
@@ -126,20 +125,19 @@ func New(cfg Config) *Forwarder {
 	case r.Jitter < 0:
 		r.Jitter = 0
 	}
-	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = 600 * time.Second
+	cfg.RequestTimeout = cmp.Or(max(cfg.RequestTimeout, 0), 600*time.Second)
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
 	}
 	if cfg.Transport == nil {
 		cfg.Transport = NewTransport()
 	}
-	f := &Forwarder{cfg: cfg, client: &http.Client{Transport: cfg.Transport}, obs: cfg.Observer, rand: cfg.Rand}
-	if f.obs == nil {
-		f.obs = nopObserver{}
+	return &Forwarder{
+		cfg:    cfg,
+		client: &http.Client{Transport: cfg.Transport},
+		obs:    cmp.Or[Observer](cfg.Observer, nopObserver{}),
+		rand:   cfg.Rand,
 	}
-	if f.rand == nil {
-		f.rand = rand.Float64
-	}
-	return f
 }
 
 // Picker chooses the worker for an attempt, given the workers already tried (in order). It
@@ -148,7 +146,7 @@ type Picker func(tried []*worker.Worker) *worker.Worker
 
 // Request is one client request to forward.
 type Request struct {
-	// Path is the upstream path with its query, e.g. "/v1/chat/completions".
+	// Path is the upstream path with the client's query, e.g. "/v1/chat/completions?x=1".
 	Path string
 	// Header is the client's header; hop-by-hop fields are not forwarded.
 	Header http.Header
@@ -158,6 +156,9 @@ type Request struct {
 	RequestID string
 	// ClientIP is appended to X-Forwarded-For.
 	ClientIP string
+	// Stream is true when the client asked for a streamed answer: it is flushed per chunk and cut
+	// only between events, whatever content type the worker labels it with.
+	Stream bool
 }
 
 // Result says how a forwarded request ended.
@@ -173,7 +174,12 @@ type Result struct {
 	// Committed is true once a status line was sent to the client; after that the gateway must
 	// not write an error response.
 	Committed bool
-	// Err is the classified failure, nil on a complete relay of a worker's response.
+	// Abort is true when the client got a truncated body that nothing marks as such (a
+	// non-streamed answer that broke mid-body): once its books are settled, the handler must
+	// abort the connection (panic with http.ErrAbortHandler) so the client sees an error, as
+	// httputil.ReverseProxy does, instead of a clean end.
+	Abort bool
+	// Err is the classified failure (a *Error), nil on a complete relay of a worker's response.
 	Err error
 }
 
@@ -186,76 +192,84 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 	var (
 		tried []*worker.Worker
 		res   Result
+		last  *Error // the last failed attempt
 		skips int
 	)
-	for attempt := 1; ; attempt++ {
+	for attempt := 1; ; {
 		w := pick(tried)
 		if w == nil {
-			if res.Err == nil || isKind(res.Err, KindConnect) {
-				res.Err = noWorker(res.Err)
-			}
 			if res.Attempts > 0 {
 				f.obs.RetriesExhausted("no_worker")
 			}
-			res.Status = Status(res.Err)
-			return res
+			return f.fail(&res, noWorker(last, res.Attempts))
 		}
 		tried = append(tried, w)
-		resp, err := f.attempt(ctx, w, req)
-		if errors.Is(err, errNotAdmitted) {
+		final := attempt >= f.cfg.Retry.MaxAttempts
+		e, admitted := f.try(ctx, rw, req, w, attempt, final, start, &res)
+		if !admitted {
 			// The worker refused before anything was sent (no half-open probe slot, or
 			// draining): not an attempt.
 			if skips++; skips > maxSkips {
-				res.Err = noWorker(res.Err)
-				res.Status = Status(res.Err)
-				return res
+				return f.fail(&res, noWorker(last, res.Attempts))
 			}
-			attempt--
 			continue
 		}
 		res.Worker, res.Attempts = w, attempt
-		last := attempt >= f.cfg.Retry.MaxAttempts
-		if err != nil {
-			res.Err, res.Status = err, Status(err)
-			var e *Error
-			if errors.As(err, &e) && (e.Kind == KindCanceled || e.Kind == KindShutdown) {
-				return res
-			}
-			f.obs.UpstreamError(w, e.Kind)
-			if last || ctx.Err() != nil {
-				f.obs.RetriesExhausted(e.Kind.String())
-				if e.Kind == KindConnect {
-					// The last worker tried, after every untried one, refused the connection:
-					// no worker is available (503), whatever broke on earlier attempts.
-					res.Err = noWorker(res.Err)
-					res.Status = Status(res.Err)
-				}
-				return res
-			}
-			f.obs.Retry(e.Kind.String())
-		} else if retryableStatus(resp.StatusCode) && !last {
-			resp.finish(resp.StatusCode)
-			res.Err = &Error{Kind: KindStatus, Worker: w.ID, StatusCode: resp.StatusCode, Err: errors.New(http.StatusText(resp.StatusCode))}
-			f.obs.UpstreamError(w, KindStatus)
-			f.obs.Retry(statusReason(resp.StatusCode))
-		} else {
-			if retryableStatus(resp.StatusCode) && attempt > 1 {
-				f.obs.RetriesExhausted(statusReason(resp.StatusCode))
-			}
-			res.Err = nil
-			f.relay(ctx, rw, resp, start, &res)
+		if e == nil {
 			return res
 		}
+		e.Attempts = attempt
+		if last != nil && e.LastStatus == 0 {
+			e.LastStatus = last.LastStatus
+		}
+		f.fail(&res, e)
+		if res.Committed || e.Kind == KindCanceled || e.Kind == KindShutdown {
+			return res
+		}
+		last = e
+		if final || ctx.Err() != nil || !f.retries(e) {
+			if final || ctx.Err() != nil {
+				f.obs.RetriesExhausted(e.reason())
+			}
+			if e.Kind == KindConnect {
+				// The last worker tried, after every untried one, refused the connection: no
+				// worker is available (503), whatever broke on earlier attempts.
+				f.fail(&res, noWorker(e, attempt))
+			}
+			return res
+		}
+		f.obs.Retry(e.reason())
 		if !f.backoff(ctx, attempt) {
-			kind := KindTimeout
-			if errors.Is(ctx.Err(), context.Canceled) {
-				kind = canceledKind(ctx)
-			}
-			res.Err = &Error{Kind: kind, Worker: w.ID, Err: ctx.Err()}
-			res.Status = Status(res.Err)
-			return res
+			kind, _ := classify(ctx, ctx.Err(), false, false)
+			return f.fail(&res, &Error{Kind: kind, Worker: w.ID, Attempts: attempt, LastStatus: e.LastStatus, Err: ctx.Err()})
 		}
+		attempt++
 	}
+}
+
+// fail records e as the request's failure.
+func (f *Forwarder) fail(res *Result, e *Error) Result {
+	res.Err = e
+	if !res.Committed {
+		res.Status = Status(e)
+	}
+	return *res
+}
+
+// retries reports whether a failed attempt is retried, by the configured RetryOn.
+func (f *Forwarder) retries(e *Error) bool {
+	if e.Kind == KindStatus {
+		return f.cfg.Retry.On.status(e.StatusCode)
+	}
+	return f.cfg.Retry.On.failure(e.Kind)
+}
+
+// reason is the metric label of a failed attempt.
+func (e *Error) reason() string {
+	if e.Kind == KindStatus {
+		return statusReason(e.StatusCode)
+	}
+	return e.Kind.String()
 }
 
 // maxSkips bounds how many picked workers a request may pass over because their breaker refused.
@@ -265,13 +279,15 @@ const maxSkips = 8
 // breaker had no probe slot, or it started draining.
 var errNotAdmitted = errors.New("the worker admits no new request")
 
-// noWorker is the error for a request that no worker could take; last, when set, is the reason the
-// last worker tried could not.
-func noWorker(last error) error {
-	if last == nil {
-		return &Error{Kind: KindNoWorker, Err: ErrNoWorker}
+// noWorker is the error for a request that no worker could take; last, when set, is the failure
+// of the last attempt made.
+func noWorker(last *Error, attempts int) *Error {
+	e := &Error{Kind: KindNoWorker, Err: ErrNoWorker, Attempts: attempts, Last: last}
+	if last != nil {
+		e.LastStatus = last.LastStatus
+		e.Err = fmt.Errorf("%w: no worker could be reached (last: %w)", ErrNoWorker, last)
 	}
-	return &Error{Kind: KindNoWorker, Err: fmt.Errorf("%w: no worker could be reached (last: %w)", ErrNoWorker, last)}
+	return e
 }
 
 func statusReason(code int) string {
@@ -286,7 +302,7 @@ func (f *Forwarder) backoff(ctx context.Context, attempt int) bool {
 		d *= r.Multiplier
 	}
 	d = min(d, float64(r.MaxBackoff))
-	d *= 1 + r.Jitter*(2*f.rand()-1)
+	d *= 1 + r.Jitter*(2*f.cfg.Rand()-1)
 	t := time.NewTimer(time.Duration(d))
 	defer t.Stop()
 	select {
@@ -297,39 +313,51 @@ func (f *Forwarder) backoff(ctx context.Context, attempt int) bool {
 	}
 }
 
-// upstream is a worker response being relayed, with the bookkeeping to close exactly once.
-type upstream struct {
-	*http.Response
-	cancel  context.CancelFunc
-	release func()
-	done    func(ok bool)
-	abandon func()
+// attempt is one upstream request to one worker, from its admission to its settlement. Its end
+// method is the one place where the attempt's books are settled: body, context, timer, the
+// worker's lease (in-flight count and breaker) and the error metric.
+type attempt struct {
+	f      *Forwarder
+	w      *worker.Worker
+	lease  worker.Lease
+	cancel context.CancelFunc
+	timer  *time.Timer
+	resp   *http.Response
+	// drain asks end to read what is left of a short body so the connection is reused.
+	drain bool
+	// outcome is what the worker's books record; kind, when failed, is the failure.
+	outcome worker.Outcome
+	kind    Kind
+	failed  bool
 }
 
-// finish drains (bounded) and closes the body and settles the counters; status decides whether
-// the breaker sees a failure.
-func (u *upstream) finish(status int) {
-	_, _ = io.CopyN(io.Discard, u.Body, 64<<10)
-	_ = u.Body.Close()
-	u.cancel()
-	u.done(!workerFault(status))
-	u.release()
-}
-
-// attempt sends one upstream request to w and returns its response with headers read.
-func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request) (*upstream, error) {
+// begin admits an attempt on w and builds its upstream request; ok is false when w refused it
+// (nothing was sent and nothing needs settling).
+func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request) (a *attempt, u *http.Request, ok bool) {
+	lease, ok := w.Begin(time.Now())
+	if !ok {
+		return nil, nil, false
+	}
+	a = &attempt{f: f, w: w, lease: lease}
 	actx, cancel := context.WithCancel(ctx)
-	var stopTimer func() bool
-	if f.cfg.AttemptTimeout > 0 {
-		t := time.AfterFunc(f.cfg.AttemptTimeout, func() { cancel() })
-		stopTimer = t.Stop
+	a.cancel = cancel
+	if d := f.cfg.AttemptTimeout; d > 0 {
+		a.timer = time.AfterFunc(d, cancel)
 	}
 	u, err := http.NewRequestWithContext(actx, http.MethodPost, w.URL.String()+req.Path, bytes.NewReader(req.Body))
 	if err != nil {
-		cancel()
-		return nil, &Error{Kind: KindTransport, Worker: w.ID, Err: err}
+		// Only a malformed path can fail here; it is a gateway bug, not the worker's.
+		a.setFailure(KindTransport, worker.Abandoned)
+		a.end()
+		return nil, nil, false
 	}
 	copyRequestHeader(u.Header, req.Header)
+	// A pooled connection the worker had already closed fails a request that never reached it.
+	// Marked idempotent (a nil value is not sent), the request is re-sent by the transport on a
+	// new connection in that case only: when a reused connection fails before any answer byte.
+	if _, ok := u.Header["X-Idempotency-Key"]; !ok {
+		u.Header["X-Idempotency-Key"] = nil
+	}
 	u.Header.Set("X-Request-Id", req.RequestID)
 	if req.ClientIP != "" {
 		if prior := req.Header.Values("X-Forwarded-For"); len(prior) > 0 {
@@ -339,114 +367,136 @@ func (f *Forwarder) attempt(ctx context.Context, w *worker.Worker, req *Request)
 		}
 	}
 	f.setCredentials(u.Header, w.Spec.APIKey)
-	done, abandon, admitted := w.Breaker.Begin(time.Now())
-	if !admitted {
-		if stopTimer != nil {
-			stopTimer()
-		}
-		cancel()
-		return nil, &Error{Kind: KindNoWorker, Worker: w.ID, Err: errNotAdmitted}
-	}
-	release := w.Acquire()
-	if w.Draining() {
-		// Removed between the pick and now. Checked after Acquire, so that a request is either
-		// counted in flight when the drain starts or never sent.
-		abandon()
-		release()
-		if stopTimer != nil {
-			stopTimer()
-		}
-		cancel()
-		return nil, &Error{Kind: KindNoWorker, Worker: w.ID, Err: errNotAdmitted}
-	}
-	resp, err := f.client.Do(u)
-	timedOut := stopTimer != nil && !stopTimer()
+	return a, u, true
+}
+
+// send sends u and waits for the response headers; the attempt's timer covers only this part.
+func (a *attempt) send(ctx context.Context, u *http.Request) *Error {
+	resp, err := a.f.client.Do(u)
+	timedOut := a.timer != nil && !a.timer.Stop()
 	if err == nil && timedOut {
 		// The attempt timer fired just as the headers arrived: the body is already cancelled.
 		_ = resp.Body.Close()
 		err = context.DeadlineExceeded
 	}
 	if err != nil {
-		cancel()
-		release()
-		kind := KindTransport
-		switch {
-		case ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled):
-			kind = canceledKind(ctx)
-		case ctx.Err() != nil || timedOut || isTimeout(err):
-			kind = KindTimeout
-		case isConnect(err):
-			kind = KindConnect
-		}
-		if kind == KindCanceled || kind == KindShutdown {
-			abandon()
-		} else {
-			done(false)
-		}
-		return nil, &Error{Kind: kind, Worker: w.ID, Err: err}
+		kind, outcome := classify(ctx, err, timedOut, false)
+		a.setFailure(kind, outcome)
+		return &Error{Kind: kind, Worker: a.w.ID, Err: err}
 	}
-	return &upstream{Response: resp, cancel: cancel, release: release, done: done, abandon: abandon}, nil
+	a.resp = resp
+	return nil
 }
 
-// canceledKind tells a cancelled request's two causes apart: the gateway shutting down, or the
-// client leaving.
-func canceledKind(ctx context.Context) Kind {
-	if errors.Is(context.Cause(ctx), ErrShuttingDown) {
-		return KindShutdown
+func (a *attempt) setFailure(k Kind, o worker.Outcome) {
+	a.kind, a.outcome, a.failed = k, o, true
+}
+
+// end settles the attempt: it runs once, deferred right after admission.
+func (a *attempt) end() {
+	if a.resp != nil {
+		if a.drain {
+			_, _ = io.CopyN(io.Discard, a.resp.Body, 64<<10)
+		}
+		_ = a.resp.Body.Close()
 	}
-	return KindCanceled
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.cancel()
+	a.lease.End(a.outcome)
+	if a.failed && (a.outcome == worker.Failed || a.kind == KindStatus) {
+		a.f.obs.UpstreamError(a.w, a.kind)
+	}
 }
 
-// isKind reports whether err is a classified error of kind k.
-func isKind(err error, k Kind) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Kind == k
-}
-
-// isConnect reports whether err is a failure to connect: nothing reached the worker.
-func isConnect(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+// try runs one attempt on w: it sends the request and either relays the answer to the client
+// (nil error) or returns why it failed. admitted is false when w refused before anything was
+// sent.
+func (f *Forwarder) try(ctx context.Context, rw http.ResponseWriter, req *Request, w *worker.Worker, n int, final bool, start time.Time, res *Result) (e *Error, admitted bool) {
+	a, u, ok := f.begin(ctx, w, req)
+	if !ok {
+		return nil, false
+	}
+	defer a.end()
+	if e := a.send(ctx, u); e != nil {
+		return e, true
+	}
+	code := a.resp.StatusCode
+	if f.cfg.Retry.On.status(code) {
+		if !final {
+			a.drain = true
+			a.outcome = statusOutcome(code)
+			a.setFailure(KindStatus, a.outcome)
+			return &Error{Kind: KindStatus, Worker: w.ID, StatusCode: code, LastStatus: code, Err: errors.New(http.StatusText(code))}, true
+		}
+		if n > 1 {
+			f.obs.RetriesExhausted(statusReason(code))
+		}
+	}
+	return a.relay(ctx, rw, req, start, res), true
 }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// relay copies the worker's response to the client, flushing each read when streaming.
-func (f *Forwarder) relay(ctx context.Context, rw http.ResponseWriter, u *upstream, start time.Time, res *Result) {
+// maxEventBytes bounds how much of one SSE event is held back waiting for its end; an event
+// longer than this is passed through in pieces.
+const maxEventBytes = 1 << 20
+
+// relay copies the worker's response to the client. A streamed answer is flushed per chunk
+// and, when it is an event stream, written only up to the end of its last complete event, so
+// that a stream cut mid-event never shows the client half an event.
+func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Request, start time.Time, res *Result) *Error {
+	u := a.resp
 	h := rw.Header()
 	copyResponseHeader(h, u.Header)
 	sse := strings.HasPrefix(u.Header.Get("Content-Type"), "text/event-stream")
-	if sse {
+	events := sse || (req.Stream && u.StatusCode < 300)
+	flush := events || req.Stream || u.ContentLength < 0
+	if events {
 		h.Del("Content-Length")
 	}
 	rw.WriteHeader(u.StatusCode)
 	res.Status, res.Committed = u.StatusCode, true
 	flusher, _ := rw.(http.Flusher)
-	if sse && flusher != nil {
-		flusher.Flush()
+	if !flush || flusher == nil {
+		flusher = nopFlusher{}
 	}
+	flusher.Flush()
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
-	var readErr, writeErr error
+	held := 0          // buf[:held] is the start of an event not yet complete
+	atBoundary := true // everything written so far ends between events
+	var readErr error
 	for {
-		n, err := u.Body.Read(buf)
-		if n > 0 {
+		n, err := u.Body.Read(buf[held:])
+		end := held + n
+		out := end
+		if events && err != io.EOF {
+			// Write only complete events; on a read error the incomplete tail is dropped.
+			out = lastEventEnd(buf[:end])
+			if out == 0 && end == len(buf) && err == nil {
+				if len(buf) < maxEventBytes {
+					buf = append(buf[:end], make([]byte, len(buf))...)[:2*len(buf)]
+					held = end
+					continue
+				}
+				out = end // one huge event: pass it through in pieces
+			}
+		}
+		if out > 0 {
 			if res.FirstByte == 0 {
 				res.FirstByte = time.Since(start)
 			}
-			if _, writeErr = rw.Write(buf[:n]); writeErr != nil {
+			if _, werr := rw.Write(buf[:out]); werr != nil {
+				readErr = errClientGone{werr}
 				break
 			}
-			if sse && flusher != nil {
-				flusher.Flush()
-			}
+			flusher.Flush()
+			atBoundary = !events || lastEventEnd(buf[:out]) == out
 		}
+		held = copy(buf, buf[out:end])
 		if err != nil {
 			if err != io.EOF {
 				readErr = err
@@ -454,52 +504,67 @@ func (f *Forwarder) relay(ctx context.Context, rw http.ResponseWriter, u *upstre
 			break
 		}
 	}
-	if !sse && flusher != nil && writeErr == nil {
-		flusher.Flush()
-	}
-	_ = u.Body.Close()
-	u.cancel()
-	defer u.release()
-	switch {
-	case writeErr == nil && ctx.Err() != nil && canceledKind(ctx) == KindShutdown:
-		// The shutdown grace period is over: not the worker's fault; tell a streaming client.
-		u.abandon()
-		res.Err = &Error{Kind: KindShutdown, Worker: res.Worker.ID, Err: context.Cause(ctx)}
-		if sse {
-			writeSSEError(rw, "the gateway is shutting down; the response is incomplete", "gateway_shutting_down")
-			if flusher != nil {
-				flusher.Flush()
+	if readErr == nil {
+		if !flush {
+			if f, ok := rw.(http.Flusher); ok {
+				f.Flush()
 			}
 		}
-	case ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled), writeErr != nil:
-		// The client left: not the worker's fault.
-		u.abandon()
+		a.outcome = statusOutcome(u.StatusCode)
+		return nil
+	}
+	kind, outcome := classify(ctx, readErr, false, true)
+	a.setFailure(kind, outcome)
+	if kind == KindCanceled {
 		res.Status = 499
-		res.Err = &Error{Kind: KindCanceled, Worker: res.Worker.ID, Err: errors.Join(ctx.Err(), writeErr)}
-	case readErr != nil:
-		u.done(false)
-		kind := KindStreamBroken
-		if ctx.Err() != nil {
-			kind = KindTimeout
-		}
-		res.Err = &Error{Kind: kind, Worker: res.Worker.ID, Err: readErr}
-		f.obs.UpstreamError(res.Worker, kind)
-		if sse {
-			writeSSEError(rw, "the worker's stream broke; the response is incomplete", "upstream_stream_broken")
-			if flusher != nil {
-				flusher.Flush()
-			}
-		}
-	default:
-		u.done(!workerFault(u.StatusCode))
 	}
+	e := &Error{Kind: kind, Worker: a.w.ID, LastStatus: u.StatusCode, Err: readErr}
+	if kind == KindCanceled {
+		return e
+	}
+	if !events {
+		res.Abort = true
+		return e
+	}
+	msg, code := "the worker's stream broke; the response is incomplete", "upstream_stream_broken"
+	switch kind {
+	case KindShutdown:
+		msg, code = "the gateway is shutting down; the response is incomplete", "gateway_shutting_down"
+	case KindTimeout:
+		msg, code = "the request reached the gateway's time limit; the response is incomplete", "request_timeout"
+	}
+	writeSSEError(rw, msg, code, atBoundary)
+	flusher.Flush()
+	return e
+}
+
+type nopFlusher struct{}
+
+func (nopFlusher) Flush() {}
+
+// lastEventEnd returns the index just past the last blank line in b (the end of the last complete
+// SSE event), or 0 if b holds none.
+func lastEventEnd(b []byte) int {
+	end := 0
+	if i := bytes.LastIndex(b, []byte("\n\n")); i >= 0 {
+		end = i + 2
+	}
+	if i := bytes.LastIndex(b, []byte("\r\n\r\n")); i >= 0 && i+4 > end {
+		end = i + 4
+	}
+	return end
 }
 
 // writeSSEError ends a broken stream with an OpenAI-shaped error event (code is its machine
 // reason) and [DONE], so a client sees a clean end instead of a hang or a truncated event.
-func writeSSEError(w io.Writer, msg, code string) {
+// atBoundary says the stream so far ends between events; if not, a blank line ends the partial
+// one first.
+func writeSSEError(w io.Writer, msg, code string, atBoundary bool) {
 	var b bytes.Buffer
-	b.WriteString("\n\ndata: {\"error\":{\"message\":")
+	if !atBoundary {
+		b.WriteString("\n\n")
+	}
+	b.WriteString("data: {\"error\":{\"message\":")
 	b.Write(quoteJSON(msg))
 	b.WriteString(",\"type\":\"server_error\",\"param\":null,\"code\":")
 	b.Write(quoteJSON(code))
@@ -526,32 +591,34 @@ func quoteJSON(s string) []byte {
 }
 
 // Discard sends req to w once and throws the answer away, keeping w's counters and breaker
-// exact. It serves the prefill half of a disaggregated request.
+// exact. It serves the prefill half of a disaggregated request, under the same time bounds as
+// Forward: RequestTimeout in all, AttemptTimeout up to the response headers.
 func (f *Forwarder) Discard(ctx context.Context, w *worker.Worker, req *Request) error {
-	u, err := f.attempt(ctx, w, req)
-	if err != nil {
-		var e *Error
-		if errors.As(err, &e) && e.Kind != KindCanceled {
-			f.obs.UpstreamError(w, e.Kind)
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
+	defer cancel()
+	a, u, ok := f.begin(ctx, w, req)
+	if !ok {
+		return noWorker(nil, 0)
+	}
+	defer a.end()
+	if e := a.send(ctx, u); e != nil {
+		e.Attempts = 1
+		return e
+	}
+	code := a.resp.StatusCode
+	if _, err := io.Copy(io.Discard, a.resp.Body); err != nil {
+		kind, outcome := classify(ctx, err, false, true)
+		if kind == KindStreamBroken || kind == KindTimeout {
+			// Nothing reached a client: a prefill cut short is the worker's failure.
+			outcome = worker.Failed
 		}
-		return err
+		a.setFailure(kind, outcome)
+		return &Error{Kind: kind, Worker: w.ID, Attempts: 1, LastStatus: code, Err: err}
 	}
-	_, err = io.Copy(io.Discard, u.Body)
-	_ = u.Body.Close()
-	u.cancel()
-	defer u.release()
-	switch {
-	case ctx.Err() != nil:
-		u.abandon()
-		return &Error{Kind: KindCanceled, Worker: w.ID, Err: ctx.Err()}
-	case err != nil:
-		u.done(false)
-		f.obs.UpstreamError(w, KindStreamBroken)
-		return &Error{Kind: KindStreamBroken, Worker: w.ID, Err: err}
-	case u.StatusCode >= 400:
-		u.done(!workerFault(u.StatusCode))
-		return &Error{Kind: KindStatus, Worker: w.ID, StatusCode: u.StatusCode, Err: errors.New(http.StatusText(u.StatusCode))}
+	a.outcome = statusOutcome(code)
+	if code >= 400 {
+		a.setFailure(KindStatus, a.outcome)
+		return &Error{Kind: KindStatus, Worker: w.ID, StatusCode: code, Attempts: 1, LastStatus: code, Err: errors.New(http.StatusText(code))}
 	}
-	u.done(true)
 	return nil
 }

@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -100,30 +103,38 @@ func newForwarder(obs Observer, attempts int) *Forwarder {
 	return New(Config{Observer: obs, Retry: RetryConfig{MaxAttempts: attempts, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}})
 }
 
+// TestRetryOnStatus: by default only the answers that prove the engine did no work (429, 503)
+// are retried; the others only when the operator lists them.
 func TestRetryOnStatus(t *testing.T) {
+	all := Retry5xx | RetryTimeout | Retry429 | Retry503
 	cases := []struct {
-		code      int
-		retried   bool
-		reason    string
-		breakerOK bool // whether the failure leaves the first worker's failure count untouched
+		code    int
+		on      RetryOn
+		retried bool
+		reason  string
 	}{
-		{408, true, "status_request_timeout", true},
-		{429, true, "status_too_many_requests", true},
-		{500, true, "status_internal_server_error", false},
-		{502, true, "status_bad_gateway", false},
-		{503, true, "status_service_unavailable", false},
-		{504, true, "status_gateway_timeout", false},
-		{400, false, "", true},
-		{404, false, "", true},
-		{501, false, "", false},
+		{429, 0, true, "status_too_many_requests"},
+		{503, 0, true, "status_service_unavailable"},
+		{408, 0, false, ""},
+		{500, 0, false, ""},
+		{502, 0, false, ""},
+		{504, 0, false, ""},
+		{408, all, true, "status_request_timeout"},
+		{500, all, true, "status_internal_server_error"},
+		{502, all, true, "status_bad_gateway"},
+		{504, all, true, "status_gateway_timeout"},
+		{503, Retry429, false, ""},
+		{400, all, false, ""},
+		{404, all, false, ""},
 	}
 	for _, tc := range cases {
-		t.Run(http.StatusText(tc.code), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%d on %s", tc.code, cmp.Or(tc.on, DefaultRetryOn)), func(t *testing.T) {
 			a, b := newUpstream(t, status(tc.code)), newUpstream(t, status(200))
 			obs := &recordingObserver{}
 			rec := httptest.NewRecorder()
 			body := `{"model":"m","n":1}`
-			res := newForwarder(obs, 5).Forward(context.Background(), rec, &Request{Path: "/v1/completions", Body: []byte(body), Header: http.Header{}}, inOrder(a, b))
+			f := New(Config{Observer: obs, Retry: RetryConfig{MaxAttempts: 5, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond, On: tc.on}})
+			res := f.Forward(context.Background(), rec, &Request{Path: "/v1/completions", Body: []byte(body), Header: http.Header{}}, inOrder(a, b))
 			want := tc.code
 			if tc.retried {
 				want = 200
@@ -142,6 +153,45 @@ func TestRetryOnStatus(t *testing.T) {
 			}
 			if got := a.w.Breaker.State(time.Now()); got != worker.Closed {
 				t.Errorf("one failure opened the circuit: %s", got)
+			}
+			if n := a.w.Inflight() + b.w.Inflight(); n != 0 {
+				t.Errorf("in flight %d after the request", n)
+			}
+		})
+	}
+}
+
+// TestRetryOnFailures: a request sent to a worker that then timed out or broke the connection
+// is not re-sent unless the operator lists the outcome; a refused connection always is.
+func TestRetryOnFailures(t *testing.T) {
+	hang := func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() }
+	reset := func(w http.ResponseWriter, r *http.Request) {
+		c, _, _ := w.(http.Hijacker).Hijack()
+		c.Close()
+	}
+	cases := []struct {
+		name    string
+		h       http.HandlerFunc
+		on      RetryOn
+		retried bool
+	}{
+		{"timeout by default", hang, 0, false},
+		{"timeout when listed", hang, RetryTimeout, true},
+		{"reset by default", reset, 0, false},
+		{"reset when listed", reset, RetryReset, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := newUpstream(t, tc.h), newUpstream(t, status(200))
+			f := New(Config{AttemptTimeout: 50 * time.Millisecond, Retry: RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, On: tc.on}})
+			rec := httptest.NewRecorder()
+			res := f.Forward(context.Background(), rec, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(a, b))
+			if got := b.calls() == 1; got != tc.retried {
+				t.Fatalf("re-sent: %v, want %v (status %d, err %v)", got, tc.retried, res.Status, res.Err)
+			}
+			var e *Error
+			if !tc.retried && (!errors.As(res.Err, &e) || e.Attempts != 1) {
+				t.Errorf("err %#v: want a classified error that counts 1 attempt", res.Err)
 			}
 		})
 	}
@@ -363,4 +413,10 @@ func (r *signallingRecorder) Write(b []byte) (int, error) {
 	n, err := r.ResponseRecorder.Write(b)
 	r.once.Do(func() { close(r.wrote) })
 	return n, err
+}
+
+// isKind reports whether err is a classified error of kind k.
+func isKind(err error, k Kind) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Kind == k
 }

@@ -266,53 +266,74 @@ type transition struct{ from, to CircuitState }
 // Begin admits a request to the worker and returns a func that records its outcome: done(true)
 // success, done(false) a worker failure. A request that ended for a reason that is not the
 // worker's (client cancel, client 4xx) must call neither; call the returned abandon instead.
-// Exactly one of them must be called; later calls do nothing.
+// Exactly one of them must be called; later calls do nothing. The request path uses
+// Worker.Begin, whose lease settles the breaker along with everything else; Begin serves
+// callers that hold no worker.
 //
 // admitted is false when the circuit is open, or half-open with every probe slot taken; then done
 // and abandon are no-ops and the request must go elsewhere.
 func (b *Breaker) Begin(now time.Time) (done func(ok bool), abandon func(), admitted bool) {
-	gen := b.gen.Load()
-	probe := false
-	if !b.cfg.Disabled && CircuitState(b.state.Load()) != Closed {
-		var ts []transition
-		b.mu.Lock()
-		ts = b.advanceLocked(now, ts)
-		switch CircuitState(b.state.Load()) {
-		case Open:
-			admitted = false
-		case HalfOpen:
-			if admitted = int(b.probes.Load()) < b.cfg.HalfOpenProbes; admitted {
-				b.probes.Add(1)
-				probe = true
-			}
-		default:
-			admitted = true
-		}
-		gen = b.gen.Load()
-		fn := b.onChange
-		b.mu.Unlock()
-		notify(fn, ts)
-		if !admitted {
-			return func(bool) {}, func() {}, false
-		}
+	t, admitted := b.admit(now)
+	if !admitted {
+		return func(bool) {}, func() {}, false
 	}
 	var once atomic.Bool
-	release := func() bool {
-		if !once.CompareAndSwap(false, true) {
-			return false
-		}
-		if probe {
-			b.probes.Add(-1)
-		}
-		return true
-	}
 	done = func(ok bool) {
-		if release() {
-			b.record(ok, gen, b.cfg.Clock())
+		if once.CompareAndSwap(false, true) {
+			b.settle(t, ok, true)
 		}
 	}
-	abandon = func() { release() }
+	abandon = func() {
+		if once.CompareAndSwap(false, true) {
+			b.settle(t, false, false)
+		}
+	}
 	return done, abandon, true
+}
+
+// ticket is one admitted request's claim on the breaker: the generation it was admitted in and
+// whether it holds a half-open probe slot.
+type ticket struct {
+	gen   uint64
+	probe bool
+}
+
+// admit admits a request, reserving a probe slot when half-open. It allocates nothing.
+func (b *Breaker) admit(now time.Time) (t ticket, admitted bool) {
+	t.gen = b.gen.Load()
+	if b.cfg.Disabled || CircuitState(b.state.Load()) == Closed {
+		return t, true
+	}
+	var ts []transition
+	b.mu.Lock()
+	ts = b.advanceLocked(now, ts)
+	switch CircuitState(b.state.Load()) {
+	case Open:
+		admitted = false
+	case HalfOpen:
+		if admitted = int(b.probes.Load()) < b.cfg.HalfOpenProbes; admitted {
+			b.probes.Add(1)
+			t.probe = true
+		}
+	default:
+		admitted = true
+	}
+	t.gen = b.gen.Load()
+	fn := b.onChange
+	b.mu.Unlock()
+	notify(fn, ts)
+	return t, admitted
+}
+
+// settle releases t's probe slot and, when judged, records ok as its outcome. Call it once per
+// admitted ticket.
+func (b *Breaker) settle(t ticket, ok, judged bool) {
+	if t.probe {
+		b.probes.Add(-1)
+	}
+	if judged {
+		b.record(ok, t.gen, b.cfg.Clock())
+	}
 }
 
 // advanceLocked turns Open into HalfOpen once the open timeout has passed.

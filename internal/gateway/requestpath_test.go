@@ -1,0 +1,216 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// boundedClient fails a request that hangs instead of hanging the test.
+var boundedClient = &http.Client{Timeout: 10 * time.Second}
+
+func (g *testGateway) postBounded(t *testing.T, path, body string) *http.Response {
+	t.Helper()
+	resp, err := boundedClient.Post(g.srv.URL+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// abortAfter answers with the given content type, writes first, flushes, and then breaks the
+// connection mid-body.
+func abortAfter(contentType, first string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", contentType)
+		io.WriteString(w, first)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// TestTruncatedBodyAbortsTheClient: a non-streamed answer that breaks mid-body must not reach
+// the client as a clean 200 with half a JSON document; the client's connection is aborted, after
+// the books are settled.
+func TestTruncatedBodyAbortsTheClient(t *testing.T) {
+	fw := newFakeWorker(t, "m")
+	fw.setHandler(abortAfter("application/json", `{"id":"c1","object":"chat.completion","choices":[{"index":0,`))
+	g := newTestGateway(t, Config{}, "round_robin", fw)
+	resp := g.postBounded(t, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatalf("the client read a clean end after a truncated body: status %d, %q", resp.StatusCode, body)
+	}
+	g.waitDone(t, 1)
+	if n := totalInflight(g.Server); n != 0 {
+		t.Errorf("in flight %d after the request", n)
+	}
+	if !strings.Contains(scrape(t, g), `kvgate_requests_total{model="m",route="/v1/chat/completions",status="200"} 1`) {
+		t.Error("the aborted request was not counted")
+	}
+}
+
+// sseEvents splits an SSE body into its data payloads and fails on any that is neither [DONE]
+// nor a JSON object: what a strict client (the OpenAI SDKs) would choke on.
+func sseEvents(t *testing.T, body string) []string {
+	t.Helper()
+	var out []string
+	for _, ev := range strings.Split(strings.TrimSpace(body), "\n\n") {
+		data := strings.TrimPrefix(ev, "data: ")
+		if data != "[DONE]" && !json.Valid([]byte(data)) {
+			t.Errorf("event %q is not valid JSON; stream:\n%s", ev, body)
+		}
+		out = append(out, data)
+	}
+	return out
+}
+
+// TestStreamCutMidEventShowsNoPartialEvent: when a stream breaks in the middle of an event, the
+// client gets the complete events, then an error event, then [DONE]; never the half event.
+func TestStreamCutMidEventShowsNoPartialEvent(t *testing.T) {
+	fw := newFakeWorker(t, "m")
+	fw.setHandler(abortAfter("text/event-stream", "data: {\"n\":1}\n\ndata: {\"n\":2,\"choi"))
+	g := newTestGateway(t, Config{}, "round_robin", fw)
+	resp := g.postBounded(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("a streamed answer ends with an error event, not a cut connection: %v", err)
+	}
+	evs := sseEvents(t, string(body))
+	if len(evs) != 3 || evs[0] != `{"n":1}` || !strings.Contains(evs[1], `"code":"upstream_stream_broken"`) || evs[2] != "[DONE]" {
+		t.Errorf("events %q; want the complete event, the error event and [DONE]", evs)
+	}
+}
+
+// TestStreamedAnswerFlushedWhateverItsContentType: a worker that streams with another content
+// type than text/event-stream still reaches the client chunk by chunk.
+func TestStreamedAnswerFlushedWhateverItsContentType(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	fw := newFakeWorker(t, "m")
+	fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	g := newTestGateway(t, Config{}, "round_robin", fw)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "data: {\"n\":1}\n" {
+		t.Fatalf("first chunk %q, %v: it was held back until the stream ended", line, err)
+	}
+}
+
+// TestMidStreamRequestTimeoutIsNotTheWorkersFault: a stream still flowing when --request-timeout
+// ends is cut with a timeout error event, and the worker's breaker does not hear of it.
+func TestMidStreamRequestTimeoutIsNotTheWorkersFault(t *testing.T) {
+	fw := newFakeWorker(t, "m")
+	fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	g := newTestGateway(t, Config{Proxy: proxyTimeout(time.Second), Breaker: worker.BreakerConfig{FailureThreshold: 1}}, "round_robin", fw)
+	resp := g.postBounded(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	evs := sseEvents(t, string(body))
+	if len(evs) != 3 || !strings.Contains(evs[1], `"code":"request_timeout"`) {
+		t.Errorf("events %q; want the event, a request_timeout error and [DONE]", evs)
+	}
+	g.waitDone(t, 1)
+	if st := g.reg.View().All[0].Breaker.State(time.Now()); st != worker.Closed {
+		t.Errorf("the circuit is %s: a long answer was counted as the worker's failure", st)
+	}
+}
+
+// TestPrefillRequestHasADeadline: a hung prefill worker holds the client no longer than the
+// request timeout.
+func TestPrefillRequestHasADeadline(t *testing.T) {
+	p, d := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	p.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	g := newTestGateway(t, Config{Proxy: proxyTimeout(500 * time.Millisecond)}, "round_robin")
+	for _, a := range []AddWorkerRequest{{URL: p.URL, WorkerType: "prefill"}, {URL: d.URL, WorkerType: "decode"}} {
+		if _, err := g.Register(context.Background(), a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	resp := g.postBounded(t, "/generate", `{"text":"hi"}`)
+	_, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("status %d: %v", resp.StatusCode, err)
+	}
+	g.waitDone(t, 1)
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("the request took %v with a 500ms request timeout", el)
+	}
+	if n := totalInflight(g.Server); n != 0 {
+		t.Errorf("in flight %d", n)
+	}
+}
+
+// TestPrefillWithoutDecodeIs503: during a rollout a model may have prefill workers and no decode
+// workers yet; requests get a 503 that says so.
+func TestPrefillWithoutDecodeIs503(t *testing.T) {
+	p := newFakeWorker(t, "m")
+	g := newTestGateway(t, Config{}, "round_robin")
+	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: p.URL, WorkerType: "prefill"}); err != nil {
+		t.Fatal(err)
+	}
+	resp := g.postBounded(t, "/generate", `{"text":"hi"}`)
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", resp.StatusCode)
+	}
+	if e := decodeError(t, resp); !strings.Contains(e.Message, "decode") {
+		t.Errorf("message %q does not say decode workers are missing", e.Message)
+	}
+}
+
+// TestQueryStringForwarded: the client's query string reaches the worker.
+func TestQueryStringForwarded(t *testing.T) {
+	fw := newFakeWorker(t, "m")
+	got := make(chan string, 1)
+	fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.URL.RawQuery
+		defaultInference(w, r)
+	})
+	g := newTestGateway(t, Config{}, "round_robin", fw)
+	resp := g.postBounded(t, "/v1/chat/completions?api-version=2024-06-01&x=a%20b", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if q := <-got; q != "api-version=2024-06-01&x=a%20b" {
+		t.Errorf("worker saw query %q", q)
+	}
+}
