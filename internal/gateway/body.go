@@ -2,39 +2,178 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"math/bits"
+	"net/http"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvgate/kvgate/internal/proxy"
 )
 
-// errTooLarge and errEmptyBody are readBody's errors for a body over its limit, and for none.
-var (
-	errTooLarge  = errors.New("request body too large")
-	errEmptyBody = errors.New("the request body is empty")
+// Request bodies live in pooled buffers of power-of-two size classes, from minClass to maxClass
+// bytes. A body is read into the smallest class and moved to a larger one as its bytes arrive,
+// so no request costs a fresh (zeroed) buffer in the steady state, and a client that declares a
+// huge Content-Length and sends little gets little memory.
+const (
+	minClassShift = 14 // 16 KiB
+	maxClassShift = 24 // 16 MiB: larger bodies use buffers of their own, dropped after use
+	numClasses    = maxClassShift - minClassShift + 1
+	// growth bounds how much larger each buffer may be than the one it replaces: memory held for
+	// a body is never more than growth times the bytes that have arrived (plus minClass).
+	growth = 4
 )
 
-// readBody reads src to its end into a buffer that grows as bytes arrive, never from a declared
-// length: a client that declares a large body and sends a few bytes costs a few bytes. More than
-// max bytes is errTooLarge.
-func readBody(src io.Reader, max int64) ([]byte, error) {
-	buf := make([]byte, 0, 4096)
-	lr := io.LimitedReader{R: src, N: max + 1}
-	for {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+// bodyPool holds the free buffers of each size class. The zero value is ready to use.
+type bodyPool struct {
+	classes [numClasses]sync.Pool // of *[]byte, len == cap == the class size
+	// scribble overwrites every buffer returned to the pool, so a test sees at once a buffer
+	// recycled while something still reads it.
+	scribble bool
+}
+
+// classOf returns the smallest class holding n bytes, or -1 when n is above maxClass.
+func classOf(n int) int {
+	if n <= 1<<minClassShift {
+		return 0
+	}
+	c := bits.Len(uint(n-1)) - minClassShift
+	if c >= numClasses {
+		return -1
+	}
+	return c
+}
+
+// get returns a buffer of at least n bytes: pooled when n fits a class.
+func (p *bodyPool) get(n int) *[]byte {
+	c := classOf(n)
+	if c < 0 {
+		b := make([]byte, n)
+		return &b
+	}
+	if v := p.classes[c].Get(); v != nil {
+		return v.(*[]byte)
+	}
+	b := make([]byte, 1<<(c+minClassShift))
+	return &b
+}
+
+// put returns buf to its class; a buffer of no class is left to the garbage collector.
+func (p *bodyPool) put(buf *[]byte) {
+	n := len(*buf)
+	c := classOf(n)
+	if c < 0 || n != 1<<(c+minClassShift) {
+		return
+	}
+	if p.scribble {
+		for i := range *buf {
+			(*buf)[i] = 0xAA
 		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
+	}
+	p.classes[c].Put(buf)
+}
+
+// Body is a request body in a pooled buffer, shared by everything that reads it: the parser,
+// each upstream attempt (which net/http may go on reading after the attempt returned), both
+// halves of a disaggregated request. It counts its holders and goes back to the pool when the
+// last one releases it; after that its bytes must not be read.
+type Body struct {
+	pool *bodyPool
+	buf  *[]byte
+	n    int
+	refs atomic.Int32
+}
+
+var _ proxy.BodyRef = (*Body)(nil)
+
+// newBody returns an empty Body with one holder, the caller.
+func (p *bodyPool) newBody(size int) *Body {
+	b := &Body{pool: p, buf: p.get(size)}
+	b.refs.Store(1)
+	return b
+}
+
+// Bytes returns the body. Valid while the caller holds the Body.
+func (b *Body) Bytes() []byte { return (*b.buf)[:b.n] }
+
+// Retain adds a holder.
+func (b *Body) Retain() { b.refs.Add(1) }
+
+// Release drops a holder; the last one returns the buffer to the pool.
+func (b *Body) Release() {
+	switch n := b.refs.Add(-1); {
+	case n == 0:
+		b.pool.put(b.buf)
+		b.buf = nil
+	case n < 0:
+		panic("gateway: request body released more often than retained")
+	}
+}
+
+// grow makes room for at least one more byte: it moves the body to a buffer up to growth times
+// larger, and no larger than limit; a smaller declared length (want) stops it at the class that
+// holds want. A declared length never makes a buffer larger than growth alone would.
+func (b *Body) grow(want, limit int64) {
+	size := min(int64(len(*b.buf))*growth, limit)
+	if want > int64(b.n) && want < size {
+		size = want
+	}
+	nb := b.pool.get(int(size))
+	copy(*nb, (*b.buf)[:b.n])
+	b.pool.put(b.buf)
+	b.buf = nb
+}
+
+// errEmptyBody is readBody's error for a request without a body.
+var errEmptyBody = errors.New("the request body is empty")
+
+// readBody reads the whole request body into a pooled Body, which the caller must Release. It
+// answers 413 as soon as more than max bytes arrive (or are declared), 400 for an empty or
+// broken body, and 499 when the client left.
+func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
+	if r.ContentLength > max {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)
+	}
+	b := p.newBody(1 << minClassShift)
+	var scratch [1]byte
+	for {
+		dst, probe := (*b.buf)[b.n:], false
+		switch {
+		case len(dst) > 0:
+		case int64(b.n) == r.ContentLength:
+			dst, probe = scratch[:], true // every declared byte is in: wait for EOF, do not grow
+		default:
+			b.grow(r.ContentLength, max+1)
+			dst = (*b.buf)[b.n:]
+		}
+		if room := max + 1 - int64(b.n); int64(len(dst)) > room {
+			dst = dst[:room]
+		}
+		n, err := r.Body.Read(dst)
+		if n > 0 && probe {
+			b.grow(r.ContentLength+1, max+1)
+			(*b.buf)[b.n] = scratch[0]
+		}
+		b.n += n
+		if int64(b.n) > max {
+			b.Release()
+			return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", max)
+		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return nil, err
+			b.Release()
+			if r.Context().Err() != nil {
+				return nil, 499, err
+			}
+			return nil, http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err)
 		}
 	}
-	if int64(len(buf)) > max {
-		return nil, errTooLarge
+	if b.n == 0 {
+		b.Release()
+		return nil, http.StatusBadRequest, errEmptyBody
 	}
-	if len(buf) == 0 {
-		return nil, errEmptyBody
-	}
-	return buf, nil
+	return b, 0, nil
 }

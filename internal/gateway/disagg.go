@@ -37,10 +37,11 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	if p.Bootstrap {
 		body = withoutBootstrap(body)
 	}
-	pdBody := withBootstrap(body, pw)
+	pdBody := s.withBootstrap(body, pw)
+	defer pdBody.Release()
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
-	req := &proxy.Request{Path: upstreamPath(path, r), Header: r.Header, Body: pdBody, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream}
+	req := &proxy.Request{Path: upstreamPath(path, r), Header: r.Header, Body: pdBody.Bytes(), BodyRef: pdBody, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream}
 
 	// The decode worker waits for the KV cache the prefill worker sends: if the prefill request
 	// fails, the decode side would wait until its timeout, so it is cancelled at once and the
@@ -88,8 +89,9 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	return res
 }
 
-// withBootstrap returns a copy of the JSON object body with the bootstrap fields first.
-func withBootstrap(body []byte, prefill *worker.Worker) []byte {
+// withBootstrap returns a copy of the JSON object body with the bootstrap fields first, in a
+// pooled Body the caller releases.
+func (s *Server) withBootstrap(body []byte, prefill *worker.Worker) *Body {
 	port := "null"
 	if bp := prefill.Spec.BootstrapPort; bp != nil {
 		port = strconv.Itoa(*bp)
@@ -98,12 +100,14 @@ func withBootstrap(body []byte, prefill *worker.Worker) []byte {
 		`,"bootstrap_port":` + port +
 		`,"bootstrap_room":` + strconv.FormatUint(rand.Uint64()>>1, 10)
 	rest := bytes.TrimLeft(body, " \t\r\n")[1:] // after '{': the body parsed as an object
-	out := make([]byte, 0, len(head)+1+len(rest))
-	out = append(out, head...)
+	b := s.bodies.newBody(len(head) + 1 + len(rest))
+	out := append((*b.buf)[:0], head...)
 	if r := bytes.TrimLeft(rest, " \t\r\n"); len(r) > 0 && r[0] != '}' {
 		out = append(out, ',')
 	}
-	return append(out, rest...)
+	out = append(out, rest...)
+	b.n = len(out)
+	return b
 }
 
 // withoutBootstrap returns the JSON object body without its top-level "bootstrap_*" members: a

@@ -93,6 +93,8 @@ type Server struct {
 	allowed   hostRules
 	// hopID marks the requests this gateway sends, to detect a loop back to itself.
 	hopID string
+	// bodies recycles request-body buffers.
+	bodies bodyPool
 	// checker runs the active health checks between Start and Stop.
 	checker *worker.Checker
 	// addMu guards adding: the check that a URL is neither registered nor being probed, and

@@ -58,7 +58,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		}
 		defer s.inflight.Add(-1)
 	}
-	body, err := s.readRequestBody(w, r)
+	rb, err := s.readRequestBody(w, r)
 	if err != nil {
 		be := err.(*bodyError)
 		if be.status != StatusClientClosed {
@@ -66,6 +66,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		}
 		return be.status, "", nil
 	}
+	defer rb.Release()
+	body := rb.Bytes()
 	p, err := parseBody(body, kind, s.cfg.RoutingPrefixBytes)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
@@ -99,7 +101,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	w.Header().Set("X-Request-Id", id)
 	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
 	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
-		Path: upstreamPath(path, r), Header: r.Header, Body: body, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
+		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}, s.picker(pol, candidates, preq))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
 	if res.Err == nil {

@@ -84,35 +84,15 @@ type bodyError struct {
 
 func (e *bodyError) Error() string { return e.msg }
 
-// readRequestBody reads the whole body under the body read deadline, decompressing a gzip body,
-// with at most max bytes after decompression. On success the request's Content-Encoding is
-// removed: the body is forwarded decompressed.
-func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// readRequestBody reads the whole body under the body read deadline into a pooled Body (which
+// the caller must Release), decompressing a gzip body, with at most MaxPayloadSize bytes after
+// decompression. On success the request's Content-Encoding is removed: the body is forwarded
+// decompressed. The errors are *bodyError.
+func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) (*Body, error) {
 	max := s.cfg.MaxPayloadSize
 	if r.ContentLength > max {
 		return nil, &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)}
 	}
-	// The deadline is lifted again once the body is read: the connection's reads after that
-	// only watch for the client leaving, and must not end a long response. After a failure it
-	// stays, and the connection is closed after the answer: net/http would otherwise wait for
-	// the rest of the body before answering.
-	rc := http.NewResponseController(w)
-	deadline := rc.SetReadDeadline(time.Now().Add(s.cfg.Limits.BodyReadTimeout)) == nil
-	body, err := s.readLimitedBody(r)
-	if err != nil {
-		w.Header().Set("Connection", "close")
-		return nil, err
-	}
-	if deadline {
-		_ = rc.SetReadDeadline(time.Time{})
-	}
-	return body, nil
-}
-
-// readLimitedBody reads the body, decompressing gzip, with at most MaxPayloadSize bytes.
-func (s *Server) readLimitedBody(r *http.Request) ([]byte, error) {
-	max := s.cfg.MaxPayloadSize
-	var src io.Reader = r.Body
 	gz := false
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
@@ -121,42 +101,59 @@ func (s *Server) readLimitedBody(r *http.Request) ([]byte, error) {
 	default:
 		return nil, &bodyError{http.StatusUnsupportedMediaType, "unsupported Content-Encoding: only gzip and identity are accepted"}
 	}
+	// The deadline is lifted again once the body is read: the connection's reads after that
+	// only watch for the client leaving, and must not end a long response. After a failure it
+	// stays, and the connection is closed after the answer: net/http would otherwise wait for
+	// the rest of the body before answering.
+	rc := http.NewResponseController(w)
+	deadline := rc.SetReadDeadline(time.Now().Add(s.cfg.Limits.BodyReadTimeout)) == nil
+	fail := func(status int, err error) (*Body, error) {
+		w.Header().Set("Connection", "close")
+		return nil, s.bodyReadError(r, status, err, gz)
+	}
 	if gz {
 		zr, err := gzip.NewReader(io.LimitReader(r.Body, max+1))
 		if err != nil {
-			return nil, s.bodyReadError(r, err, true)
+			return fail(http.StatusBadRequest, err)
 		}
-		src = zr
+		// The pooled reader sees the decompressed stream; its length is unknown.
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{zr, r.Body}
+		r.ContentLength = -1
 	}
-	body, err := readBody(src, max)
+	b, status, err := s.bodies.readBody(r, max)
 	if err != nil {
-		return nil, s.bodyReadError(r, err, gz)
+		return fail(status, err)
+	}
+	if deadline {
+		_ = rc.SetReadDeadline(time.Time{})
 	}
 	if gz {
 		r.Header.Del("Content-Encoding")
 	}
-	return body, nil
+	return b, nil
 }
 
-// bodyReadError maps a failure to read the body to the client's answer.
-func (s *Server) bodyReadError(r *http.Request, err error, gz bool) error {
+// bodyReadError maps a failure to read the body (with the status readBody gave it) to the
+// client's answer.
+func (s *Server) bodyReadError(r *http.Request, status int, err error, gz bool) error {
 	switch {
-	case errors.Is(err, errTooLarge):
+	case status == http.StatusRequestEntityTooLarge:
 		what := "the request body"
 		if gz {
 			what = "the decompressed request body"
 		}
-		return &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("%s exceeds the limit of %d bytes", what, s.cfg.MaxPayloadSize)}
-	case errors.Is(err, errEmptyBody):
-		return &bodyError{http.StatusBadRequest, "the request body is empty"}
+		return &bodyError{status, fmt.Sprintf("%s exceeds the limit of %d bytes", what, s.cfg.MaxPayloadSize)}
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return &bodyError{http.StatusRequestTimeout, fmt.Sprintf("the request body was not received within %v", s.cfg.Limits.BodyReadTimeout)}
-	case r.Context().Err() != nil:
+	case status == StatusClientClosed || r.Context().Err() != nil:
 		return &bodyError{StatusClientClosed, "the client went away"}
-	case gz:
+	case gz && !errors.Is(err, errEmptyBody):
 		return &bodyError{http.StatusBadRequest, "the request body is not valid gzip"}
 	}
-	return &bodyError{http.StatusBadRequest, "the request body could not be read in full"}
+	return &bodyError{http.StatusBadRequest, err.Error()}
 }
 
 // HopHeader lists the gateways a request has passed through. Each kvgate adds its own random id

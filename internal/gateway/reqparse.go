@@ -47,6 +47,15 @@ const (
 
 // parseBody validates body as a JSON object and extracts Parsed, in one pass over the body that
 // validates it too. limit caps the routing text in bytes; only that much of it is unescaped.
+//
+// What the gateway promises about a malformed body: it forwards a body only if the body is one
+// JSON object that encoding/json.Valid accepts (the full RFC 8259 grammar, checked in every
+// string too: no raw control character, no malformed escape; bytes that are not UTF-8 pass, as
+// encoding/json.Valid lets them) and the members it reads have the types the API gives them
+// ("model" a string, "stream" a boolean or null, "messages" an array of objects, "prompt",
+// "text" and "input" a string, an array or null). Every other body is answered 400
+// invalid_request and reaches no worker. Members it does not read are checked for grammar
+// only. FuzzParseBody and jsonscan's FuzzScanner hold this to encoding/json.
 func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 	var p Parsed
 	s := jsonscan.New(body)

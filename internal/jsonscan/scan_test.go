@@ -1,6 +1,7 @@
 package jsonscan
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 	"unicode/utf8"
@@ -40,7 +41,9 @@ func TestAppendUnescaped(t *testing.T) {
 // FuzzScanner holds the scanner to encoding/json: the same verdict on every document, and the
 // same decoded contents for every top-level string.
 func FuzzScanner(f *testing.F) {
-	for _, s := range []string{`{"a":[1,{"b":null}],"c":"d\u0041"}`, `"\ud83d\ude00"`, `[1e5,-0.0,true]`, `{"a":1,}`, `"x\`} {
+	for _, s := range []string{`{"a":[1,{"b":null}],"c":"d\u0041"}`, `"\ud83d\ude00"`, `[1e5,-0.0,true]`, `{"a":1,}`, `"x\`,
+		`"0123456789abcdef0123456789\n\u00e9\"0123456789abcdef0123"`, "\"0123456789abcdef\x1f0123456789\"",
+		`"0123456789abcdef0123456789abcdef\q"`, `"0123456789abcdef0123456789abcdef\u12g4"`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -63,4 +66,30 @@ func FuzzScanner(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSpecialAt holds the word-at-a-time search to a byte loop, for every byte value at every
+// position of runs long enough to take each of its paths, behind plain bytes of every kind.
+func TestSpecialAt(t *testing.T) {
+	naive := func(b []byte) int {
+		for i, c := range b {
+			if c < 0x20 || c == '\\' {
+				return i
+			}
+		}
+		return -1
+	}
+	for _, fill := range []byte{'a', 0x20, 0x7f, 0x80, 0xff, '"'} {
+		for n := 0; n <= 40; n++ {
+			for pos := 0; pos < n; pos++ {
+				for c := 0; c < 256; c++ {
+					b := bytes.Repeat([]byte{fill}, n)
+					b[pos] = byte(c)
+					if got, want := specialAt(b), naive(b); got != want {
+						t.Fatalf("fill %#x, %#x at %d of %d: got %d, want %d", fill, c, pos, n, got, want)
+					}
+				}
+			}
+		}
+	}
 }

@@ -152,6 +152,8 @@ type Request struct {
 	Header http.Header
 	// Body is the whole request body, replayed on each attempt.
 	Body []byte
+	// BodyRef, when set, is held for as long as net/http may read Body (see BodyRef).
+	BodyRef BodyRef
 	// RequestID is sent as X-Request-Id.
 	RequestID string
 	// ClientIP is appended to X-Forwarded-For.
@@ -344,7 +346,7 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request) (
 	if d := f.cfg.AttemptTimeout; d > 0 {
 		a.timer = time.AfterFunc(d, cancel)
 	}
-	u, err := http.NewRequestWithContext(actx, http.MethodPost, w.URL.String()+req.Path, bytes.NewReader(req.Body))
+	u, err := http.NewRequestWithContext(actx, http.MethodPost, w.URL.String()+req.Path, nil)
 	if err != nil {
 		// Only a malformed path can fail here; it is a gateway bug, not the worker's.
 		a.setFailure(KindTransport, worker.Abandoned)
@@ -367,6 +369,7 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request) (
 		}
 	}
 	f.setCredentials(u.Header, w.Spec.APIKey)
+	setBody(u, req) // last: every caller sends u, and net/http closes (so releases) its body
 	return a, u, true
 }
 
