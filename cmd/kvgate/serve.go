@@ -43,6 +43,7 @@ type serveOptions struct {
 	gw              gateway.Config
 	pol             policy.Config
 	sec             securityOptions
+	kv              kvEventOptions
 }
 
 // listFlag collects URLs given space- or comma-separated, over one or more uses of the flag.
@@ -142,6 +143,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.BoolVar(&o.loadMonDisabled, "disable-load-monitor", false, "route on this gateway's in-flight counts only")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
 	addSecurityFlags(fs, o)
+	registerKVEventFlags(fs, &o.kv)
 	return fs
 }
 
@@ -173,6 +175,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 		return nil, err
 	}
 	if err := o.pol.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.kv.validate(); err != nil {
 		return nil, err
 	}
 	if err := o.gw.Health.Validate(); err != nil {
@@ -231,12 +236,19 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		mon = loadmon.New(reg, o.loadMon)
 		o.pol.Loads, loads = mon, mon
 	}
+	kv, stopKV, err := startKVEvents(&o.kv, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopKV()
+	o.pol.KV = kv
 	router, err := policy.NewRouter(o.policyName, o.pol)
 	if err != nil {
 		return err
 	}
 	defer router.Close()
 	gw := gateway.New(o.gw, reg, router, loads)
+	registerKVEventMetrics(gw, kv)
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

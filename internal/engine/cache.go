@@ -1,5 +1,7 @@
 package engine
 
+import "time"
+
 // blockID is the index of a cached block in cache.slab; 0 is the LRU sentinel, never a block.
 type blockID int32
 
@@ -30,6 +32,11 @@ type cache struct {
 	// spare lists slab slots of evicted blocks, reused before the slab grows.
 	spare []blockID
 	index table
+
+	// obs, when set, is told of every block that enters or leaves the index, at time at (the
+	// engine keeps at current whenever the cache may change).
+	obs CacheObserver
+	at  time.Duration
 }
 
 func newCache(totalBlocks int) *cache {
@@ -128,21 +135,24 @@ func (c *cache) evictOldest() {
 	c.unlink(id)
 	c.index.remove(c.slab[id].key)
 	c.spare = append(c.spare, id)
+	if c.obs != nil {
+		c.obs.BlockRemoved(c.at, c.slab[id].key)
+	}
 }
 
 // release returns n private blocks.
 func (c *cache) release(n int) { c.free += n }
 
 // publish turns one private block just filled with the prompt block of key into a cached block
-// pinned once. When another request published the same key first, the private block is
-// returned and the existing block pinned instead.
-func (c *cache) publish(key uint64) blockID {
+// pinned once, and reports whether the key is new to the cache. When another request published
+// the same key first, the private block is returned and the existing block pinned instead.
+func (c *cache) publish(key uint64) (blockID, bool) {
 	slot, found := c.index.find(key)
 	if found {
 		c.free++
 		id := c.index.slots[slot].id
 		c.ref(id)
-		return id
+		return id, false
 	}
 	var id blockID
 	if n := len(c.spare); n > 0 {
@@ -153,13 +163,19 @@ func (c *cache) publish(key uint64) blockID {
 	}
 	c.slab[id] = block{key: key, ref: 1}
 	c.index.insertAt(slot, key, id)
-	return id
+	return id, true
 }
 
 // flush drops every evictable block and reports how many it dropped. Pinned blocks stay: they
 // belong to running requests.
 func (c *cache) flush() int {
 	n := c.lruLen
+	obs := c.obs
+	if obs != nil && n == c.index.n {
+		// Nothing is pinned: the whole cache goes, which one event says.
+		c.obs = nil
+		defer func() { c.obs = obs; obs.CacheCleared(c.at) }()
+	}
 	for c.lruLen > 0 {
 		c.evictOldest()
 		c.free++

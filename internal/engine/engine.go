@@ -150,8 +150,9 @@ type req struct {
 	computed  int
 	cached    int
 	pinned    []blockID
-	priv      int // private blocks held
-	uncached  int // this request's share of Load().WaitingUncachedTokens while waiting
+	toks      []uint32 // the prompt's tokens, kept only while a CacheObserver is set
+	priv      int      // private blocks held
+	uncached  int      // this request's share of Load().WaitingUncachedTokens while waiting
 }
 
 func (r *req) held() int { return len(r.pinned) + r.priv }
@@ -243,8 +244,16 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	} else {
 		keys = blockKeysText(keys, r.Text, bs)
 	}
+	toks := q.toks[:0]
+	if e.cache.obs != nil {
+		if r.Tokens != nil {
+			toks = append(toks, r.Tokens...)
+		} else {
+			toks = AppendTokens(toks, r.Text)
+		}
+	}
 	*q = req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
-		pinned: q.pinned[:0]}
+		pinned: q.pinned[:0], toks: toks}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()
@@ -316,6 +325,7 @@ func (e *Engine) Abort(now time.Duration, id uint64) bool {
 // the number of tokens dropped.
 func (e *Engine) FlushCache(now time.Duration) int {
 	e.advance(now, false)
+	e.cache.at = e.now
 	return e.cache.flush() * e.cfg.BlockSize
 }
 

@@ -5,6 +5,7 @@ import "time"
 // startStep composes the step (or run of identical decode steps) that starts at t, or leaves
 // the engine idle when there is nothing to do.
 func (e *Engine) startStep(t time.Duration) {
+	e.cache.at = t
 	clear(e.plan)
 	clear(e.decoders)
 	e.plan, e.decoders = e.plan[:0], e.decoders[:0]
@@ -133,6 +134,7 @@ func (e *Engine) admit(t time.Duration) {
 
 // apply completes s steps of the current run, the last of which ends at t.
 func (e *Engine) apply(s int, t time.Duration) {
+	e.cache.at = t
 	gen := 0
 	for _, c := range e.plan {
 		r := c.r
@@ -172,8 +174,12 @@ func (e *Engine) apply(s int, t time.Duration) {
 func (e *Engine) publish(r *req) {
 	full := min(r.computed/e.cfg.BlockSize, len(r.keys))
 	for j := len(r.pinned); j < full; j++ {
-		r.pinned = append(r.pinned, e.cache.publish(r.keys[j]))
+		id, fresh := e.cache.publish(r.keys[j])
+		r.pinned = append(r.pinned, id)
 		r.priv--
+		if fresh && e.cache.obs != nil {
+			e.stored(r, j)
+		}
 	}
 }
 

@@ -20,6 +20,9 @@ type Config struct {
 	// NoBackground: policies start no goroutines; the caller (the virtual-time fleet simulator)
 	// calls Evict itself. False (the zero value) in the gateway.
 	NoBackground bool `yaml:"-"`
+	// KV is the engines' KV-cache event view that precise_prefix routes on; nil makes it
+	// route as cache_aware_hash.
+	KV KVView `yaml:"-"`
 
 	CacheAware CacheAwareConfig `yaml:",inline"`
 	PrefixHash PrefixHashConfig `yaml:",inline"`

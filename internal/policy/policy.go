@@ -19,6 +19,11 @@ type Request struct {
 	// Key is the session routing key: the x-kvgate-routing-key header, else another identity
 	// header (x-session-id, x-user-id), else the body's "user" field, else "".
 	Key string
+	// Chat is set for chat completions, whose prompt is the body's messages.
+	Chat bool
+	// Body is the raw request body, read-only; nil when the caller has none. Precise routing
+	// sends a chat request's messages to the engine's tokenizer from it.
+	Body []byte
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.

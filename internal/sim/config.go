@@ -39,6 +39,9 @@ type Config struct {
 	Faults Faults
 	// Seed seeds the fault dice (which requests get an error status); 0 is a valid seed.
 	Seed uint64
+	// Events configures KV-cache event publishing; the zero value publishes none. Only a
+	// fleet (StartFleet) publishes: the topic names each engine's address.
+	Events Events
 }
 
 // Faults are injected failures for reliability work. The zero value injects none.
@@ -87,6 +90,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxTokens < 1 {
 		return fmt.Errorf("sim: default max tokens %d must be positive", c.MaxTokens)
+	}
+	if err := c.Events.Validate(); err != nil {
+		return err
 	}
 	return c.Faults.Validate()
 }

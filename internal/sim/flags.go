@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/kvevents"
 )
 
 // Flags are the command-line flags of `kvgate sim` (and of any command that starts simulated
@@ -26,6 +27,8 @@ type Flags struct {
 	FaultEngines string
 
 	cfg            Config
+	eventsDial     string
+	eventsEncoding string
 	decodeBaseMS   float64
 	decodePerReqMS float64
 }
@@ -55,6 +58,10 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.DurationVar(&f.cfg.Faults.SlowStart, "fault-slow-start", 0, "answer 503 (health included) for this long after start")
 	fs.DurationVar(&f.cfg.Faults.FirstTokenDelay, "fault-first-token-delay", 0, "delay added before each request enters the engine")
 	fs.StringVar(&f.FaultEngines, "fault-engines", "", "comma-separated engine indices the fault flags apply to (empty: all)")
+	fs.IntVar(&f.cfg.Events.Port, "kv-events-port", 0, "publish KV-cache events (vLLM format, ZeroMQ PUB) on this port; engine i binds port+i (0: off)")
+	fs.IntVar(&f.cfg.Events.ReplayPort, "kv-events-replay-port", 0, "serve replays of buffered KV-cache event batches on this port; engine i binds port+i (0: off)")
+	fs.StringVar(&f.eventsDial, "kv-events-connect", "", "comma-separated SUB endpoints (a gateway's --kv-events-bind, tcp://host:port) every engine publishes KV-cache events to")
+	fs.StringVar(&f.eventsEncoding, "kv-events-encoding", "array", "KV-cache event encoding: array (vLLM's legacy msgspec arrays) or map (newer vLLM)")
 	return f
 }
 
@@ -70,6 +77,18 @@ func (f *Flags) Config() (cfg Config, faults Faults, faulty []int, err error) {
 		return Config{}, Faults{}, nil, fmt.Errorf("decode costs must not be negative")
 	}
 	cfg = f.cfg
+	for _, d := range strings.Split(f.eventsDial, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			cfg.Events.Dial = append(cfg.Events.Dial, d)
+		}
+	}
+	switch f.eventsEncoding {
+	case "array", "":
+	case "map":
+		cfg.Events.Encoding = kvevents.Maps
+	default:
+		return Config{}, Faults{}, nil, fmt.Errorf("--kv-events-encoding %q: want array or map", f.eventsEncoding)
+	}
 	cfg.Engine.DecodeBase = time.Duration(f.decodeBaseMS * float64(time.Millisecond))
 	cfg.Engine.DecodePerReq = time.Duration(f.decodePerReqMS * float64(time.Millisecond))
 	if err := cfg.Validate(); err != nil {

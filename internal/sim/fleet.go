@@ -49,6 +49,18 @@ func StartFleet(ctx context.Context, n int, host string, basePort int, cfg Confi
 		c := cfg
 		c.Seed = cfg.Seed + uint64(i)
 		s := NewServer(c)
+		if c.Events.Enabled() {
+			h := host
+			if basePort == 0 {
+				h = "127.0.0.1"
+			}
+			if err := s.startEvents(h, ln.Addr().String(), i); err != nil {
+				s.Close()
+				ln.Close()
+				f.Close()
+				return nil, err
+			}
+		}
 		hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 		f.servers = append(f.servers, s)
 		f.https = append(f.https, hs)

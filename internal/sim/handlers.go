@@ -24,6 +24,7 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /metrics", s.handleMetrics)
 	m.HandleFunc("POST /flush_cache", s.handleFlush)
 	m.HandleFunc("POST /reset_prefix_cache", s.handleFlush)
+	m.HandleFunc("POST /tokenize", s.handleTokenize)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "",
 			"no route %s %s", r.Method, r.URL.Path)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/kvevents"
 )
 
 // Server is one simulated inference server: an http.Handler over one engine, advanced to the
@@ -30,6 +31,9 @@ type Server struct {
 	rng     *rand.Rand
 	ttft    histogram
 	evs     []engine.Event
+	// pub publishes the engine's KV-cache events, batch gathering them; nil when off.
+	pub   *kvevents.Publisher
+	batch kvevents.Batch
 
 	wake      chan struct{} // work arrived: the driver recomputes its next wake-up
 	stop      chan struct{} // closed by Close
@@ -100,6 +104,7 @@ func NewServer(cfg Config) *Server {
 func (s *Server) Close() {
 	s.closeOnce.Do(func() { close(s.stop) })
 	<-s.done
+	s.closeEvents()
 }
 
 // Config returns the server's configuration with defaults applied.
@@ -130,7 +135,9 @@ func (s *Server) Load() engine.Load {
 func (s *Server) FlushCache() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.eng.FlushCache(s.since())
+	n := s.eng.FlushCache(s.since())
+	s.publishEvents()
+	return n
 }
 
 // since is the engine time now.
@@ -139,6 +146,7 @@ func (s *Server) since() time.Duration { return time.Since(s.start) }
 // syncLocked advances the engine to now and hands the events to their waiters.
 func (s *Server) syncLocked() {
 	s.evs = s.eng.Advance(s.since(), s.evs[:0])
+	s.publishEvents()
 	for _, ev := range s.evs {
 		w := s.waiters[ev.ID]
 		if w == nil {
@@ -198,6 +206,7 @@ func (s *Server) submit(r request, maxTokens int) (uint64, *waiter, error) {
 	if err == nil {
 		s.waiters[id] = w
 	}
+	s.publishEvents()
 	s.mu.Unlock()
 	if err != nil {
 		return 0, nil, err
@@ -211,6 +220,7 @@ func (s *Server) abort(id uint64) {
 	s.mu.Lock()
 	delete(s.waiters, id)
 	s.eng.Abort(s.since(), id)
+	s.publishEvents()
 	s.mu.Unlock()
 	s.kick()
 	if s.aborted != nil {

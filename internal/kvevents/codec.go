@@ -1,0 +1,569 @@
+package kvevents
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// Kind says what an Event reports. The zero value is not a valid kind.
+type Kind uint8
+
+// The event kinds of DESIGN.md §8.
+const (
+	// BlockStored: blocks entered the engine's prefix cache.
+	BlockStored Kind = iota + 1
+	// BlockRemoved: blocks left it.
+	BlockRemoved
+	// AllBlocksCleared: the engine dropped its whole prefix cache.
+	AllBlocksCleared
+)
+
+// Event is one KV-cache event. Fields a kind does not use are zero.
+type Event struct {
+	Kind Kind
+	// Hashes are the engine's block hashes, in chain order for BlockStored. A hash sent as bytes
+	// (newer vLLM) is folded to 64 bits.
+	Hashes []uint64
+	// Parent is the hash of the block before the first stored one; HasParent is false for a
+	// chain that starts at the beginning of a prompt.
+	Parent    uint64
+	HasParent bool
+	// Tokens are the token ids of the stored blocks, BlockSize per block.
+	Tokens    []uint32
+	BlockSize int
+	// LoRA is the adapter id of the stored blocks; HasLoRA is false for the base model.
+	LoRA    int64
+	HasLoRA bool
+}
+
+// Batch is one KVEventBatch: a timestamp (seconds since the epoch), events in order, and the
+// data-parallel rank of the publishing engine (HasRank false when absent).
+type Batch struct {
+	TS      float64
+	Events  []Event
+	Rank    int
+	HasRank bool
+}
+
+// Limits on what Decode accepts, whatever the payload claims.
+const (
+	maxNesting = 16
+	// maxTokenID bounds a token id (vocabularies are well under 2^31).
+	maxTokenID = 1<<32 - 1
+)
+
+// ErrMalformed wraps every decoding error.
+var ErrMalformed = errors.New("kvevents: malformed event batch")
+
+func malformed(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, a...))
+}
+
+// decoder reads one payload; every declared length is checked against the bytes left before
+// anything is allocated for it (each element takes at least one byte).
+type decoder struct {
+	r *bytes.Reader
+	d *msgpack.Decoder
+}
+
+// Decode parses one msgpack KVEventBatch payload, in the legacy encoding (structs as arrays
+// tagged by type name) or the newer one (events as maps with a "type" key); fields it does not
+// use, and fields it does not know, are skipped. An event of an unknown type is skipped too.
+func Decode(payload []byte) (Batch, error) {
+	r := bytes.NewReader(payload)
+	dec := &decoder{r: r, d: msgpack.NewDecoder(r)}
+	b, err := dec.batch()
+	if err != nil {
+		return Batch{}, err
+	}
+	if r.Len() != 0 {
+		return Batch{}, malformed("%d trailing bytes", r.Len())
+	}
+	return b, nil
+}
+
+func (d *decoder) peek() (byte, error) {
+	c, err := d.d.PeekCode()
+	if err != nil {
+		return 0, malformed("truncated")
+	}
+	return c, nil
+}
+
+func isMap(c byte) bool { return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 }
+
+func (d *decoder) arrayLen() (int, error) {
+	n, err := d.d.DecodeArrayLen()
+	if err != nil {
+		return 0, malformed("array: %v", err)
+	}
+	if n > d.r.Len() {
+		return 0, malformed("array of %d elements in %d bytes", n, d.r.Len())
+	}
+	return n, nil
+}
+
+func (d *decoder) mapLen() (int, error) {
+	n, err := d.d.DecodeMapLen()
+	if err != nil {
+		return 0, malformed("map: %v", err)
+	}
+	if n > d.r.Len()/2 {
+		return 0, malformed("map of %d entries in %d bytes", n, d.r.Len())
+	}
+	return n, nil
+}
+
+func (d *decoder) str() (string, error) {
+	c, err := d.peek()
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return "", malformed("expected a string")
+	}
+	s, err := d.d.DecodeString()
+	if err != nil {
+		return "", malformed("string: %v", err)
+	}
+	return s, nil
+}
+
+// skip skips one value of any type, refusing nesting deeper than maxNesting.
+func (d *decoder) skip(depth int) error {
+	if depth > maxNesting {
+		return malformed("nested deeper than %d", maxNesting)
+	}
+	c, err := d.peek()
+	if err != nil {
+		return err
+	}
+	switch {
+	case isMap(c):
+		n, err := d.mapLen()
+		if err != nil {
+			return err
+		}
+		for range 2 * n {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := d.arrayLen()
+		if err != nil {
+			return err
+		}
+		for range n {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := d.d.Skip(); err != nil {
+		return malformed("skip: %v", err)
+	}
+	return nil
+}
+
+// isNil consumes a nil and reports true, or reports false consuming nothing.
+func (d *decoder) isNil() (bool, error) {
+	c, err := d.peek()
+	if err != nil {
+		return false, err
+	}
+	if c != msgpcode.Nil {
+		return false, nil
+	}
+	d.d.DecodeNil()
+	return true, nil
+}
+
+// int64v reads an integer (a float with an integral value is accepted too).
+func (d *decoder) int64v() (int64, error) {
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Uint64 {
+		u, err := d.d.DecodeUint64()
+		if err != nil {
+			return 0, malformed("integer: %v", err)
+		}
+		return int64(u), nil
+	}
+	v, err := d.d.DecodeInt64()
+	if err != nil {
+		return 0, malformed("integer: %v", err)
+	}
+	return v, nil
+}
+
+// hash reads a block hash: an integer, or bytes folded to 64 bits with FNV-1a.
+func (d *decoder) hash() (uint64, error) {
+	c, err := d.peek()
+	if err != nil {
+		return 0, err
+	}
+	if msgpcode.IsBin(c) || msgpcode.IsString(c) {
+		b, err := d.d.DecodeBytes()
+		if err != nil {
+			return 0, malformed("hash: %v", err)
+		}
+		h := uint64(14695981039346656037)
+		for _, x := range b {
+			h = (h ^ uint64(x)) * 1099511628211
+		}
+		return h, nil
+	}
+	v, err := d.int64v()
+	return uint64(v), err
+}
+
+func (d *decoder) hashes() ([]uint64, error) {
+	if null, err := d.isNil(); null || err != nil {
+		return nil, err
+	}
+	n, err := d.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		if out[i], err = d.hash(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (d *decoder) tokens() ([]uint32, error) {
+	if null, err := d.isNil(); null || err != nil {
+		return nil, err
+	}
+	n, err := d.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint32, n)
+	for i := range out {
+		v, err := d.int64v()
+		if err != nil {
+			return nil, err
+		}
+		if v < 0 || v > maxTokenID {
+			return nil, malformed("token id %d out of range", v)
+		}
+		out[i] = uint32(v)
+	}
+	return out, nil
+}
+
+func (d *decoder) parent(e *Event) error {
+	if null, err := d.isNil(); null || err != nil {
+		return err
+	}
+	h, err := d.hash()
+	e.Parent, e.HasParent = h, err == nil
+	return err
+}
+
+func (d *decoder) optInt(v *int64, has *bool) error {
+	if null, err := d.isNil(); null || err != nil {
+		return err
+	}
+	x, err := d.int64v()
+	*v, *has = x, err == nil
+	return err
+}
+
+func (d *decoder) batch() (Batch, error) {
+	var b Batch
+	c, err := d.peek()
+	if err != nil {
+		return b, err
+	}
+	var rank int64
+	if isMap(c) {
+		n, err := d.mapLen()
+		if err != nil {
+			return b, err
+		}
+		for range n {
+			k, err := d.str()
+			if err != nil {
+				return b, err
+			}
+			switch k {
+			case "ts":
+				b.TS, err = d.float()
+			case "events":
+				b.Events, err = d.events()
+			case "data_parallel_rank":
+				err = d.optInt(&rank, &b.HasRank)
+			default:
+				err = d.skip(1)
+			}
+			if err != nil {
+				return b, err
+			}
+		}
+	} else {
+		n, err := d.arrayLen()
+		if err != nil {
+			return b, err
+		}
+		if n < 2 {
+			return b, malformed("batch of %d fields", n)
+		}
+		if b.TS, err = d.float(); err != nil {
+			return b, err
+		}
+		if b.Events, err = d.events(); err != nil {
+			return b, err
+		}
+		if n >= 3 {
+			if err := d.optInt(&rank, &b.HasRank); err != nil {
+				return b, err
+			}
+		}
+		for range n - 3 {
+			if err := d.skip(1); err != nil {
+				return b, err
+			}
+		}
+	}
+	if b.HasRank {
+		if rank < 0 || rank > 1<<16 {
+			return b, malformed("data-parallel rank %d out of range", rank)
+		}
+		b.Rank = int(rank)
+	}
+	return b, nil
+}
+
+func (d *decoder) float() (float64, error) {
+	if null, err := d.isNil(); null || err != nil {
+		return 0, err
+	}
+	v, err := d.d.DecodeFloat64()
+	if err != nil {
+		return 0, malformed("timestamp: %v", err)
+	}
+	return v, nil
+}
+
+func (d *decoder) events() ([]Event, error) {
+	n, err := d.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, 0, n)
+	for range n {
+		e, err := d.event()
+		if err != nil {
+			return nil, err
+		}
+		if e.Kind != 0 {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+func kindOf(tag string) Kind {
+	switch tag {
+	case "BlockStored":
+		return BlockStored
+	case "BlockRemoved":
+		return BlockRemoved
+	case "AllBlocksCleared":
+		return AllBlocksCleared
+	}
+	return 0
+}
+
+// event reads one event; an unknown type gives Kind 0 (skipped by the caller).
+func (d *decoder) event() (Event, error) {
+	var e Event
+	c, err := d.peek()
+	if err != nil {
+		return e, err
+	}
+	var bs int64
+	var hasBS bool
+	if isMap(c) {
+		n, err := d.mapLen()
+		if err != nil {
+			return e, err
+		}
+		for range n {
+			k, err := d.str()
+			if err != nil {
+				return e, err
+			}
+			switch k {
+			case "type":
+				var tag string
+				tag, err = d.str()
+				e.Kind = kindOf(tag)
+			case "block_hashes":
+				e.Hashes, err = d.hashes()
+			case "parent_block_hash":
+				err = d.parent(&e)
+			case "token_ids":
+				e.Tokens, err = d.tokens()
+			case "block_size":
+				err = d.optInt(&bs, &hasBS)
+			case "lora_id":
+				err = d.optInt(&e.LoRA, &e.HasLoRA)
+			default:
+				err = d.skip(1)
+			}
+			if err != nil {
+				return e, err
+			}
+		}
+	} else {
+		n, err := d.arrayLen()
+		if err != nil {
+			return e, err
+		}
+		if n < 1 {
+			return e, malformed("empty event")
+		}
+		tag, err := d.str()
+		if err != nil {
+			return e, err
+		}
+		e.Kind = kindOf(tag)
+		// Field order per type (DESIGN.md §8); trailing fields may be absent, extra ones follow.
+		var fields []func() error
+		switch e.Kind {
+		case BlockStored:
+			fields = []func() error{
+				func() (err error) { e.Hashes, err = d.hashes(); return },
+				func() error { return d.parent(&e) },
+				func() (err error) { e.Tokens, err = d.tokens(); return },
+				func() error { return d.optInt(&bs, &hasBS) },
+				func() error { return d.optInt(&e.LoRA, &e.HasLoRA) },
+			}
+		case BlockRemoved:
+			fields = []func() error{func() (err error) { e.Hashes, err = d.hashes(); return }}
+		}
+		for i := 1; i < n; i++ {
+			if i-1 < len(fields) {
+				err = fields[i-1]()
+			} else {
+				err = d.skip(1)
+			}
+			if err != nil {
+				return e, err
+			}
+		}
+	}
+	if e.Kind == BlockStored {
+		if !hasBS || bs < 1 || bs > 1<<16 {
+			return e, malformed("block size %d out of range", bs)
+		}
+		e.BlockSize = int(bs)
+		if len(e.Tokens) != len(e.Hashes)*e.BlockSize {
+			return e, malformed("%d token ids for %d blocks of %d", len(e.Tokens), len(e.Hashes), bs)
+		}
+	}
+	return e, nil
+}
+
+// Encoding selects how Encode writes events.
+type Encoding uint8
+
+const (
+	// Legacy writes every struct as an array tagged by its type name (vLLM's msgspec
+	// array_like encoding).
+	Legacy Encoding = iota
+	// Maps writes each event as a map with a "type" key (newer vLLM releases).
+	Maps
+)
+
+// Encode appends the msgpack encoding of b to dst. The engine simulator publishes with it; tests
+// use both encodings.
+func Encode(dst *bytes.Buffer, b *Batch, enc Encoding) error {
+	e := msgpack.NewEncoder(dst)
+	e.EncodeArrayLen(3)
+	e.EncodeFloat64(b.TS)
+	e.EncodeArrayLen(len(b.Events))
+	for i := range b.Events {
+		encodeEvent(e, &b.Events[i], enc)
+	}
+	if b.HasRank {
+		return e.EncodeInt(int64(b.Rank))
+	}
+	return e.EncodeNil()
+}
+
+func encodeEvent(e *msgpack.Encoder, ev *Event, enc Encoding) {
+	var name string
+	switch ev.Kind {
+	case BlockStored:
+		name = "BlockStored"
+	case BlockRemoved:
+		name = "BlockRemoved"
+	default:
+		name = "AllBlocksCleared"
+	}
+	key := func(k string) {
+		if enc == Maps {
+			e.EncodeString(k)
+		}
+	}
+	hashes := func() {
+		key("block_hashes")
+		e.EncodeArrayLen(len(ev.Hashes))
+		for _, h := range ev.Hashes {
+			e.EncodeUint64(h)
+		}
+	}
+	fields := map[Kind]int{BlockStored: 7, BlockRemoved: 3, AllBlocksCleared: 1}[ev.Kind]
+	if enc == Maps {
+		e.EncodeMapLen(fields)
+		e.EncodeString("type")
+	} else {
+		e.EncodeArrayLen(fields)
+	}
+	e.EncodeString(name)
+	switch ev.Kind {
+	case BlockStored:
+		hashes()
+		key("parent_block_hash")
+		if ev.HasParent {
+			e.EncodeUint64(ev.Parent)
+		} else {
+			e.EncodeNil()
+		}
+		key("token_ids")
+		e.EncodeArrayLen(len(ev.Tokens))
+		for _, t := range ev.Tokens {
+			e.EncodeUint32(t)
+		}
+		key("block_size")
+		e.EncodeInt(int64(ev.BlockSize))
+		key("lora_id")
+		if ev.HasLoRA {
+			e.EncodeInt(ev.LoRA)
+		} else {
+			e.EncodeNil()
+		}
+		key("medium")
+		e.EncodeString("GPU")
+	case BlockRemoved:
+		hashes()
+		key("medium")
+		e.EncodeString("GPU")
+	}
+}

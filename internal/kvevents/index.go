@@ -1,0 +1,332 @@
+package kvevents
+
+import (
+	"slices"
+	"sync"
+	"time"
+)
+
+// Block keys. The index does not replicate any engine's hash function: it keys a block by the
+// token ids the events carry, chained over every block before it, so that a request tokenized
+// the same way gets the same keys. Engine hashes only link a stored block to its parent.
+
+const keySeed = 0x6a09e667f3bcc908
+
+// seedFor returns the chain seed of a LoRA adapter (hasLoRA false: the base model).
+func seedFor(lora int64, hasLoRA bool) uint64 {
+	if !hasLoRA {
+		return keySeed
+	}
+	return mix(keySeed, uint64(lora)+1)
+}
+
+// mix folds w into h: a multiply-xorshift step (a bijection of h for a given w).
+func mix(h, w uint64) uint64 {
+	h = (h ^ w) * 0x9e3779b97f4a7c15
+	return h ^ h>>31
+}
+
+// chainBlock returns the key of the block of toks whose parent block has key h.
+func chainBlock(h uint64, toks []uint32) uint64 {
+	i := 0
+	for ; i+1 < len(toks); i += 2 {
+		h = mix(h, uint64(toks[i])|uint64(toks[i+1])<<32)
+	}
+	if i < len(toks) {
+		h = mix(h, uint64(toks[i]))
+	}
+	return mix(h, 0xffffffff00000000|uint64(len(toks)))
+}
+
+// BlockKeys appends to dst the keys of the full blocks of bs tokens of a base-model prompt and
+// returns it.
+func BlockKeys(dst []uint64, toks []uint32, bs int) []uint64 {
+	h := uint64(keySeed)
+	for i := 0; i+bs <= len(toks); i += bs {
+		h = chainBlock(h, toks[i:i+bs])
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// Source identifies one event stream: a worker, the model its topic names ("" when it names
+// none) and a data-parallel rank.
+type Source struct {
+	Worker string
+	Model  string
+	Rank   int
+}
+
+// holder is what the index knows of one source's cache.
+type holder struct {
+	src  Source
+	slot int32
+	// blocks maps an engine block hash to the index key of that block.
+	blocks map[uint64]uint64
+	// order lists engine hashes oldest first (from head), for the memory bound; an entry whose
+	// block was removed since is skipped when reached.
+	order []uint64
+	head  int
+	bs    int
+	// readyAt is when the holder's picture is trusted again after it was dropped.
+	readyAt time.Time
+}
+
+// Index is what every engine's prefix cache holds, rebuilt from its events: per source, engine
+// hash → block key, and per block key the sources holding it. Safe for concurrent use: events
+// are applied under a write lock, matches take a read lock.
+type Index struct {
+	maxBlocks  int
+	maxSources int
+
+	mu      sync.RWMutex
+	sources map[Source]*holder
+	slots   []*holder          // slot → holder; nil when free
+	byKey   map[uint64][]int32 // block key → slots holding it
+	orphans uint64
+	evicted uint64
+}
+
+// NewIndex returns an empty index that keeps at most maxBlocks blocks per source (the oldest
+// stored go first past it) and at most maxSources sources per worker.
+func NewIndex(maxBlocks, maxSources int) *Index {
+	return &Index{maxBlocks: maxBlocks, maxSources: maxSources, sources: map[Source]*holder{},
+		byKey: map[uint64][]int32{}}
+}
+
+// holderFor returns src's holder, creating it unless the worker has maxSources already.
+func (x *Index) holderFor(src Source) *holder {
+	if h := x.sources[src]; h != nil {
+		return h
+	}
+	n := 0
+	for s := range x.sources {
+		if s.Worker == src.Worker {
+			n++
+		}
+	}
+	if n >= x.maxSources {
+		return nil
+	}
+	h := &holder{src: src, blocks: map[uint64]uint64{}}
+	h.slot = int32(slices.Index(x.slots, nil))
+	if h.slot < 0 {
+		h.slot = int32(len(x.slots))
+		x.slots = append(x.slots, nil)
+	}
+	x.slots[h.slot] = h
+	x.sources[src] = h
+	return h
+}
+
+// Apply applies a batch's events from src in order.
+func (x *Index) Apply(src Source, events []Event) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	h := x.holderFor(src)
+	if h == nil {
+		return
+	}
+	for i := range events {
+		x.apply(h, &events[i])
+	}
+}
+
+func (x *Index) apply(h *holder, e *Event) {
+	switch e.Kind {
+	case BlockStored:
+		key := seedFor(e.LoRA, e.HasLoRA)
+		if e.HasParent {
+			k, ok := h.blocks[e.Parent]
+			if !ok {
+				// The parent is unknown (evicted here, or stored before we listened): these
+				// blocks cannot be keyed from the start of a prompt, so no match reaches them.
+				x.orphans++
+				return
+			}
+			key = k
+		}
+		h.bs = e.BlockSize
+		for i, hash := range e.Hashes {
+			key = chainBlock(key, e.Tokens[i*e.BlockSize:(i+1)*e.BlockSize])
+			x.store(h, hash, key)
+		}
+	case BlockRemoved:
+		for _, hash := range e.Hashes {
+			x.remove(h, hash)
+		}
+	case AllBlocksCleared:
+		x.clear(h)
+	}
+}
+
+func (x *Index) store(h *holder, hash, key uint64) {
+	if old, ok := h.blocks[hash]; ok {
+		if old == key {
+			return
+		}
+		x.unlink(h, old)
+	}
+	h.blocks[hash] = key
+	if ks := x.byKey[key]; !slices.Contains(ks, h.slot) {
+		x.byKey[key] = append(ks, h.slot)
+	}
+	h.order = append(h.order, hash)
+	for len(h.blocks) > x.maxBlocks {
+		old := h.order[h.head]
+		h.head++
+		if _, ok := h.blocks[old]; ok {
+			x.remove(h, old)
+			x.evicted++
+		}
+	}
+	// Compact the order list once its dead head outgrows the live part.
+	if h.head > len(h.blocks)+1024 {
+		live := h.order[:0]
+		for _, hash := range h.order[h.head:] {
+			if _, ok := h.blocks[hash]; ok {
+				live = append(live, hash)
+			}
+		}
+		h.order, h.head = slices.Clip(live), 0
+	}
+}
+
+func (x *Index) remove(h *holder, hash uint64) {
+	key, ok := h.blocks[hash]
+	if !ok {
+		return
+	}
+	delete(h.blocks, hash)
+	x.unlink(h, key)
+}
+
+// unlink drops h from the holders of key.
+func (x *Index) unlink(h *holder, key uint64) {
+	ks := x.byKey[key]
+	i := slices.Index(ks, h.slot)
+	if i < 0 {
+		return
+	}
+	if len(ks) == 1 {
+		delete(x.byKey, key)
+		return
+	}
+	x.byKey[key] = slices.Delete(ks, i, i+1)
+}
+
+func (x *Index) clear(h *holder) {
+	for _, key := range h.blocks {
+		x.unlink(h, key)
+	}
+	h.blocks = map[uint64]uint64{}
+	h.order, h.head = nil, 0
+}
+
+// Reset drops what src holds and distrusts the source until 'until': a match involving its
+// worker fails until then (the caller falls back to the prefix tree) while fresh events rebuild
+// the picture.
+func (x *Index) Reset(src Source, until time.Time) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if h := x.holderFor(src); h != nil {
+		x.clear(h)
+		h.readyAt = until
+	}
+}
+
+// Forget drops every source of worker.
+func (x *Index) Forget(worker string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for src, h := range x.sources {
+		if src.Worker != worker {
+			continue
+		}
+		x.clear(h)
+		delete(x.sources, src)
+		x.slots[h.slot] = nil
+	}
+}
+
+// IndexStats are the index's counters.
+type IndexStats struct {
+	// Sources is the number of event streams known; Blocks the blocks they hold in all.
+	Sources, Blocks int
+	// Orphans counts stored events dropped for an unknown parent; Evicted the blocks dropped
+	// by the per-source bound.
+	Orphans, Evicted uint64
+}
+
+// Stats returns the index's counters.
+func (x *Index) Stats() IndexStats {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	s := IndexStats{Sources: len(x.sources), Orphans: x.orphans, Evicted: x.evicted}
+	for _, h := range x.sources {
+		s.Blocks += len(h.blocks)
+	}
+	return s
+}
+
+// Match writes to out[i] the number of leading tokens of toks that worker workers[i] holds for
+// model, the longest over its data-parallel ranks, in whole blocks. It reports false, leaving
+// out undefined, when the index cannot answer for every worker: one has no event stream yet, is
+// being resynchronized, or their streams disagree on the block size. now is the current time.
+func (x *Index) Match(model string, toks []uint32, workers []string, out []int, now time.Time) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var buf [16]*holder
+	hs := buf[:0]
+	owner := make([]int, 0, 16) // hs[j] belongs to workers[owner[j]]
+	bs := 0
+	for i, w := range workers {
+		out[i] = 0
+		found := false
+		for src, h := range x.sources {
+			if src.Worker != w || src.Model != "" && src.Model != model {
+				continue
+			}
+			if now.Before(h.readyAt) {
+				return false
+			}
+			if h.bs != 0 {
+				if bs != 0 && h.bs != bs {
+					return false
+				}
+				bs = h.bs
+			}
+			found = true
+			hs = append(hs, h)
+			owner = append(owner, i)
+		}
+		if !found {
+			return false
+		}
+	}
+	if bs == 0 {
+		return true // no source holds anything yet
+	}
+	alive := make([]bool, len(hs))
+	for j := range alive {
+		alive[j] = true
+	}
+	left := len(hs)
+	key := uint64(keySeed)
+	for b := 0; (b+1)*bs <= len(toks) && left > 0; b++ {
+		key = chainBlock(key, toks[b*bs:(b+1)*bs])
+		slots := x.byKey[key]
+		for j, h := range hs {
+			if !alive[j] {
+				continue
+			}
+			if !slices.Contains(slots, h.slot) {
+				alive[j] = false
+				left--
+				continue
+			}
+			out[owner[j]] = max(out[owner[j]], (b+1)*bs)
+		}
+	}
+	return true
+}
