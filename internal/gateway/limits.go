@@ -112,7 +112,8 @@ func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) (*Body,
 		return nil, s.bodyReadError(r, status, err, gz)
 	}
 	if gz {
-		zr, err := gzip.NewReader(io.LimitReader(r.Body, max+1))
+		in := &countingReader{r: io.LimitReader(r.Body, max+1)}
+		zr, err := gzip.NewReader(in)
 		if err != nil {
 			return fail(http.StatusBadRequest, err)
 		}
@@ -120,7 +121,7 @@ func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) (*Body,
 		r.Body = struct {
 			io.Reader
 			io.Closer
-		}{zr, r.Body}
+		}{&inflateLimit{zr: zr, in: in}, r.Body}
 		r.ContentLength = -1
 	}
 	b, status, err := s.bodies.readBody(r, max)
@@ -140,6 +141,8 @@ func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) (*Body,
 // client's answer.
 func (s *Server) bodyReadError(r *http.Request, status int, err error, gz bool) error {
 	switch {
+	case errors.Is(err, errInflateRatio):
+		return &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the gzip request body expands more than %d times", maxInflateRatio)}
 	case status == http.StatusRequestEntityTooLarge:
 		what := "the request body"
 		if gz {
@@ -154,6 +157,46 @@ func (s *Server) bodyReadError(r *http.Request, status int, err error, gz bool) 
 		return &bodyError{http.StatusBadRequest, "the request body is not valid gzip"}
 	}
 	return &bodyError{http.StatusBadRequest, err.Error()}
+}
+
+// A gzip body may expand at most maxInflateRatio times (after its first inflateFloor bytes):
+// more is a decompression bomb, answered 413 before it fills a buffer, whatever the payload
+// cap. Without this, a client stalling half-way through a few KiB of compressed zeros would
+// hold megabytes of buffer per connection. Apache's DeflateInflateRatioLimit is 200 too; JSON
+// prompts compress about 3 to 10 times.
+const (
+	maxInflateRatio = 200
+	inflateFloor    = 64 << 10
+)
+
+var errInflateRatio = errors.New("the gzip body expands too much")
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// inflateLimit fails a decompressed stream that grows beyond maxInflateRatio times its input.
+type inflateLimit struct {
+	zr  io.Reader
+	in  *countingReader
+	out int64
+}
+
+func (l *inflateLimit) Read(p []byte) (int, error) {
+	n, err := l.zr.Read(p)
+	l.out += int64(n)
+	if l.out > inflateFloor && l.out > maxInflateRatio*l.in.n {
+		return n, errInflateRatio
+	}
+	return n, err
 }
 
 // HopHeader lists the gateways a request has passed through. Each kvgate adds its own random id

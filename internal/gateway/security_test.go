@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -507,6 +509,18 @@ func TestGzipRequestBodies(t *testing.T) {
 		t.Errorf("a %d KiB gzip bomb of 64 MiB: %d, want 413", len(bomb)>>10, resp.StatusCode)
 	} else {
 		decodeError(t, resp)
+	}
+	// Incompressible enough to pass the ratio check, and over the cap once decompressed.
+	noise := make([]byte, 600<<10)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range noise {
+		noise[i] = byte(rng.Uint32())
+	}
+	prompt := append(append([]byte(`{"model":"m","prompt":"`), []byte(hex.EncodeToString(noise))...), `"}`...)
+	if resp := send(gz(prompt), "gzip"); resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("1.2 MiB decompressed against a 1 MiB cap: %d, want 413", resp.StatusCode)
+	} else if e := decodeError(t, resp); !strings.Contains(e.Message, "decompressed") {
+		t.Errorf("message %q", e.Message)
 	}
 	if resp := send([]byte("not gzip"), "gzip"); resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("bad gzip: %d, want 400", resp.StatusCode)
