@@ -47,6 +47,12 @@ type benchFlags struct {
 	asJSON bool
 	label  string
 
+	// Worker changes during the run, and the timeline that shows them.
+	failover string
+	timeline time.Duration
+	admin    string
+	changes  []bench.Change
+
 	// Live driver.
 	target        string
 	model         string
@@ -113,6 +119,9 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "live: send ignore_eos so SGLang/vLLM generate exactly max_tokens")
 	fs.BoolVar(&f.sessionHeader, "session-header", true, "live: send each session's key as x-session-id")
 	fs.BoolVar(&f.noProgress, "no-progress", false, "live: no progress bar")
+	fs.StringVar(&f.failover, "failover", "", "worker changes during the run, comma-separated: remove[:WHICH]@TIME, add[:URL]@TIME (fleet: WHICH is an engine index, add makes a new engine; live: WHICH is an index by URL order or a URL, and add needs the URL; uses --admin)")
+	fs.DurationVar(&f.timeline, "timeline", 0, "window the run by send time with this width: hit rate and TTFT over time, in the report and as charts (default 5s with --failover)")
+	fs.StringVar(&f.admin, "admin", "", "live failover: the gateway's admin base URL (key from $KVGATE_BENCH_ADMIN_KEY)")
 	f.fleet.register(fs)
 	return fs
 }
@@ -144,6 +153,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("bench: %w", err)
 	}
 	rep := &bench.Report{Command: "kvgate bench " + strings.Join(args, " ")}
+	if f.changes, err = bench.ParseChanges(f.failover); err != nil {
+		return fmt.Errorf("bench: --failover: %w", err)
+	}
+	if f.timeline == 0 && len(f.changes) > 0 {
+		f.timeline = 5 * time.Second
+	}
+	if f.timeline < 0 {
+		return errors.New("bench: --timeline must be >= 0")
+	}
+	f.fleet.timeline = f.timeline
+	if f.fleet.failover, err = fleet.FromChanges(f.changes); f.fleet.on && err != nil {
+		return fmt.Errorf("bench: --failover: %w", err)
+	}
 	if f.target != "" {
 		err = f.runLive(ctx, w, arr, lim, rep, stderr)
 	} else {
@@ -247,6 +269,7 @@ func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Ar
 	cfg := bench.LiveConfig{
 		Target: f.target, Model: f.model, APIKey: key, API: f.api, Timeout: f.timeout,
 		MaxInflight: f.maxInflight, IgnoreEOS: f.ignoreEOS, SessionHeader: f.sessionHeader,
+		Timeline: f.timeline, Failover: f.changes, Admin: f.admin, AdminKey: os.Getenv("KVGATE_BENCH_ADMIN_KEY"),
 	}
 	if !f.noProgress {
 		cfg.Progress = stderr
@@ -267,7 +290,10 @@ func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Ar
 		if err := os.MkdirAll(f.out, 0o755); err != nil {
 			return err
 		}
-		return bench.TTFTCDF("TTFT CDF: "+w.Name(), rep.Rows).SavePNG(filepath.Join(f.out, "ttft-cdf.png"))
+		if err := bench.TTFTCDF("TTFT CDF: "+w.Name(), rep.Rows).SavePNG(filepath.Join(f.out, "ttft-cdf.png")); err != nil {
+			return err
+		}
+		return saveTimelines(f.out, w.Name(), rep.Rows)
 	}
 	return nil
 }
@@ -314,12 +340,19 @@ type fleetFlags struct {
 	balanceAbs   int64
 	balanceRel   float64
 	treeSize     int
+	sticky       bool
+	stickyPlace  string
+	kvEvents     fleet.KVEvents
 
 	sweep      bool
 	slo        time.Duration
 	sweepLo    float64
 	sweepHi    float64
 	sweepSteps int
+
+	// Set from the bench flags: the run's worker changes and timeline window.
+	failover []fleet.WorkerChange
+	timeline time.Duration
 }
 
 func (ff *fleetFlags) register(fs *flag.FlagSet) {
@@ -344,6 +377,11 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
 	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
 	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
+	fs.BoolVar(&ff.sticky, "sticky-sessions", false, "fleet policy: wrap every policy in sticky sessions (keyed by the session)")
+	fs.StringVar(&ff.stickyPlace, "sticky-placement", policy.PlaceHash, "fleet policy: where a new sticky session goes: hash or policy")
+	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
+	fs.DurationVar(&ff.kvEvents.TokenizeBase, "tokenize-base", time.Millisecond, "fleet precise_prefix: fixed cost of one tokenization (added to the request's TTFT)")
+	fs.Float64Var(&ff.kvEvents.TokenizeTPS, "tokenize-tps", 2e6, "fleet precise_prefix: tokenizer speed in tokens per second")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
@@ -362,9 +400,12 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
 	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
 	pc.CacheAware.MaxTreeSize = ff.treeSize
+	pc.Sticky.Enabled, pc.Sticky.Placement = ff.sticky, ff.stickyPlace
 	x.Base = fleet.Config{
 		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
 		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
+		Failover: ff.failover, Timeline: ff.timeline,
+		KVEvents: ff.kvEvents,
 	}
 	if ff.engines < 1 {
 		return nil, fmt.Errorf("--engines %d must be at least 1", ff.engines)
@@ -452,6 +493,20 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	_, err = fleet.Charts(out, w.Name(), rep.Rows, rep.Sweeps)
-	return err
+	if _, err = fleet.Charts(out, w.Name(), rep.Rows, rep.Sweeps); err != nil {
+		return err
+	}
+	return saveTimelines(out, w.Name(), rep.Rows)
+}
+
+// saveTimelines writes the hit-rate and TTFT-p99 timelines of rows that have one.
+func saveTimelines(dir, title string, rows []bench.Summary) error {
+	hit, p99 := bench.TimelineCharts(title, rows)
+	if len(hit.Series) == 0 {
+		return nil
+	}
+	if err := hit.SavePNG(filepath.Join(dir, "timeline-hit.png")); err != nil {
+		return err
+	}
+	return p99.SavePNG(filepath.Join(dir, "timeline-p99.png"))
 }

@@ -130,11 +130,13 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.Float64Var(&ca.BalanceTokenUsageThreshold, "balance-token-usage-threshold", ca.BalanceTokenUsageThreshold, "cache_aware: imbalanced when max-min KV usage exceeds this (1 = off)")
 	fs.DurationVar(&ca.EvictionInterval, "eviction-interval", ca.EvictionInterval, "cache_aware: how often prefix trees are trimmed")
 	fs.IntVar(&ca.MaxTreeSize, "max-tree-size", ca.MaxTreeSize, "cache_aware: characters kept per worker per model")
+	fs.Int64Var(&ca.TreeBudget, "tree-budget", ca.TreeBudget, "cache_aware: characters kept by all prefix trees together, every model and worker (0 = no gateway-wide bound)")
 	fs.IntVar(&p.PrefixHash.PrefixChars, "prefix-chars", p.PrefixHash.PrefixChars, "prefix_hash: leading characters hashed")
 	fs.Float64Var(&p.PrefixHash.LoadFactor, "prefix-hash-load-factor", p.PrefixHash.LoadFactor, "prefix_hash: load over mean at which a key moves on")
 	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (x-kvgate-routing-key, x-session-id or x-user-id header, else the body's user) on one worker until it saturates, around any policy")
 	fs.DurationVar(&p.Sticky.TTL, "sticky-session-ttl", p.Sticky.TTL, "sticky sessions: how long a silent session stays bound")
 	fs.IntVar(&p.Sticky.MaxSessions, "sticky-max-sessions", p.Sticky.MaxSessions, "sticky sessions: sessions kept per model (least recently used dropped past it)")
+	fs.StringVar(&p.Sticky.Placement, "sticky-placement", policy.PlaceHash, "sticky sessions: where a new session goes: hash (rendezvous order of its key; replicas agree) or policy (the routing policy's choice)")
 	fs.Float64Var(&p.Sticky.QueueRatio, "sticky-queue-ratio", p.Sticky.QueueRatio, "sticky sessions: a worker whose engine queues more than this share of its running batch is saturated")
 	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to responses (every data-plane client sees them)")
 	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
@@ -262,16 +264,8 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	gw.Start(bg) // health checks follow the registry from here on
 	defer gw.Stop()
 	if mon != nil {
-		// Polling runs whenever any load-aware policy exists: the default, the pools', or one
-		// a worker registered later names in its policy label.
-		if router.LoadAware() || anyLoadAware(o) {
-			mon.Start(bg)
-		}
-		reg.Subscribe(func(e worker.Event) {
-			if !e.Removed && policy.LoadAware(e.Worker.Label(policy.PolicyLabel)) {
-				mon.Start(bg)
-			}
-		})
+		// Polling starts once any load-aware policy exists: the router says so when it builds one.
+		mon.StartOnNeed(bg)
 	}
 
 	if len(o.workerURLs)+len(o.prefillURLs)+len(o.decodeURLs) == 0 {
@@ -294,14 +288,10 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	for _, a := range regs {
 		wg.Add(1)
 		first.Add(1)
-		go func() { defer wg.Done(); registerUntilDone(bg, gw, a, log, first.Done) }()
+		go func() { defer wg.Done(); gw.RegisterUntilDone(bg, a, first.Done) }()
 	}
 	first.Wait()
 	return listenAndServe(ctx, o, gw, log, ready)
-}
-
-func anyLoadAware(o *serveOptions) bool {
-	return policy.LoadAware(o.prefillPolicy) || policy.LoadAware(o.decodePolicy)
 }
 
 // registrations turns the worker flags into admin-API registrations.
@@ -343,37 +333,6 @@ func policyLabel(name string) map[string]string {
 		return nil
 	}
 	return map[string]string{policy.PolicyLabel: name}
-}
-
-// registerUntilDone registers a configured worker, retrying while it is unreachable (it may
-// still be starting) until ctx ends.
-func registerUntilDone(ctx context.Context, gw *gateway.Server, a gateway.AddWorkerRequest, log *slog.Logger, tried func()) {
-	backoff := 500 * time.Millisecond
-	tried = sync.OnceFunc(tried)
-	defer tried()
-	for warned := false; ; {
-		_, err := gw.Register(ctx, a)
-		var re *gateway.RegisterError
-		if err == nil || !errors.As(err, &re) || re.Status != http.StatusBadGateway {
-			if err != nil {
-				log.Error("worker not registered", "url", a.URL, "err", err)
-			}
-			return
-		}
-		if !warned {
-			log.Warn("worker unreachable; retrying until it answers", "url", a.URL, "err", err)
-			warned = true
-			tried()
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 10*time.Second)
-	}
 }
 
 // listenAndServe runs the API and metrics servers until ctx ends, then shuts them down: new

@@ -44,6 +44,13 @@ type LiveConfig struct {
 	ProgressEvery time.Duration
 	// Client is the HTTP client; nil means one sized for MaxInflight.
 	Client *http.Client
+	// Timeline, when positive, windows the run by send time (Summary.Timeline).
+	Timeline time.Duration
+	// Failover changes the gateway's workers during the run through its admin API at Admin
+	// (bearer AdminKey); the summary then analyses the timeline around each change.
+	Failover []Change
+	Admin    string
+	AdminKey string
 }
 
 func (c LiveConfig) withDefaults() (LiveConfig, error) {
@@ -123,6 +130,18 @@ func RunLive(ctx context.Context, cfg LiveConfig, sched *Schedule, label string)
 	}
 	l := &live{cfg: cfg, targets: targets, sched: sched, start: time.Now()}
 	l.coll.Warmup = sched.Limits().Warmup
+	if cfg.Timeline > 0 {
+		l.coll.Timeline = &Timeline{Bucket: cfg.Timeline}
+	}
+	var changes <-chan []appliedChange
+	cctx, stopChanges := context.WithCancel(ctx)
+	defer stopChanges()
+	if len(cfg.Failover) > 0 {
+		if cfg.Admin == "" {
+			return LiveResult{}, errors.New("a live failover run needs the gateway's admin URL")
+		}
+		changes = runChanges(cctx, cfg, l.start)
+	}
 	stopProgress := l.progress()
 	if sched.Arrivals().Closed() {
 		l.closedLoop(ctx)
@@ -133,6 +152,12 @@ func RunLive(ctx context.Context, cfg LiveConfig, sched *Schedule, label string)
 	res := LiveResult{Summary: l.coll.Summarize(label)}
 	res.Summary.Arrivals = sched.Arrivals().String()
 	res.Warnings = l.warnings()
+	if changes != nil {
+		stopChanges()
+		rec, warn := liveRecoveries(res.Summary.Timeline, <-changes, l.coll.Warmup)
+		res.Summary.Recoveries = rec
+		res.Warnings = append(res.Warnings, warn...)
+	}
 	return res, nil
 }
 
@@ -315,6 +340,7 @@ func (l *live) do(ctx context.Context, key string, t *Turn) Record {
 	if err != nil {
 		rec.Err = classify(ctx, err)
 	}
+	auditHeaders(&rec, resp.Header)
 	// Read what follows [DONE] (usually nothing but the end of the chunked body) so that the
 	// connection goes back to the pool instead of being closed.
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))

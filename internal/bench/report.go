@@ -24,6 +24,13 @@ type Record struct {
 	PromptTokens, CachedTokens, OutputTokens int
 	// Err is the failure; "" on success.
 	Err string
+	// Worker names the worker that answered, when known (fleet runs; live runs through a
+	// gateway with --audit-headers); "" otherwise.
+	Worker string
+	// Predicted is the share of the prompt the routing policy expected cached; meaningful when
+	// HasPrediction (fleet runs of policies with a prefix tree; live runs with audit headers).
+	Predicted     float64
+	HasPrediction bool
 }
 
 // Collector accumulates records into the figures of a Summary without keeping the records: a
@@ -40,10 +47,18 @@ type Collector struct {
 	output         int64
 	first, last    time.Duration
 	errKinds       map[string]int
+	predN          int
+	predAbs, predE float64
+
+	// Timeline, when set, also receives every record, warm-up included.
+	Timeline *Timeline
 }
 
 // Add accounts one finished request; end is its completion offset from the start of the run.
 func (c *Collector) Add(r Record) {
+	if c.Timeline != nil {
+		c.Timeline.Add(r)
+	}
 	if r.Sent < c.Warmup {
 		c.Skipped++
 		return
@@ -67,6 +82,12 @@ func (c *Collector) Add(r Record) {
 	c.prompt += int64(r.PromptTokens)
 	c.cached += int64(r.CachedTokens)
 	c.output += int64(r.OutputTokens)
+	if r.HasPrediction && r.PromptTokens > 0 {
+		e := r.Predicted - float64(r.CachedTokens)/float64(r.PromptTokens)
+		c.predN++
+		c.predAbs += math.Abs(e)
+		c.predE += e
+	}
 	c.ttft = append(c.ttft, ms(r.TTFT))
 	c.e2e = append(c.e2e, ms(r.E2E))
 	if r.OutputTokens > 1 {
@@ -136,6 +157,19 @@ type Summary struct {
 	Decisions map[string]uint64 `json:"decisions,omitempty"`
 	// TTFTQuantiles holds TTFT at quantiles 0, 0.01, …, 1 (101 values) for CDF charts.
 	TTFTQuantiles []float64 `json:"ttft_quantiles_ms,omitempty"`
+	// Predicted counts the successful requests whose policy predicted a cached share;
+	// PredictionMAE is the mean absolute error of that prediction against the reported share
+	// (cached/prompt tokens), PredictionBias its mean signed error (positive: optimistic).
+	Predicted      int     `json:"predicted,omitempty"`
+	PredictionMAE  float64 `json:"prediction_mae,omitempty"`
+	PredictionBias float64 `json:"prediction_bias,omitempty"`
+	// Timeline is the run windowed by send time, when one was asked for.
+	Timeline []TimelinePoint `json:"timeline,omitempty"`
+	// Recoveries analyse the timeline around worker changes (fleet and live failover runs).
+	Recoveries []Recovery `json:"recoveries,omitempty"`
+	// Undisturbed is the timeline of the same simulated run without its worker changes, the
+	// reference of Recoveries (fleet failover runs).
+	Undisturbed []TimelinePoint `json:"undisturbed_timeline,omitempty"`
 }
 
 // Summarize turns the collected figures into a row labelled label.
@@ -155,6 +189,14 @@ func (c *Collector) Summarize(label string) Summary {
 	}
 	if c.prompt > 0 {
 		s.HitRate = round(float64(c.cached)/float64(c.prompt), 4)
+	}
+	if c.predN > 0 {
+		s.Predicted = c.predN
+		s.PredictionMAE = round(c.predAbs/float64(c.predN), 4)
+		s.PredictionBias = round(c.predE/float64(c.predN), 4)
+	}
+	if c.Timeline != nil {
+		s.Timeline = c.Timeline.Points()
 	}
 	s.TTFTMean, s.E2EMean = round(mean(c.ttft), 3), round(mean(c.e2e), 3)
 	slices.Sort(c.ttft)
@@ -248,6 +290,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			return err
 		}
 	}
+	if err := writeAccuracy(&b, r.Rows); err != nil {
+		return err
+	}
 	if len(r.Sweeps) > 0 {
 		b.WriteByte('\n')
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -298,4 +343,37 @@ func fmtSpread(v float64) string {
 		return "inf"
 	}
 	return fmt.Sprintf("%.2f", v)
+}
+
+// writeAccuracy writes the prediction-accuracy table and the failover recoveries of the rows
+// that have them.
+func writeAccuracy(b *strings.Builder, rows []Summary) error {
+	var pred, rec bool
+	for _, s := range rows {
+		pred = pred || s.Predicted > 0
+		rec = rec || len(s.Recoveries) > 0
+	}
+	if pred {
+		b.WriteString("\nprediction of the cached share (predicted − reported, per request)\n")
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "policy\tgw\tpredicted\tof ok\tMAE\tbias\t")
+		for _, s := range rows {
+			if s.Predicted == 0 {
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.3f\t%+.3f\t\n", s.Label, s.Gateways, s.Predicted, s.OK, s.PredictionMAE, s.PredictionBias)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if rec {
+		b.WriteString("\nfailover\n")
+		for _, s := range rows {
+			for _, r := range s.Recoveries {
+				fmt.Fprintf(b, "%s: %s\n", s.Label, r)
+			}
+		}
+	}
+	return nil
 }

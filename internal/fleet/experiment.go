@@ -160,6 +160,9 @@ func (x *Experiment) runOne(ctx context.Context, c Config, a bench.Arrivals) (be
 		return s, fmt.Errorf("%s at %d gateways: %w", c.Label(), c.Gateways, err)
 	}
 	s.Workload = x.Workload.Name()
+	if len(c.Failover) > 0 && s.Timeline != nil {
+		return s, x.compareUndisturbed(ctx, c, a, &s)
+	}
 	return s, nil
 }
 

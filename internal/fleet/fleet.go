@@ -85,6 +85,12 @@ type Config struct {
 	// Seed seeds the gateway choice, the policies' randomness and the poll phases. The workload's
 	// own seed is separate.
 	Seed uint64
+	// Failover changes the fleet during the run (failover.go); empty means none.
+	Failover []WorkerChange
+	// Timeline, when positive, windows the run by send time (Summary.Timeline) with this width.
+	Timeline time.Duration
+	// KVEvents configures the engines' KV-cache events that precise_prefix reads.
+	KVEvents KVEvents
 }
 
 // DefaultConfig returns the defaults: 8 engines, 1 gateway, cache_aware on effective load, 1 s
@@ -151,7 +157,10 @@ func (c Config) Validate() error {
 	if err := c.Engine.Validate(); err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
-	return nil
+	if err := c.KVEvents.Validate(); err != nil {
+		return err
+	}
+	return validateFailover(c)
 }
 
 // canonical returns the canonical name of a policy the simulator runs: any name policy.Canonical
@@ -169,6 +178,12 @@ func (c Config) Label() string {
 	name, err := canonical(c.Policy)
 	if err != nil {
 		name = c.Policy
+	}
+	if c.PolicyConfig.Sticky.Enabled {
+		name += "+sticky"
+		if c.PolicyConfig.Sticky.Placement == policy.PlacePolicy {
+			name += "(policy)"
+		}
 	}
 	if c.LoadMode != loadmon.ModeEffective {
 		name += "/" + c.LoadMode.String()

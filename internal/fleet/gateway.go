@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -22,7 +23,7 @@ type gateway struct {
 	workers []*worker.Worker
 	index   map[*worker.Worker]int
 	pol     policy.Policy
-	evictor interface{ Evict() }
+	evictor policy.Evicter
 	rng     *rand.Rand
 
 	reports []loadmon.Report
@@ -31,6 +32,11 @@ type gateway struct {
 	req     policy.Request
 	// fullText: the policy sees the whole prompt, not the gateway's routing prefix (the oracle).
 	fullText bool
+	// cands are the workers the policy chooses among once a worker change happened (the
+	// registry's view: a removed worker is no candidate); nil means workers.
+	cands []*worker.Worker
+	// kv is this replica's KV-cache event index and tokenizer, for precise_prefix.
+	kv *replicaKV
 }
 
 var _ policy.Loads = (*gateway)(nil)
@@ -63,6 +69,10 @@ func newGateway(s *sim, g int) (*gateway, error) {
 		gw.pol = NewOracle(s, gw.engineOf)
 		gw.fullText = true
 	} else {
+		if s.kv != nil {
+			gw.kv = newReplicaKV(gw, s.kv)
+			pc.KV = gw.kv
+		}
 		pol, err := policy.New(s.cfg.Policy, pc)
 		if err != nil {
 			return nil, fmt.Errorf("fleet: %w", err)
@@ -70,7 +80,7 @@ func newGateway(s *sim, g int) (*gateway, error) {
 		gw.pol = pol
 	}
 	pol := gw.pol
-	gw.evictor, _ = pol.(interface{ Evict() })
+	gw.evictor, _ = pol.(policy.Evicter)
 	// Replicas start at different moments, so their polls are not aligned.
 	gw.phase = time.Duration(gw.rng.Int64N(int64(s.cfg.PollInterval)))
 	return gw, nil
@@ -93,11 +103,15 @@ func (g *gateway) schedule() {
 
 // pick asks the policy for a worker for text and returns it with its engine index.
 func (g *gateway) pick(text, key string) (*worker.Worker, int) {
+	if g.kv != nil {
+		// precise_prefix tokenizes the whole prompt, as it does a chat request's messages.
+		g.kv.prompt = text
+	}
 	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
 	g.req = policy.Request{Model: simModel, Text: text, Key: key}
-	w := g.pol.Pick(g.workers, &g.req)
+	w := policy.Choose(g.pol, g.candidates(), &g.req)
 	if w == nil {
 		return nil, -1
 	}
@@ -109,26 +123,13 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 func (g *gateway) poll() {
 	s := g.s
 	polledAt := epoch.Add(s.now)
-	var backlog, atPoll int64
 	for i, se := range s.engines {
 		s.syncEngine(i)
-		l := se.e.Load()
-		g.reports[i] = loadmon.Report{
-			Running: int64(l.Running), Waiting: int64(l.Waiting),
-			WaitingUncachedTokens: l.WaitingUncachedTokens,
-			UsedTokens:            l.UsedTokens, MaxTokens: l.MaxTokens, TokenUsage: l.TokenUsage,
-			GenThroughput: l.GenThroughput, CacheHitRate: l.CacheHitRate, HasTokenData: true,
-			PolledAt: polledAt, InflightAtPoll: g.workers[i].Inflight(),
-		}
+		g.reports[i] = loadmon.ReportOf(rankOf(se.e.Load()))
+		g.reports[i].PolledAt, g.reports[i].InflightAtPoll = polledAt, g.workers[i].Inflight()
 		g.polled[i] = true
-		backlog += int64(l.Running + l.Waiting)
-		atPoll += g.reports[i].InflightAtPoll
 	}
-	// Stamp the round's replica estimate, as the load monitor does, for loadmon.ModeScaled.
-	rep := loadmon.EstimateReplicas(backlog, atPoll)
-	for i := range g.reports {
-		g.reports[i].Replicas = rep
-	}
+	loadmon.StampReplicas(g.reports) // for loadmon.ModeScaled, as the load monitor does
 	if g.idx == 0 {
 		s.sample()
 	}
@@ -139,6 +140,19 @@ func (g *gateway) poll() {
 func (g *gateway) evict() {
 	g.evictor.Evict()
 	g.s.push(event{at: g.s.now + g.s.cfg.PolicyConfig.CacheAware.EvictionInterval, kind: evEvict, idx: g.idx})
+}
+
+// rankOf is what a simulated engine's /v1/loads says (internal/sim serves the same fields): the
+// gateway's load monitor and this simulator then fold it with the same loadmon.ReportOf.
+func rankOf(l engine.Load) loadmon.Rank {
+	return loadmon.Rank{
+		Running: float64(l.Running), Waiting: float64(l.Waiting),
+		WaitingUncachedTokens: float64(l.WaitingUncachedTokens), HasUncached: true,
+		UsedTokens: float64(l.UsedTokens), MaxTokens: float64(l.MaxTokens),
+		TokenUsage: l.TokenUsage, HasUsage: true,
+		GenThroughput: l.GenThroughput, HasThroughput: true,
+		CacheHitRate: l.CacheHitRate, HasHitRate: true,
+	}
 }
 
 // report returns the last report for engine i and whether it is fresh.

@@ -25,6 +25,7 @@ const (
 	evEngine                   // an engine's next event is due
 	evPoll                     // a gateway polls every engine
 	evEvict                    // a gateway trims its policy's trees
+	evWorker                   // a worker change of Config.Failover (idx: its index)
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -103,6 +104,10 @@ type flight struct {
 	release func()
 	sent    time.Duration
 	eng     int
+	dec     policy.Decision // Predicted made a share of the whole prompt
+	// extra is decision time the simulated engine did not see (tokenization), added to the
+	// request's latencies.
+	extra time.Duration
 }
 
 // simEngine is one engine and its wake bookkeeping.
@@ -135,6 +140,8 @@ type sim struct {
 	evs      []engine.Event
 	noWorker int
 	ideal    *bench.Ideal
+	// kv is the engines' KV-cache event feed, when a policy reads it.
+	kv *kvFeed
 }
 
 var _ Truth = (*sim)(nil)
@@ -169,6 +176,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		ideal:   bench.NewIdeal(cfg.Engine.BlockSize),
 	}
 	s.coll.Warmup = sched.Limits().Warmup
+	if cfg.Timeline > 0 {
+		s.coll.Timeline = &bench.Timeline{Bucket: cfg.Timeline}
+	}
 	if err := s.build(); err != nil {
 		return bench.Summary{}, err
 	}
@@ -189,6 +199,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread = s.spread()
 	sum.Decisions = s.decisions()
+	if len(cfg.Failover) > 0 {
+		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
+	}
 	return sum, nil
 }
 
@@ -201,6 +214,9 @@ func (s *sim) build() error {
 			return fmt.Errorf("fleet: %w", err)
 		}
 		s.engines[i] = &simEngine{e: e}
+	}
+	if usesEvents(s.cfg.Policy) {
+		s.kv = newKVFeed(s)
 	}
 	s.gws = make([]*gateway, s.cfg.Gateways)
 	for g := range s.gws {
@@ -243,6 +259,7 @@ func (s *sim) start() {
 	for _, g := range s.gws {
 		g.schedule()
 	}
+	s.scheduleFailover()
 }
 
 // queueArrival queues the next open-loop session, if any.
@@ -302,6 +319,8 @@ func (s *sim) dispatch(ev event) {
 		if s.live() {
 			s.gws[ev.idx].evict()
 		}
+	case evWorker:
+		s.change(ev.idx)
 	}
 }
 
@@ -331,7 +350,13 @@ func (s *sim) sendTurn(a *active) {
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx}
+	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
+	if gw.kv != nil {
+		// precise_prefix predicts over the whole prompt, which it tokenized, and pays for that.
+		f.extra = gw.kv.takeCost()
+	} else {
+		f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
+	}
 	se := s.engines[idx]
 	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
 		f.release()
@@ -391,8 +416,9 @@ func (s *sim) finish(ev engine.Event) {
 	delete(s.flights, ev.ID)
 	f.release()
 	rec := bench.Record{
-		Sent: f.sent, TTFT: ev.TTFT, E2E: ev.At - f.sent,
+		Sent: f.sent, TTFT: ev.TTFT + f.extra, E2E: ev.At - f.sent + f.extra,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
+		Worker: engineName(f.eng), Predicted: f.dec.Predicted, HasPrediction: f.dec.HasPrediction,
 	}
 	if ev.CompletionTokens > 1 {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)

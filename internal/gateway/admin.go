@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -368,4 +369,51 @@ func (s *Server) handleGetLoads(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, loadmon.WorkerLoad{ID: wk.ID, URL: wk.Spec.URL, Local: wk.Inflight(), Effective: wk.Inflight()})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"load_monitor": false, "workers": out})
+}
+
+// RegisterUntilDone registers a configured worker, retrying while it cannot be reached (it may
+// still be starting: a probe that fails is a 502) with a backoff from Config.RegisterRetry,
+// doubling up to 10s, until ctx ends. tried, when not nil, is called once: after the first
+// attempt that did not have to wait (success or a definite refusal), or when the first attempt
+// found the worker unreachable, so that a caller can wait for one attempt per worker before it
+// serves. Other failures (a bad registration, a duplicate) are logged and not retried.
+func (s *Server) RegisterUntilDone(ctx context.Context, a AddWorkerRequest, tried func()) {
+	if tried == nil {
+		tried = func() {}
+	}
+	tried = sync.OnceFunc(tried)
+	defer tried()
+	backoff := s.cfg.RegisterRetry
+	for warned := false; ; {
+		_, err := s.Register(ctx, a)
+		var re *RegisterError
+		if err == nil || !errors.As(err, &re) || re.Status != http.StatusBadGateway {
+			if err != nil {
+				s.log.Error("worker not registered", "url", shownURL(a.URL), "err", err)
+			}
+			return
+		}
+		if !warned {
+			s.log.Warn("worker unreachable; retrying until it answers", "url", shownURL(a.URL), "err", err)
+			warned = true
+			tried()
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+// shownURL is a registration's URL as it may be logged: without credentials.
+func shownURL(raw string) string {
+	u, err := worker.ParseURL(raw)
+	if err != nil {
+		return "(invalid url)"
+	}
+	return worker.Redacted(u)
 }

@@ -159,14 +159,9 @@ func usageShare(b []byte) (float64, bool) {
 	return min(max(float64(c)/float64(u.PromptTokens), 0), 1), true
 }
 
-// promptShare scales the predicted share of the routing text to the whole prompt: a policy
-// sees at most RoutingPrefixBytes of it, and predicts nothing about the rest.
+// promptShare is the decision's prediction for the whole prompt (policy.PromptShare).
 func (a *auditWriter) promptShare() float64 {
-	p := a.req.Decision.Predicted
-	if n := a.textBytes; n > len(a.req.Text) {
-		return p * float64(len(a.req.Text)) / float64(n)
-	}
-	return p
+	return policy.PromptShare(a.req.Decision.Predicted, len(a.req.Text), a.textBytes)
 }
 
 // observe compares the decision's prediction with what the worker reported, once the response

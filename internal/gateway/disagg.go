@@ -22,8 +22,8 @@ import (
 // to the body, sends it to both at once, and relays the decode worker's answer.
 func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path string, body []byte, p *Parsed, pool *worker.Pool) proxy.Result {
 	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, p)}
-	ppol, err1 := s.router.For(pool.Model+"#prefill", pool.Prefill[0])
-	dpol, err2 := s.router.For(pool.Model+"#decode", pool.Decode[0])
+	ppol, err1 := s.router.For(pool.Model, worker.Prefill)
+	dpol, err2 := s.router.For(pool.Model, worker.Decode)
 	if err1 != nil || err2 != nil {
 		writeError(w, http.StatusInternalServerError, "policy_error", fmt.Sprint(err1, err2))
 		return proxy.Result{Status: http.StatusInternalServerError}

@@ -4,6 +4,7 @@
 package gateway
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -49,6 +50,9 @@ type Config struct {
 	MaxConcurrentRequests int64
 	// ProbeTimeout bounds the registration probe of a worker. Default 5s.
 	ProbeTimeout time.Duration
+	// RegisterRetry is the first wait before RegisterUntilDone tries an unreachable worker
+	// again; it doubles up to 10s. Default 500ms.
+	RegisterRetry time.Duration
 	// Breaker configures each worker's circuit breaker; worker labels override it per worker.
 	Breaker worker.BreakerConfig
 	// Health configures the active health checks that Start runs; worker labels override it per
@@ -66,6 +70,7 @@ func DefaultConfig() Config {
 		MaxPayloadSize:     256 << 20,
 		RoutingPrefixBytes: 8192,
 		ProbeTimeout:       5 * time.Second,
+		RegisterRetry:      500 * time.Millisecond,
 		Breaker:            worker.DefaultBreakerConfig(),
 		Health:             worker.DefaultHealthConfig(),
 		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig()},
@@ -122,15 +127,10 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	}
 	allowed, _ := parseHostRules(cfg.AllowedWorkerHosts)
 	d := DefaultConfig()
-	if cfg.MaxPayloadSize <= 0 {
-		cfg.MaxPayloadSize = d.MaxPayloadSize
-	}
-	if cfg.RoutingPrefixBytes <= 0 {
-		cfg.RoutingPrefixBytes = d.RoutingPrefixBytes
-	}
-	if cfg.ProbeTimeout <= 0 {
-		cfg.ProbeTimeout = d.ProbeTimeout
-	}
+	cfg.MaxPayloadSize = cmp.Or(max(cfg.MaxPayloadSize, 0), d.MaxPayloadSize)
+	cfg.RoutingPrefixBytes = cmp.Or(max(cfg.RoutingPrefixBytes, 0), d.RoutingPrefixBytes)
+	cfg.ProbeTimeout = cmp.Or(max(cfg.ProbeTimeout, 0), d.ProbeTimeout)
+	cfg.RegisterRetry = cmp.Or(max(cfg.RegisterRetry, 0), d.RegisterRetry)
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger,
 		apiKeys: newKeySet(cfg.APIKeys...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
@@ -148,10 +148,18 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	}
 	s.fwd = proxy.New(cfg.Proxy)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout}
+	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events
 	reg.Subscribe(func(e worker.Event) {
-		if e.Removed {
-			router.Forget(e.Worker.ID)
-			s.metrics.forgetWorker(e.Worker.ID)
+		if !e.Removed {
+			return
+		}
+		router.Forget(e.Worker.ID)
+		s.metrics.forgetWorker(e.Worker.ID)
+		view := reg.View()
+		for _, m := range e.Worker.Spec.Models {
+			if view.Pool(m) == nil {
+				s.metrics.forgetModel(m)
+			}
 		}
 	})
 	s.checker = s.newChecker()

@@ -91,7 +91,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		res := s.serveDisaggregated(w, r, path, body, &p, pool)
 		return res.Status, pool.Model, &res
 	}
-	pol, err := s.router.For(pool.Model, candidates[0])
+	pol, err := s.router.For(pool.Model, worker.Regular)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
 		return http.StatusInternalServerError, pool.Model, nil

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -92,8 +94,22 @@ func (s *Server) unavailableMessage(model string, e *proxy.Error) string {
 
 // forgetWorker drops a removed worker's transition series.
 func (m *Metrics) forgetWorker(id string) {
-	m.healthTo.DeletePartialMatch(map[string]string{"worker": id})
-	m.circuitTo.DeletePartialMatch(map[string]string{"worker": id})
+	l := prometheus.Labels{"worker": id}
+	m.healthTo.DeletePartialMatch(l)
+	m.circuitTo.DeletePartialMatch(l)
+	m.selections.DeletePartialMatch(l)
+	m.upstream.DeletePartialMatch(l)
+}
+
+// forgetModel drops the series of a model that no worker serves any more, so that a gateway that
+// has served many models over its life keeps series only for the current ones.
+func (m *Metrics) forgetModel(model string) {
+	l := prometheus.Labels{"model": model}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.requests, m.duration, m.ttft, m.selections, m.predictionError, m.predictionMissing,
+	} {
+		v.DeletePartialMatch(l)
+	}
 }
 
 // failureMessage tells a client why forwarding failed, from the classified error alone: never a

@@ -35,7 +35,8 @@ func (c sessionCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c sessionCollector) Collect(ch chan<- prometheus.Metric) {
-	for model, p := range c.router.Policies() {
+	for _, pp := range c.router.Policies() {
+		p, model := pp.Policy, pp.Label()
 		sr, ok := p.(policy.SessionReporter)
 		if !ok {
 			continue

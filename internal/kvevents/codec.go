@@ -101,6 +101,7 @@ func (d *decoder) arrayLen() (int, error) {
 	if err != nil {
 		return 0, malformed("array: %v", err)
 	}
+	n = max(n, 0) // nil decodes as -1: an absent array
 	if n > d.r.Len() {
 		return 0, malformed("array of %d elements in %d bytes", n, d.r.Len())
 	}
@@ -112,6 +113,7 @@ func (d *decoder) mapLen() (int, error) {
 	if err != nil {
 		return 0, malformed("map: %v", err)
 	}
+	n = max(n, 0) // nil decodes as -1: an absent map
 	if n > d.r.Len()/2 {
 		return 0, malformed("map of %d entries in %d bytes", n, d.r.Len())
 	}

@@ -119,6 +119,14 @@ func (x *Index) holderFor(src Source) *holder {
 	return h
 }
 
+// Expect registers src as a connected stream that holds nothing yet, so that matches can answer
+// for its worker (0 tokens) before it stores its first block.
+func (x *Index) Expect(src Source) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.holderFor(src)
+}
+
 // Apply applies a batch's events from src in order.
 func (x *Index) Apply(src Source, events []Event) {
 	x.mu.Lock()

@@ -3,7 +3,9 @@ package loadmon
 import (
 	"context"
 	"fmt"
+	"iter"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +40,9 @@ type Monitor struct {
 	runMu  sync.Mutex
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// armed is the context StartOnNeed gave, until Stop; needed records a Need.
+	armed  context.Context
+	needed bool
 }
 
 // New returns a Monitor of reg's workers. Zero fields of cfg take their defaults; New panics if
@@ -63,11 +68,39 @@ func (m *Monitor) Config() Config { return m.cfg }
 func (m *Monitor) Start(ctx context.Context) {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
+	m.startLocked(ctx)
+}
+
+func (m *Monitor) startLocked(ctx context.Context) {
 	if m.cancel != nil {
 		return
 	}
 	ctx, m.cancel = context.WithCancel(ctx)
 	m.wg.Go(func() { m.run(ctx) })
+}
+
+// StartOnNeed arms the monitor: polling starts under ctx at the first Need, or at once if a
+// policy already needed it. Polling costs every worker a request per interval, so a gateway
+// whose policies never read load never polls.
+func (m *Monitor) StartOnNeed(ctx context.Context) {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.armed = ctx
+	if m.needed {
+		m.startLocked(ctx)
+	}
+}
+
+// Need says a policy reads this monitor's load (policy.LazyLoads): the policy router calls it
+// whenever it builds a load-aware policy, whether from the default name, a worker's policy label
+// or a disaggregated pool's policy. It starts polling if StartOnNeed armed the monitor.
+func (m *Monitor) Need() {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	m.needed = true
+	if m.armed != nil {
+		m.startLocked(m.armed)
+	}
 }
 
 // Stop stops the poll loop, cancels the polls in flight, waits until every goroutine of the
@@ -76,6 +109,7 @@ func (m *Monitor) Start(ctx context.Context) {
 func (m *Monitor) Stop() {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
+	m.armed = nil
 	if m.cancel != nil {
 		m.cancel()
 		m.wg.Wait()
@@ -314,14 +348,35 @@ func (m *Monitor) publish(view *worker.View, targets []*pollState, results []res
 
 // setReplicas stamps every entry of a round with the round's replica estimate.
 func setReplicas(entries map[string]Entry) {
-	var backlog, local int64
-	for _, e := range entries {
-		backlog = satAdd(backlog, e.Report.Backlog())
-		local = satAdd(local, e.Report.InflightAtPoll)
-	}
-	r := EstimateReplicas(backlog, local)
+	r := roundEstimate(func(yield func(Report) bool) {
+		for _, e := range entries {
+			if !yield(e.Report) {
+				return
+			}
+		}
+	})
 	for id, e := range entries {
 		e.Report.Replicas = r
 		entries[id] = e
 	}
+}
+
+// StampReplicas sets every report of one polling round to the round's replica estimate, as the
+// monitor does for each snapshot. The fleet simulator calls it on its own rounds.
+func StampReplicas(round []Report) {
+	r := roundEstimate(slices.Values(round))
+	for i := range round {
+		round[i].Replicas = r
+	}
+}
+
+// roundEstimate is EstimateReplicas over one round's sums of reported backlog and of this
+// gateway's in-flight counts at the polls.
+func roundEstimate(round iter.Seq[Report]) float64 {
+	var backlog, local int64
+	for r := range round {
+		backlog = satAdd(backlog, r.Backlog())
+		local = satAdd(local, r.InflightAtPoll)
+	}
+	return EstimateReplicas(backlog, local)
 }

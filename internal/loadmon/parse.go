@@ -52,13 +52,26 @@ func clampRate(v float64) float64 {
 	return v
 }
 
-// rankLoad is one data-parallel rank's entry of a /v1/loads body. Counts are read as float64 so
-// that a server writing 3.0 for 3 is still understood; the has* flags mark the token fields whose
-// presence matters (a JSON null clears them, as it would a pointer).
-type rankLoad struct {
-	running, waiting, uncached, used, maxTokens  float64
-	usage, throughput, hitRate                   float64
-	hasUncached, hasUsage, hasThroughput, hasHit bool
+// Rank is one data-parallel rank's entry of a native /v1/loads body. Counts are float64 so that
+// a server writing 3.0 for 3 is still understood; the Has flags mark the token fields whose
+// presence matters (absent, or a JSON null, leaves them false). ParseLoads reads a body into
+// Ranks, and the fleet simulator builds them from its engines: both then fold them with
+// ReportOf, so that a simulated gateway sees exactly what a real one would.
+type Rank struct {
+	Running, Waiting, WaitingUncachedTokens, UsedTokens, MaxTokens float64
+	TokenUsage, GenThroughput, CacheHitRate                        float64
+	HasUncached, HasUsage, HasThroughput, HasHitRate               bool
+}
+
+// ReportOf folds ranks into a Report as ParseLoads does: counts and throughput summed, ratios
+// averaged over the ranks that report them, every value clamped. PolledAt, InflightAtPoll and
+// Replicas are left zero for the caller.
+func ReportOf(ranks ...Rank) Report {
+	var acc loadsAcc
+	for i := range ranks {
+		acc.add(&ranks[i])
+	}
+	return acc.report()
 }
 
 // loadsAcc folds ranks into a Report: counts and throughput summed, ratios averaged.
@@ -68,27 +81,27 @@ type loadsAcc struct {
 	nUsage, nHit int
 }
 
-func (a *loadsAcc) add(l *rankLoad) {
+func (a *loadsAcc) add(l *Rank) {
 	r := &a.r
-	r.Running = satAdd(r.Running, clampCount(l.running))
-	r.Waiting = satAdd(r.Waiting, clampCount(l.waiting))
-	r.MaxTokens = satAdd(r.MaxTokens, clampCount(l.maxTokens))
-	r.UsedTokens = satAdd(r.UsedTokens, clampCount(l.used))
-	if l.hasUncached {
-		r.WaitingUncachedTokens = satAdd(r.WaitingUncachedTokens, clampCount(l.uncached))
+	r.Running = satAdd(r.Running, clampCount(l.Running))
+	r.Waiting = satAdd(r.Waiting, clampCount(l.Waiting))
+	r.MaxTokens = satAdd(r.MaxTokens, clampCount(l.MaxTokens))
+	r.UsedTokens = satAdd(r.UsedTokens, clampCount(l.UsedTokens))
+	if l.HasUncached {
+		r.WaitingUncachedTokens = satAdd(r.WaitingUncachedTokens, clampCount(l.WaitingUncachedTokens))
 		r.HasTokenData, r.HasUncachedTokens = true, true
 	}
-	if l.hasUsage {
-		a.usage += clampRatio(l.usage)
+	if l.HasUsage {
+		a.usage += clampRatio(l.TokenUsage)
 		a.nUsage++
 		r.HasTokenData = true
 	}
-	if l.hasThroughput {
-		r.GenThroughput = clampRate(r.GenThroughput + clampRate(l.throughput))
+	if l.HasThroughput {
+		r.GenThroughput = clampRate(r.GenThroughput + clampRate(l.GenThroughput))
 		r.HasTokenData = true
 	}
-	if l.hasHit {
-		a.hit += clampRatio(l.hitRate)
+	if l.HasHitRate {
+		a.hit += clampRatio(l.CacheHitRate)
 		a.nHit++
 	}
 }
@@ -135,7 +148,7 @@ func ParseLoads(body []byte) (Report, error) {
 			}
 			acc, hasLoads = loadsAcc{}, true
 			s.Array(func() {
-				var l rankLoad
+				var l Rank
 				if !s.Null() {
 					s.Object(func(key []byte) { rankField(s, &l, key) })
 				}
@@ -156,26 +169,26 @@ func ParseLoads(body []byte) (Report, error) {
 var keyIs = jsonscan.KeyIs
 
 // rankField reads the value of key into l.
-func rankField(s *jsonscan.Scanner, l *rankLoad, key []byte) {
+func rankField(s *jsonscan.Scanner, l *Rank, key []byte) {
 	var dst *float64
 	var has *bool
 	switch {
 	case keyIs(key, "num_running_reqs"):
-		dst = &l.running
+		dst = &l.Running
 	case keyIs(key, "num_waiting_reqs"):
-		dst = &l.waiting
+		dst = &l.Waiting
 	case keyIs(key, "num_waiting_uncached_tokens"):
-		dst, has = &l.uncached, &l.hasUncached
+		dst, has = &l.WaitingUncachedTokens, &l.HasUncached
 	case keyIs(key, "num_used_tokens"):
-		dst = &l.used
+		dst = &l.UsedTokens
 	case keyIs(key, "max_total_num_tokens"):
-		dst = &l.maxTokens
+		dst = &l.MaxTokens
 	case keyIs(key, "token_usage"):
-		dst, has = &l.usage, &l.hasUsage
+		dst, has = &l.TokenUsage, &l.HasUsage
 	case keyIs(key, "gen_throughput"):
-		dst, has = &l.throughput, &l.hasThroughput
+		dst, has = &l.GenThroughput, &l.HasThroughput
 	case keyIs(key, "cache_hit_rate"):
-		dst, has = &l.hitRate, &l.hasHit
+		dst, has = &l.CacheHitRate, &l.HasHitRate
 	default:
 		s.Skip()
 		return

@@ -201,16 +201,16 @@ func parseLoadsReference(body []byte) (Report, error) {
 		}
 		return *p, true
 	}
-	var acc loadsAcc
+	var ranks []Rank
 	for _, l := range *b.Loads {
-		r := rankLoad{running: l.Running, waiting: l.Waiting, used: l.UsedTokens, maxTokens: l.MaxTokens}
-		r.uncached, r.hasUncached = opt(l.WaitingUncached)
-		r.usage, r.hasUsage = opt(l.TokenUsage)
-		r.throughput, r.hasThroughput = opt(l.GenThroughput)
-		r.hitRate, r.hasHit = opt(l.CacheHitRate)
-		acc.add(&r)
+		r := Rank{Running: l.Running, Waiting: l.Waiting, UsedTokens: l.UsedTokens, MaxTokens: l.MaxTokens}
+		r.WaitingUncachedTokens, r.HasUncached = opt(l.WaitingUncached)
+		r.TokenUsage, r.HasUsage = opt(l.TokenUsage)
+		r.GenThroughput, r.HasThroughput = opt(l.GenThroughput)
+		r.CacheHitRate, r.HasHitRate = opt(l.CacheHitRate)
+		ranks = append(ranks, r)
 	}
-	return acc.report(), nil
+	return ReportOf(ranks...), nil
 }
 
 // FuzzParseLoads checks the scanner against encoding/json: same verdict, same report.

@@ -59,27 +59,52 @@ type pollState struct {
 	genAt    time.Time
 }
 
-// reqKind names the requests a poll sends.
+// sources is the one place where a load source is defined: the path it is polled on and how its
+// body becomes a Report (runtime tells the Prometheus parser which names to read). Adding a
+// source is a Source constant, a row here, and its place in sourceOrder.
+var sources = [nSources]struct {
+	path  string
+	parse func(body []byte, runtime string) (Report, error)
+}{
+	SourceLoads:   {"/v1/loads?include=core", func(b []byte, _ string) (Report, error) { return ParseLoads(b) }},
+	SourceMetrics: {"/metrics", ParsePrometheus},
+}
+
+// nSources bounds the Source values that have a row in sources.
+const nSources = SourceMetrics + 1
+
+// reqKind names the requests a poll sends: one per load source (its Source value), and the
+// /v1/models runtime probe.
 type reqKind uint8
 
 const (
-	reqLoads reqKind = iota
-	reqMetrics
-	reqModels
-	nReqKinds
+	reqModels = reqKind(nSources)
+	nReqKinds = reqModels + 1
 )
 
-var reqPaths = [nReqKinds]string{reqLoads: "/v1/loads?include=core", reqMetrics: "/metrics", reqModels: "/v1/models"}
+// path returns the request's path and query.
+func (k reqKind) path() string {
+	if k == reqModels {
+		return "/v1/models"
+	}
+	return sources[k].path
+}
 
 // newPollState prepares w's requests; raw selects the raw client for a plain-http worker.
 func newPollState(w *worker.Worker, raw bool) *pollState {
+	// A key that is not a valid header value is never written raw; net/http refuses to send it,
+	// so the worker's polls fail instead of carrying what the key would inject.
+	raw = raw && worker.ValidAPIKey(w.Spec.APIKey) == nil
 	st := &pollState{w: w, raw: raw && w.URL.Scheme == "http", addr: w.URL.Host}
 	if w.URL.Port() == "" {
 		st.addr = net.JoinHostPort(w.URL.Hostname(), "80")
 	}
-	for k, path := range reqPaths {
+	for k := range nReqKinds {
+		if k < reqModels && sources[k].parse == nil {
+			continue // SourceNone
+		}
 		// The base URL was validated at registration, so this cannot fail.
-		r, _ := http.NewRequest(http.MethodGet, w.URL.String()+path, nil)
+		r, _ := http.NewRequest(http.MethodGet, w.URL.String()+k.path(), nil)
 		if w.Spec.APIKey != "" {
 			r.Header.Set("Authorization", "Bearer "+w.Spec.APIKey)
 		}
@@ -167,18 +192,11 @@ func sourceOrder(rt string, last Source) (srcs [2]Source, n int) {
 
 // fetchReport gets and parses one source.
 func (m *Monitor) fetchReport(ctx context.Context, st *pollState, src Source, rt string, sc *scratch) (Report, error) {
-	kind := reqLoads
-	if src == SourceMetrics {
-		kind = reqMetrics
-	}
-	body, err := m.fetch(ctx, st, kind, sc)
+	body, err := m.fetch(ctx, st, reqKind(src), sc)
 	if err != nil {
 		return Report{}, err
 	}
-	if src == SourceMetrics {
-		return ParsePrometheus(body, rt)
-	}
-	return ParseLoads(body)
+	return sources[src].parse(body, rt)
 }
 
 // runtimeOf returns the worker's runtime: registered (Spec.Runtime, else the "runtime" label),

@@ -189,3 +189,30 @@ func TestPollWithNetHTTP(t *testing.T) {
 		}
 	}
 }
+
+// TestAPIKeyCannotInjectHeaders: a worker's api key with CR/LF in it never becomes header lines
+// of a poll request; the worker is polled without it and the poll fails.
+func TestAPIKeyCannotInjectHeaders(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, _, _ := testMonitor(t, reg, Config{})
+	injected := make(chan string, 8)
+	w, _ := fakeWorker(t, worker.Spec{Runtime: "sglang"}, map[string]http.Handler{
+		"/": http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if v := r.Header.Get("X-Evil"); v != "" {
+				injected <- v
+			}
+			io.WriteString(rw, busyLoads)
+		}),
+	})
+	w.Spec.APIKey = "key\r\nX-Evil: 1"
+	addWorkers(t, reg, w)
+	m.PollOnce(t.Context())
+	select {
+	case v := <-injected:
+		t.Fatalf("the api key injected a header line: X-Evil: %s", v)
+	default:
+	}
+	if _, ok := m.Report(w); ok {
+		t.Error("a worker whose api key cannot be sent was polled as if it could")
+	}
+}

@@ -236,7 +236,7 @@ func TestRouterBuildsAndClosesCacheAware(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, m := range []string{"a", "b"} {
-			if p, err := r.For(m, nil); err != nil || p.Name() != "cache_aware" {
+			if p, err := r.For(m, worker.Regular); err != nil || p.Name() != "cache_aware" {
 				t.Fatalf("For(%s) = %v, %v", m, p, err)
 			}
 		}

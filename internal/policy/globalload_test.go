@@ -59,7 +59,7 @@ func TestCacheAwareReadsGlobalLoad(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer r.Close()
-			p, _ := r.For("m", ws[0])
+			p, _ := r.For("m", worker.Regular)
 			p.(*CacheAware).tree.Insert(text, ws[0].ID) // A holds the prefix
 			if ws[0].Inflight() != 0 || ws[1].Inflight() != 0 {
 				t.Fatal("local counts must be idle")

@@ -100,3 +100,15 @@ func Choose(p Policy, candidates []*worker.Worker, req *Request) *worker.Worker 
 	}
 	return w
 }
+
+// PromptShare turns a prediction about the routing text (the first routed bytes of a prompt of
+// total bytes) into one about the whole prompt. A match that ends inside the routed text says
+// the rest is not cached: the share scales down by routed/total. A match of all of it says
+// nothing about the rest; the policy routed on the assumption that it follows, so the
+// prediction stays as it is.
+func PromptShare(predicted float64, routed, total int) float64 {
+	if total <= routed || routed <= 0 || predicted >= 1 {
+		return predicted
+	}
+	return predicted * float64(routed) / float64(total)
+}

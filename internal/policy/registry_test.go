@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/worker"
@@ -36,27 +37,41 @@ func TestEveryCreationPathGetsTheLoadView(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	labelled := func(name string) *worker.Worker {
-		w, _ := worker.New(worker.Spec{URL: "http://127.0.0.1:1", Labels: map[string]string{PolicyLabel: name}}, worker.BreakerConfig{})
-		return w
+	reg := worker.NewRegistry()
+	r.Attach(reg)
+	port := 0
+	add := func(model string, typ worker.Type, label string) {
+		port++
+		spec := worker.Spec{URL: fmt.Sprintf("http://127.0.0.1:%d", port), Models: []string{model}, Type: typ}
+		if label != "" {
+			spec.Labels = map[string]string{PolicyLabel: label}
+		}
+		w, _ := worker.New(spec, worker.BreakerConfig{})
+		if err := reg.Add(w); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cases := []struct {
 		name, model string
-		first       *worker.Worker
+		role        worker.Type
+		label       string
 		want        string
 	}{
-		{"default policy by alias", "default-model", nil, "cache_aware"},
-		{"label, canonical name", "labelled", labelled("cache_aware"), "cache_aware"},
-		{"label, alias", "aliased", labelled("cacheaware"), "cache_aware"},
-		{"label, power_of_two", "p2c", labelled("p2c"), "power_of_two"},
-		{"label, least_load", "least", labelled("least-load"), "least_load"},
-		{"label, prefix_hash", "ph", labelled("prefix-hash"), "prefix_hash"},
-		{"prefill pool", "m#prefill", labelled("cache_aware"), "cache_aware"},
-		{"decode pool", "m#decode", nil, "cache_aware"},
+		{"default policy by alias", "default-model", worker.Regular, "", "cache_aware"},
+		{"label, canonical name", "labelled", worker.Regular, "cache_aware", "cache_aware"},
+		{"label, alias", "aliased", worker.Regular, "cacheaware", "cache_aware"},
+		{"label, power_of_two", "p2c", worker.Regular, "p2c", "power_of_two"},
+		{"label, least_load", "least", worker.Regular, "least-load", "least_load"},
+		{"label, prefix_hash", "ph", worker.Regular, "prefix-hash", "prefix_hash"},
+		{"prefill pool", "m", worker.Prefill, "cache_aware", "cache_aware"},
+		{"decode pool", "m", worker.Decode, "", "cache_aware"},
+	}
+	for _, tc := range cases {
+		add(tc.model, tc.role, tc.label)
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := r.For(tc.model, tc.first)
+			p, err := r.For(tc.model, tc.role)
 			if err != nil {
 				t.Fatal(err)
 			}

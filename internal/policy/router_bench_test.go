@@ -19,11 +19,10 @@ func BenchmarkRouterFor(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer r.Close()
-	w, _ := worker.New(worker.Spec{URL: "http://127.0.0.1:1"}, worker.BreakerConfig{})
 	models := make([]string, 16)
 	for i := range models {
 		models[i] = fmt.Sprintf("model-%d", i)
-		if _, err := r.For(models[i], w); err != nil {
+		if _, err := r.For(models[i], worker.Regular); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -31,7 +30,7 @@ func BenchmarkRouterFor(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			if p, _ := r.For(models[i&15], w); p == nil {
+			if p, _ := r.For(models[i&15], worker.Regular); p == nil {
 				b.Fatal("no policy")
 			}
 			i++

@@ -141,16 +141,19 @@ func TestRouterPerModelLabel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, _ := worker.New(worker.Spec{URL: "http://127.0.0.1:1", Labels: map[string]string{"policy": "Round-Robin"}}, worker.BreakerConfig{})
-	p, err := r.For("a", w)
+	reg := worker.NewRegistry()
+	r.Attach(reg)
+	w, _ := worker.New(worker.Spec{URL: "http://127.0.0.1:1", Models: []string{"a"}, Labels: map[string]string{"policy": "Round-Robin"}}, worker.BreakerConfig{})
+	reg.Add(w)
+	p, err := r.For("a", worker.Regular)
 	if err != nil || p.Name() != "round_robin" {
 		t.Fatalf("labelled model got %v, %v", p, err)
 	}
-	q, _ := r.For("b", nil)
+	q, _ := r.For("b", worker.Regular)
 	if q.Name() != "random" {
 		t.Errorf("unlabelled model got %s", q.Name())
 	}
-	if again, _ := r.For("a", nil); again != p {
+	if again, _ := r.For("a", worker.Regular); again != p {
 		t.Error("a model's policy was rebuilt")
 	}
 	if r.LoadAware() {

@@ -20,6 +20,9 @@ const (
 	// BranchStickySaturated: the session's worker was saturated, so this one request went to the
 	// session's next worker in rendezvous order; the session stays bound to its worker.
 	BranchStickySaturated = "sticky_saturated"
+	// BranchStickyNew: a new session was bound to the first unsaturated worker in rendezvous
+	// order of its key (placement "hash").
+	BranchStickyNew = "sticky_new"
 	// BranchPolicy counts the requests a wrapped policy without branches decided (new or
 	// keyless sessions).
 	BranchPolicy = "policy"
@@ -39,7 +42,18 @@ type StickyConfig struct {
 	// requests by more than QueueRatio × running, i.e. when a new request would wait behind more
 	// than QueueRatio of a full batch. Default 0.25.
 	QueueRatio float64 `yaml:"sticky_queue_ratio"`
+	// Placement is how a new session finds its worker: "hash" (the default, also for "") puts it
+	// on the first unsaturated worker in rendezvous order of its key, so that every gateway
+	// replica binds it alike; "policy" asks the wrapped policy, which knows the workers' caches
+	// but decides per replica.
+	Placement string `yaml:"sticky_placement"`
 }
+
+// Placements of a new sticky session.
+const (
+	PlaceHash   = "hash"
+	PlacePolicy = "policy"
+)
 
 // MaxKeyBytes is the longest session key kept; longer keys are hashed down to 64 bits, so a
 // hostile client cannot make the table hold large strings.
@@ -59,6 +73,8 @@ func (c StickyConfig) validate() error {
 		return errors.New("sticky_max_sessions must be >= 0")
 	case c.QueueRatio < 0:
 		return errors.New("sticky_queue_ratio must be >= 0")
+	case c.Placement != "" && c.Placement != PlaceHash && c.Placement != PlacePolicy:
+		return errors.New("sticky_placement must be hash or policy")
 	}
 	return nil
 }
@@ -88,7 +104,8 @@ type SessionStats struct {
 // Sticky keeps each conversation on one worker. A request with a session key (Request.Key: the
 // x-kvgate-routing-key or x-session-id header, or the body's "user") goes to the worker its
 // session is bound to while that worker is available and not saturated; a new session is placed
-// by the wrapped policy and bound to its choice. When the bound worker is gone (removed, not
+// on the first unsaturated worker in rendezvous order of its key (or, with placement "policy",
+// by the wrapped policy) and bound there. When the bound worker is gone (removed, not
 // ready, circuit open) the session moves to the first available unsaturated worker in rendezvous
 // order of its key and is bound there: only the sessions of the worker that left move, and every
 // gateway replica moves them alike. A saturated worker's sessions spill, one request at a time,
@@ -140,6 +157,7 @@ const (
 	stSticky = iota
 	stMoved
 	stSaturated
+	stNew
 )
 
 // NewSticky wraps inner; cfg gives the sticky knobs, the load view, the clock and the balance
@@ -155,7 +173,7 @@ func NewSticky(inner Policy, cfg Config) *Sticky {
 	}
 	p := &Sticky{
 		inner: inner, cfg: c.Sticky, bal: c.CacheAware, loads: c.Loads, now: c.Now,
-		dec:   newCounters(BranchSticky, BranchStickyMoved, BranchStickySaturated),
+		dec:   newCounters(BranchSticky, BranchStickyMoved, BranchStickySaturated, BranchStickyNew),
 		table: map[string]*session{},
 	}
 	p.rec, _ = inner.(Recorder)
@@ -185,11 +203,19 @@ func (p *Sticky) Pick(candidates []*worker.Worker, req *Request) *worker.Worker 
 	}
 	p.mu.Unlock()
 	if bound == "" {
-		w := p.pickInner(candidates, req)
-		if w != nil {
-			p.bind(key, w.ID, now)
+		if p.cfg.Placement == PlacePolicy {
+			w := p.pickInner(candidates, req)
+			if w != nil {
+				p.bind(key, w.ID, now)
+			}
+			return w
 		}
-		return w
+		w := p.successor(candidates, key, nil)
+		if w == nil {
+			return nil
+		}
+		p.bind(key, w.ID, now)
+		return p.sticky(req, w, stNew, BranchStickyNew)
 	}
 	var bw *worker.Worker
 	for _, w := range candidates {
@@ -386,7 +412,7 @@ func (p *Sticky) Forget(workerID string) {
 }
 
 // Decisions returns the wrapped policy's decisions (or BranchPolicy for one that counts none)
-// plus sticky, sticky_moved and sticky_saturated.
+// plus sticky, sticky_moved, sticky_saturated and sticky_new.
 func (p *Sticky) Decisions() map[string]uint64 {
 	out := p.dec.snapshot()
 	if d, ok := p.inner.(DecisionReporter); ok {

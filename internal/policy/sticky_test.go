@@ -78,8 +78,15 @@ func TestStickyKeepsSessionsOnRoundRobin(t *testing.T) {
 		t.Fatalf("keyless requests reached %d workers, want all 4 in turn", len(seen))
 	}
 	d := p.Decisions()
-	if d[BranchSticky] != 32 || d[BranchPolicy] != 12 {
-		t.Fatalf("decisions %v, want 32 sticky and 12 by the policy", d)
+	if d[BranchSticky] != 32 || d[BranchStickyNew] != 8 || d[BranchPolicy] != 4 {
+		t.Fatalf("decisions %v, want 32 sticky, 8 new and 4 by the policy", d)
+	}
+	// New sessions are placed by rendezvous order of their key: a second replica agrees.
+	q := newTestSticky(t, "round_robin", cahLoads{}, clk, nil)
+	for key, id := range home {
+		if w, _ := pick(t, q, cahWorkers(t, 4), key, ""); w.ID != id {
+			t.Fatalf("replicas placed %s on %s and %s", key, id, w.ID)
+		}
 	}
 	if st := p.Sessions(); st.Active != 8 || st.Created != 8 {
 		t.Fatalf("sessions %+v, want 8 active, 8 created", st)
@@ -268,15 +275,15 @@ func TestStickyPerModelAndPrediction(t *testing.T) {
 		t.Fatal("sticky sessions read load; the router must say so")
 	}
 	ws := cahWorkers(t, 4)
-	pa, _ := r.For("a", nil)
-	pb, _ := r.For("b", nil)
+	pa, _ := r.For("a", worker.Regular)
+	pb, _ := r.For("b", worker.Regular)
 	if pa == pb {
 		t.Fatal("two models share one policy")
 	}
 	text := sys + "first question"
 	w, d := pick(t, pa, ws, "conv", text)
-	if d.Branch != BranchCacheMiss || !d.HasPrediction || d.Predicted != 0 {
-		t.Fatalf("first turn: %+v, want a predicted miss", d)
+	if d.Branch != BranchStickyNew || !d.HasPrediction || d.Predicted != 0 {
+		t.Fatalf("first turn: %+v, want a new session predicted to miss", d)
 	}
 	w2, d := pick(t, pa, ws, "conv", text+" and a second one")
 	if w2 != w || d.Branch != BranchSticky || !d.HasPrediction || d.Predicted < 0.7 {
@@ -309,5 +316,26 @@ func BenchmarkStickyPick(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		req.Key = keys[i%len(keys)]
 		p.Pick(ws, req)
+	}
+}
+
+// TestStickyPolicyPlacement: with placement "policy" a new session goes where the wrapped
+// policy sends it (cache_aware: the worker holding its prefix) and stays there.
+func TestStickyPolicyPlacement(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	ws := cahWorkers(t, 4)
+	p := newTestSticky(t, "cache_aware", cahLoads{}, clk, func(c *StickyConfig) { c.Placement = PlacePolicy })
+	holder, _ := pick(t, p, ws, "", sys+"warm the tree")
+	w, d := pick(t, p, ws, "conv", sys+"warm the tree, then ask")
+	if w != holder || d.Branch != BranchCacheHit {
+		t.Fatalf("new session: %s (%q), want the prefix holder %s by cache_hit", w.ID, d.Branch, holder.ID)
+	}
+	if w2, d := pick(t, p, ws, "conv", "something else entirely"); w2 != holder || d.Branch != BranchSticky {
+		t.Fatalf("second turn: %s (%q), want sticky on %s", w2.ID, d.Branch, holder.ID)
+	}
+	cfg := DefaultConfig()
+	cfg.Sticky.Placement = "nearest"
+	if cfg.Validate() == nil {
+		t.Fatal("an unknown placement was accepted")
 	}
 }

@@ -174,10 +174,25 @@ func Redacted(u *url.URL) string {
 	return c.String()
 }
 
+// ValidAPIKey reports whether key can be sent as a bearer token: printable ASCII only. A CR or
+// LF would end the header line and let the key's owner write headers of their own into every
+// request to the worker.
+func ValidAPIKey(key string) error {
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c > 0x7e {
+			return fmt.Errorf("invalid api_key: byte %d is not printable ASCII", i)
+		}
+	}
+	return nil
+}
+
 // New creates a worker in the Pending state from spec, with breaker settings bc.
 func New(spec Spec, bc BreakerConfig) (*Worker, error) {
 	u, err := ParseURL(spec.URL)
 	if err != nil {
+		return nil, err
+	}
+	if err := ValidAPIKey(spec.APIKey); err != nil {
 		return nil, err
 	}
 	spec.URL = Redacted(u)
