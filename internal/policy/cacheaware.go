@@ -93,8 +93,12 @@ type CacheAware struct {
 	dec   *counters
 	kv    bool // a KV-usage trigger is on
 	// placeMiss, when set, chooses the worker for a prompt no worker holds enough of (given the
-	// available candidates and the least load among them); nil means the least loaded worker.
-	placeMiss func(av []cand, minLoad int64, text string) *cand
+	// available candidates, the least load among them, and how many leading characters of the
+	// text the tree holds for several workers); nil means the least loaded worker.
+	placeMiss func(av []cand, minLoad int64, text string, known int) *cand
+	// acceptHit, when set, says whether the least loaded holder of the prompt may take it given
+	// the least load of the pool; when it may not, the prompt is placed as a miss.
+	acceptHit func(av []cand, h *cand, minLoad int64) bool
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -215,14 +219,14 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	// loaded of them keeps the hit without queueing behind the first holder.
 	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
 		if m.Ratio() > p.cfg.CacheThreshold {
-			if h := leastLoadedHolder(av, m.Holders); h != nil {
+			if h := leastLoadedHolder(av, m.Holders); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
 				best, hit = h, true
 				predicted = p.predict(m, best.w.ID)
 				return best.w.ID
 			}
 		}
 		if p.placeMiss != nil {
-			best = p.placeMiss(av, av[minI].load, req.Text)
+			best = p.placeMiss(av, av[minI].load, req.Text, m.Shared)
 		}
 		predicted = p.predict(m, best.w.ID)
 		return best.w.ID
