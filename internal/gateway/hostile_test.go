@@ -38,7 +38,7 @@ var hostileKinds = []struct {
 		io.WriteString(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n")
 	}},
 	{"stalled gzip bomb", true, func(c net.Conn, _ string) {
-		bomb := gzipOf(bytes.Repeat([]byte("a"), 8<<20))
+		bomb := stalledBomb()
 		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n", len(bomb))
 		c.Write(bomb[:len(bomb)/2]) // half of it: 4 MiB once decompressed, then nothing
 	}},
@@ -53,6 +53,9 @@ var hostileKinds = []struct {
 		io.WriteString(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
 	}},
 }
+
+// stalledBomb is 8 MiB of zeros compressed, made once.
+var stalledBomb = sync.OnceValue(func() []byte { return gzipOf(bytes.Repeat([]byte("a"), 8<<20)) })
 
 func gzipOf(b []byte) []byte {
 	var buf bytes.Buffer
@@ -199,6 +202,7 @@ func TestHostileRequests(t *testing.T) {
 		return resp
 	}
 	big := bytes.Repeat([]byte("a"), 2<<20)
+	bomb := gzipOf(append([]byte(`{"prompt":"`), bytes.Repeat([]byte("a"), 4<<20)...))
 	cases := []struct {
 		name string
 		do   func() *http.Response
@@ -207,7 +211,7 @@ func TestHostileRequests(t *testing.T) {
 		{"declared too large", func() *http.Response { return post(bytes.NewReader(big)) }, 413},
 		{"chunked too large", func() *http.Response { return post(io.MultiReader(bytes.NewReader(big))) }, 413},
 		{"gzip bomb", func() *http.Response {
-			return post(bytes.NewReader(gzipOf(append([]byte(`{"prompt":"`), bytes.Repeat([]byte("a"), 32<<20)...))), "Content-Encoding", "gzip")
+			return post(bytes.NewReader(bomb), "Content-Encoding", "gzip")
 		}, 413},
 		{"unknown encoding", func() *http.Response { return post(strings.NewReader(`{}`), "Content-Encoding", "zstd") }, 415},
 		{"own hop id", func() *http.Response {
