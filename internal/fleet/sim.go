@@ -353,9 +353,10 @@ func (s *sim) sendTurn(a *active) {
 	s.nextID++
 	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
 	if gw.kv != nil {
-		// precise_prefix predicts over the whole prompt, which it tokenized, and pays for that.
+		// precise_prefix tokenized the prompt, and pays for that.
 		f.extra = gw.kv.takeCost()
-	} else {
+	}
+	if !f.dec.WholePrompt {
 		f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
 	}
 	se := s.engines[idx]
