@@ -144,7 +144,7 @@ func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.
 		req.decide(BranchPreciseHit, float64(held)/float64(len(toks)), true)
 	} else {
 		p.dec.add(prMiss)
-		best = p.place(av, av[minI].load, hashString(prefixChars(req.Text, placementChars)))
+		best = p.place(av, av[minI].load, hashString(prefixChars(req.Text, placementChars)), false)
 		for i := range av {
 			if &av[i] == best {
 				held = out[i]
