@@ -83,25 +83,13 @@ func runParseCases(t *testing.T, cases []parseCase) {
 // TestServeBuiltinFleet starts the gateway as `kvgate` with no workers does, on loopback, and
 // asks it a question with the OpenAI SDK; then cancels and expects a clean exit.
 func TestServeBuiltinFleet(t *testing.T) {
-	o, err := parseServe([]string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--sim-workers", "2"}, io.Discard)
+	o, err := parseServe([]string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "0", "--sim-workers", "2"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan [2]string, 1)
-	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	o.gw.Logger = log
-	go func() { done <- serve(ctx, o, log, ready) }()
-	var addrs [2]string
-	select {
-	case addrs = <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the gateway did not start")
-	}
-	c := openai.NewClient(option.WithBaseURL("http://"+addrs[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	addrs, stop := startServe(t, o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
+	c := openai.NewClient(option.WithBaseURL("http://"+addrs.api+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
 	resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:     "kvgate-sim",
 		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")},
@@ -113,14 +101,38 @@ func TestServeBuiltinFleet(t *testing.T) {
 	if resp.Usage.CompletionTokens != 4 || resp.Choices[0].Message.Content == "" {
 		t.Errorf("response %+v", resp)
 	}
-	cancel()
+	if err := stop(); err != nil {
+		t.Fatalf("serve returned %v", err)
+	}
+}
+
+// startServe runs serve with o, logging to log, until stop (which returns serve's error);
+// it fails the test if the gateway does not start.
+func startServe(t *testing.T, o *serveOptions, log *slog.Logger) (addrs listenAddrs, stop func() error) {
+	t.Helper()
+	o.gw.Logger = log
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan listenAddrs, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, o, log, ready) }()
 	select {
+	case addrs = <-ready:
 	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v", err)
-		}
+		cancel()
+		t.Fatal(err)
 	case <-time.After(20 * time.Second):
-		t.Fatal("the gateway did not stop")
+		cancel()
+		t.Fatal("the gateway did not start")
+	}
+	return addrs, func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatal("the gateway did not stop")
+			return nil
+		}
 	}
 }
 
