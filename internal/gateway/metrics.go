@@ -122,10 +122,12 @@ var (
 	descUsage     = prometheus.NewDesc("kvgate_worker_token_usage", "KV-cache usage the worker last reported (absent when stale).", []string{"worker"}, nil)
 	descDecisions = prometheus.NewDesc("kvgate_policy_decisions_total", "Policy decisions by branch.", []string{"policy", "model", "branch"}, nil)
 	descTree      = prometheus.NewDesc("kvgate_policy_tree_chars", "Characters held in the prefix tree per worker.", []string{"policy", "model", "worker"}, nil)
+	descTreeHeld  = prometheus.NewDesc("kvgate_policy_tree_held_chars", "Characters held by every prefix tree of the gateway together.", nil, nil)
+	descTreeMax   = prometheus.NewDesc("kvgate_policy_tree_budget_chars", "The gateway-wide prefix-tree budget (--tree-budget); absent when there is none.", nil, nil)
 )
 
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descUsage, descDecisions, descTree} {
+	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descUsage, descDecisions, descTree, descTreeHeld, descTreeMax} {
 		ch <- d
 	}
 }
@@ -149,6 +151,10 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descUsage, prometheus.GaugeValue, r.TokenUsage, w.ID)
 			}
 		}
+	}
+	if b := c.router.Config().Budget; b != nil {
+		ch <- prometheus.MustNewConstMetric(descTreeHeld, prometheus.GaugeValue, float64(b.Held()))
+		ch <- prometheus.MustNewConstMetric(descTreeMax, prometheus.GaugeValue, float64(b.Max()))
 	}
 	for _, pp := range c.router.Policies() {
 		p, model := pp.Policy, pp.Label()

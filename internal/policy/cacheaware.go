@@ -99,6 +99,7 @@ type CacheAware struct {
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+	budget    *TreeBudget // shared with the router's other policies; nil: none
 }
 
 var (
@@ -128,6 +129,8 @@ func NewCacheAware(cfg Config) *CacheAware {
 		stop:  make(chan struct{}),
 		done:  make(chan struct{}),
 	}
+	p.budget = c.Budget
+	p.budget.add(p.tree)
 	if c.NoBackground {
 		close(p.done)
 		return p
@@ -154,14 +157,15 @@ func (p *CacheAware) evictLoop(interval time.Duration) {
 	}
 }
 
-// Evict trims every worker's share of the tree to MaxTreeSize characters, least recently used
-// first, now. The eviction loop calls it; the virtual-time fleet simulator calls it itself.
-func (p *CacheAware) Evict() { p.tree.Evict(int64(p.cfg.MaxTreeSize)) }
+// Evict trims every worker's share of the tree to MaxTreeSize characters, or less when the
+// gateway-wide TreeBudget is exceeded, least recently used first, now. The eviction loop calls
+// it; the virtual-time fleet simulator calls it itself.
+func (p *CacheAware) Evict() { p.tree.Evict(p.budget.shareCap(int64(p.cfg.MaxTreeSize))) }
 
 // Close stops the eviction loop and waits for it to exit. It is idempotent and always returns
 // nil; it exists so that owners can treat policies as io.Closer.
 func (p *CacheAware) Close() error {
-	p.closeOnce.Do(func() { close(p.stop) })
+	p.closeOnce.Do(func() { close(p.stop); p.budget.remove(p.tree) })
 	<-p.done
 	return nil
 }

@@ -23,6 +23,10 @@ type Config struct {
 	// KV is the engines' KV-cache event view that precise_prefix routes on; nil makes it
 	// route as cache_aware_hash.
 	KV KVView `yaml:"-"`
+	// Budget bounds the characters held by the prefix trees of all policies built from this
+	// Config; nil bounds only each share (MaxTreeSize). NewRouter sets it from
+	// CacheAware.TreeBudget when nil.
+	Budget *TreeBudget `yaml:"-"`
 
 	CacheAware CacheAwareConfig `yaml:",inline"`
 	PrefixHash PrefixHashConfig `yaml:",inline"`
@@ -45,6 +49,10 @@ type CacheAwareConfig struct {
 	EvictionInterval time.Duration `yaml:"eviction_interval"`
 	// MaxTreeSize is the characters kept per worker per model tree. Default 2^26.
 	MaxTreeSize int `yaml:"max_tree_size"`
+	// TreeBudget is the characters kept by all prefix trees of a gateway together (every model,
+	// every worker), enforced at each eviction pass by the same LRU. Default 2^29 (512 Mi
+	// characters: under about 1 GiB of memory); 0 means no gateway-wide bound.
+	TreeBudget int64 `yaml:"tree_budget"`
 }
 
 // PrefixHashConfig holds the prefix_hash knobs.
@@ -66,6 +74,7 @@ func DefaultConfig() Config {
 			BalanceTokenUsageThreshold:  1.0,
 			EvictionInterval:            120 * time.Second,
 			MaxTreeSize:                 1 << 26,
+			TreeBudget:                  1 << 29,
 		},
 		PrefixHash: PrefixHashConfig{PrefixChars: 1024, LoadFactor: 1.25},
 		Sticky:     defaultSticky(),
@@ -90,6 +99,8 @@ func (c *Config) Validate() error {
 		return errors.New("eviction_interval must be > 0")
 	case ca.MaxTreeSize <= 0:
 		return errors.New("max_tree_size must be > 0")
+	case ca.TreeBudget < 0:
+		return errors.New("tree_budget must be >= 0")
 	case c.PrefixHash.PrefixChars <= 0:
 		return errors.New("prefix_chars must be > 0")
 	case c.PrefixHash.LoadFactor < 1:

@@ -187,6 +187,9 @@ func NewRouter(defaultName string, cfg Config) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Budget == nil {
+		cfg.Budget = NewTreeBudget(cfg.CacheAware.TreeBudget)
+	}
 	r := &Router{cfg: cfg, defaultName: n}
 	r.table.Store(&table{})
 	if LoadAware(n) || cfg.Sticky.Enabled { // sticky sessions judge saturation by load
@@ -198,7 +201,7 @@ func NewRouter(defaultName string, cfg Config) (*Router, error) {
 // Default returns the default policy's canonical name.
 func (r *Router) Default() string { return r.defaultName }
 
-// Config returns the configuration policies are built from.
+// Config returns the configuration policies are built from, its Budget set.
 func (r *Router) Config() Config { return r.cfg }
 
 // Validate checks a worker's policy label before the worker is admitted.

@@ -325,14 +325,15 @@ type attempt struct {
 	failed  bool
 }
 
-// begin admits an attempt on w and builds its upstream request; ok is false when w refused it
-// (nothing was sent and nothing needs settling).
-func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request) (a *attempt, u *http.Request, ok bool) {
+// begin admits an attempt on w into a (the caller's, so that it lives on the caller's stack)
+// and builds its upstream request; ok is false when w refused it (nothing was sent and nothing
+// needs settling).
+func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a *attempt) (u *http.Request, ok bool) {
 	lease, ok := w.Begin(time.Now())
 	if !ok {
-		return nil, nil, false
+		return nil, false
 	}
-	a = &attempt{f: f, w: w, lease: lease}
+	*a = attempt{f: f, w: w, lease: lease}
 	actx, cancel := context.WithCancel(ctx)
 	a.cancel = cancel
 	if d := f.cfg.AttemptTimeout; d > 0 {
@@ -343,7 +344,7 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request) (
 		// Only a malformed path can fail here; it is a gateway bug, not the worker's.
 		a.setFailure(KindTransport, worker.Abandoned)
 		a.end()
-		return nil, nil, false
+		return nil, false
 	}
 	copyRequestHeader(u.Header, req.Header)
 	// A pooled connection the worker had already closed fails a request that never reached it.
@@ -364,7 +365,7 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request) (
 		u.Header.Set("Authorization", "Bearer "+w.Spec.APIKey)
 	}
 	setBody(u, req) // last: every caller sends u, and net/http closes (so releases) its body
-	return a, u, true
+	return u, true
 }
 
 // send sends u and waits for the response headers; the attempt's timer covers only this part.
@@ -411,7 +412,8 @@ func (a *attempt) end() {
 // (nil error) or returns why it failed. admitted is false when w refused before anything was
 // sent.
 func (f *Forwarder) try(ctx context.Context, rw http.ResponseWriter, req *Request, w *worker.Worker, n int, final bool, start time.Time, res *Result) (e *Error, admitted bool) {
-	a, u, ok := f.begin(ctx, w, req)
+	var a attempt
+	u, ok := f.begin(ctx, w, req, &a)
 	if !ok {
 		return nil, false
 	}
@@ -593,7 +595,8 @@ func quoteJSON(s string) []byte {
 func (f *Forwarder) Discard(ctx context.Context, w *worker.Worker, req *Request) error {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
 	defer cancel()
-	a, u, ok := f.begin(ctx, w, req)
+	var a attempt
+	u, ok := f.begin(ctx, w, req, &a)
 	if !ok {
 		return noWorker(nil, 0)
 	}
