@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/loadmon"
 )
 
 // TestOracleReachesIdeal: with no load pressure (requests far apart, so no queue anywhere) and
@@ -74,5 +75,37 @@ func TestOracleSpreadsASharedOpening(t *testing.T) {
 	}
 	if s.Spread <= 0 || s.Spread > 2 {
 		t.Fatalf("oracle load spread %v on a shared opening", s.Spread)
+	}
+}
+
+// TestDefaultPolicyOnSharedOpening: on Mooncake-format traffic where every request opens with
+// the same block, the default policy keeps the load spread under 2 (hashing the opening drove it
+// to 48) and at least 0.9 of the oracle's hit rate, at one gateway and at four.
+func TestDefaultPolicyOnSharedOpening(t *testing.T) {
+	g := bench.NewMooncakeGen(5)
+	g.Duration, g.Rate, g.ContextTokens = 3*time.Minute, 3, 6000
+	es, err := g.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := bench.NewMooncake(es, bench.MooncakeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &Experiment{
+		Base:     Config{Engines: 4, LoadMode: loadmon.ModeScaled},
+		Policies: []string{OraclePolicy, "cache_aware_hash"},
+		Gateways: []int{1, 4},
+		Workload: w, Seed: 1, Parallel: 2,
+	}
+	rows, err := x.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows[2:] {
+		t.Logf("%s g=%d: hit %.3f (÷oracle %.3f), spread %.2f, TTFT p99 %.0f ms", r.Label, r.Gateways, r.HitRate, r.HitVsOracle, r.Spread, r.TTFTP99)
+		if r.Spread <= 0 || r.Spread >= 2 || r.HitVsOracle < 0.9 {
+			t.Errorf("%s at %d gateways: spread %v, hit %.3f of the oracle's", r.Label, r.Gateways, r.Spread, r.HitVsOracle)
+		}
 	}
 }

@@ -25,7 +25,7 @@ import (
 type Config struct {
 	// APIKey, when set, is required from clients as "Authorization: Bearer KEY" (401 otherwise).
 	APIKey string
-	// AdminKey, when set, is required on the admin routes (/workers, /get_loads, /flush_cache).
+	// AdminKey, when set, is required on the admin routes (/workers, /get_loads).
 	AdminKey string
 	// MaxPayloadSize is the largest request body in bytes (413 above). Default 256 MiB.
 	MaxPayloadSize int64

@@ -1,6 +1,7 @@
 package loadmon
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"net"
@@ -89,21 +90,11 @@ func NewClient() *http.Client {
 
 // withDurations replaces zero durations and sizes by their defaults.
 func (c Config) withDurations() Config {
-	if c.Interval == 0 {
-		c.Interval = time.Second
-	}
-	if c.Timeout == 0 {
-		c.Timeout = max(min(500*time.Millisecond, c.Interval/2), time.Millisecond)
-	}
-	if c.StaleAfter == 0 {
-		c.StaleAfter = 3 * c.Interval
-	}
-	if c.MaxBody == 0 {
-		c.MaxBody = 4 << 20
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = 64
-	}
+	c.Interval = cmp.Or(c.Interval, time.Second)
+	c.Timeout = cmp.Or(c.Timeout, max(min(500*time.Millisecond, c.Interval/2), time.Millisecond))
+	c.StaleAfter = cmp.Or(c.StaleAfter, 3*c.Interval)
+	c.MaxBody = cmp.Or(c.MaxBody, 4<<20)
+	c.Concurrency = cmp.Or(c.Concurrency, 64)
 	return c
 }
 

@@ -70,6 +70,23 @@ type cand struct {
 	idx  int
 }
 
+// gatherLoads appends to dst the available candidates with their effective loads (idx is the
+// position in candidates) and returns them with the index of the least loaded by lessLoaded. It
+// is the candidate-gathering step that the load-aware policies share.
+func gatherLoads(dst []cand, candidates []*worker.Worker, loads Loads) (av []cand, minI int) {
+	av = dst
+	for i, w := range candidates {
+		if !w.Available() {
+			continue
+		}
+		av = append(av, cand{w: w, load: loads.Load(w), idx: i})
+		if last := len(av) - 1; last > 0 && lessLoaded(&av[last], &av[minI]) {
+			minI = last
+		}
+	}
+	return av, minI
+}
+
 // lessLoaded orders candidates by load, then requests processed, then candidate index. The
 // processed count spreads ties when decode outpaces prefill and loads read zero.
 func lessLoaded(a, b *cand) bool {
@@ -93,8 +110,12 @@ type CacheAware struct {
 	dec   *counters
 	kv    bool // a KV-usage trigger is on
 	// placeMiss, when set, chooses the worker for a prompt no worker holds enough of (given the
-	// available candidates and the least load among them); nil means the least loaded worker.
-	placeMiss func(av []cand, minLoad int64, text string) *cand
+	// available candidates, the least load among them, and how many leading characters of the
+	// text the tree holds for several workers); nil means the least loaded worker.
+	placeMiss func(av []cand, minLoad int64, text string, known int) *cand
+	// acceptHit, when set, says whether the least loaded holder of the prompt may take it given
+	// the least load of the pool; when it may not, the prompt is placed as a miss.
+	acceptHit func(av []cand, h *cand, minLoad int64) bool
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -215,14 +236,14 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	// loaded of them keeps the hit without queueing behind the first holder.
 	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
 		if m.Ratio() > p.cfg.CacheThreshold {
-			if h := leastLoadedHolder(av, m.Holders); h != nil {
+			if h := leastLoadedHolder(av, m.Holders); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
 				best, hit = h, true
 				predicted = p.predict(m, best.w.ID)
 				return best.w.ID
 			}
 		}
 		if p.placeMiss != nil {
-			best = p.placeMiss(av, av[minI].load, req.Text)
+			best = p.placeMiss(av, av[minI].load, req.Text, m.Shared)
 		}
 		predicted = p.predict(m, best.w.ID)
 		return best.w.ID
@@ -270,27 +291,19 @@ func (p *CacheAware) Record(req *Request, w *worker.Worker) {
 // gather appends the available candidates with their loads to dst and returns them, the index
 // of the least loaded, and whether the pool is imbalanced.
 func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand, minI int, imbalanced bool) {
-	av = dst
+	av, minI = gatherLoads(dst, candidates, p.loads)
+	if len(av) == 0 {
+		return av, 0, false
+	}
 	var maxLoad int64
 	minUse, maxUse, kvSeen := 1.0, 0.0, false
-	for i, w := range candidates {
-		if !w.Available() {
-			continue
-		}
-		av = append(av, cand{w: w, load: p.loads.Load(w), idx: i})
-		c := &av[len(av)-1]
-		if len(av) == 1 || lessLoaded(c, &av[minI]) {
-			minI = len(av) - 1
-		}
-		maxLoad = max(maxLoad, c.load)
+	for i := range av {
+		maxLoad = max(maxLoad, av[i].load)
 		if p.kv {
-			if r, ok := p.loads.Report(w); ok && r.HasTokenData {
+			if r, ok := p.loads.Report(av[i].w); ok && r.HasTokenData {
 				minUse, maxUse, kvSeen = min(minUse, r.TokenUsage), max(maxUse, r.TokenUsage), true
 			}
 		}
-	}
-	if len(av) == 0 {
-		return av, 0, false
 	}
 	minLoad := av[minI].load
 	imbalanced = BalanceOf(p.cfg).Imbalanced(minLoad, maxLoad)

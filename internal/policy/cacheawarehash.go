@@ -1,5 +1,7 @@
 package policy
 
+import "math"
+
 // placementChars is how many leading characters of the routing text choose the worker for a
 // prefix that no tree holds. Short enough to lie inside a typical system prompt or tenant
 // context (so that every request sharing it hashes alike, whatever its tail), long enough to
@@ -7,20 +9,60 @@ package policy
 // prompts from piling onto one worker.
 const placementChars = 256
 
+// knownGrain is the granularity to which the length of the known part of a prompt is rounded
+// down before the placement key is cut after it: replicas whose trees match a shared opening to
+// within a few characters (a chance match of a word or two past it) still cut the same key.
+const knownGrain = 64
+
+// placementKey returns the text whose hash places a prompt that no worker holds enough of: its
+// first placementChars characters past the part the tree already knows (rounded down to
+// knownGrain). Hashing only the opening would send every prompt that opens alike — every
+// request of an application starts with its system prompt — to one worker; the characters past
+// the known opening are what tells them apart, and every replica that knows the opening cuts the
+// same key, so the replicas still agree.
+func placementKey(text string, known int) string {
+	return prefixChars(text, known/knownGrain*knownGrain+placementChars)
+}
+
+// placeSlack and placeSlackQueued bound the load of the worker that takes a new prompt by its
+// hash: at most mean + slack·√mean requests, the mean counting the request being placed (and
+// never less than one above the least load). √mean is the noise of a count of random arrivals,
+// so the bound tolerates noise at small loads (where replicas must keep agreeing on owners) and
+// tightens to a few percent of the load at large ones. When some engine queues (its batch or KV
+// cache is full: capacity-relative saturation, 8 running slots or 256) balance matters more than
+// agreement, and the tighter slack applies. Measured (docs/routing.md, "The default policy"):
+// slack 1 always lost new conversations between replicas (Mooncake twin at 8 gateways, hit 0.233
+// against 0.269), slack 3 always let a saturated 4 × 8-slot fleet queue unevenly (multi-turn TTFT
+// p99 14.0 s against 11.2 s); the bound of the previous default (64 requests above the least)
+// let prefill queues grow behind a common opening until the spread reached 48.
+const (
+	placeSlack       = 3
+	placeSlackQueued = 1
+)
+
 // CacheAwareHash is cache_aware with coordination-free placement (DESIGN.md §1, "Many gateways,
-// one fleet"). It routes exactly as cache_aware does — affinity to the least loaded worker
-// holding more than CacheThreshold of the prompt, the least loaded worker when the pool is
-// imbalanced — except on a miss: a prompt that this replica's tree does not hold goes to the
-// first worker in rendezvous-hash order of its first 256 characters that is within cache_aware's
-// balance thresholds of the least loaded (consistent hashing with bounded loads, the bound being
-// the one cache_aware already applies to hits), instead of the least loaded one.
+// one fleet"), the default policy. It routes as cache_aware does — affinity to the least loaded
+// worker holding more than CacheThreshold of the prompt, the least loaded worker when the pool
+// is imbalanced — with two differences:
 //
-// Why: with several gateway replicas each tree sees only the requests that reached its replica,
-// so under cache_aware the first request of a prefix at each replica is a miss that lands on
-// whichever worker that replica finds least loaded, and the prefix ends up cached on as many
-// workers as there are replicas. The hash gives every replica the same first choice for the same
-// prefix, so their trees converge on the worker that already holds it, with no shared state.
-// Create it with NewCacheAwareHash; the zero value is not usable.
+//   - A prompt that this replica's tree does not hold goes to the first worker in the rendezvous
+//     order of its placement key (placementKey: the first 256 characters past the opening that
+//     several workers already hold) whose load is within cache_aware's balance thresholds of the
+//     least loaded and below mean + slack·√mean (consistent hashing with bounded loads; see
+//     placeSlack), instead of the least loaded one.
+//   - The slack tightens while any engine queues (reports waiting requests): an engine queues
+//     only once its batch or its KV cache is full, so this judges saturation against each
+//     engine's own capacity, where the request-count thresholds assume large batches.
+//
+// Why the hash: with several gateway replicas each tree sees only the requests that reached its
+// replica, so under cache_aware the first request of a prefix at each replica is a miss that
+// lands on whichever worker that replica finds least loaded, and the prefix ends up cached on as
+// many workers as there are replicas. The hash gives every replica the same first choice for the
+// same prefix, so their trees converge on the worker that already holds it, with no shared
+// state. Why past the shared opening: when every prompt starts with the same system prompt,
+// hashing the opening sends every new prompt to the same worker (measured: load spread 48 and
+// TTFT p99 46 s on the Mooncake-format twin). Create it with NewCacheAwareHash; the zero value
+// is not usable.
 type CacheAwareHash struct {
 	*CacheAware
 }
@@ -36,8 +78,8 @@ var (
 // eviction loop unless cfg.NoBackground, and Close stops it.
 func NewCacheAwareHash(cfg Config) *CacheAwareHash {
 	p := &CacheAwareHash{CacheAware: NewCacheAware(cfg)}
-	p.placeMiss = func(av []cand, minLoad int64, text string) *cand {
-		return p.place(av, minLoad, hashString(prefixChars(text, placementChars)))
+	p.placeMiss = func(av []cand, minLoad int64, text string, known int) *cand {
+		return p.place(av, minLoad, hashString(placementKey(text, known)))
 	}
 	return p
 }
@@ -45,23 +87,50 @@ func NewCacheAwareHash(cfg Config) *CacheAwareHash {
 // Name returns "cache_aware_hash".
 func (*CacheAwareHash) Name() string { return "cache_aware_hash" }
 
-// place returns the candidate with the highest rendezvous score for key among those that would
-// not make the pool imbalanced by cache_aware's own rule (load more than BalanceAbsThreshold
-// above the minimum and more than BalanceRelThreshold times it): a new prefix is treated as if its
-// hash owner already held it, and affinity wins exactly as far as it would on a hit. The least
-// loaded candidate always qualifies, so some candidate is returned.
+// anyQueued reports whether some candidate's last fresh report shows waiting requests: its
+// engine's batch or KV cache is full.
+func (p *CacheAwareHash) anyQueued(av []cand) bool {
+	for i := range av {
+		if r, ok := p.loads.Report(av[i].w); ok && r.Waiting > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// place returns the candidate with the highest rendezvous score for key among those that may
+// take a new prompt: within cache_aware's balance rule of the least loaded (Balance.Within) and
+// below max(⌈mean + slack·√mean⌉, least load + 1). The least loaded candidate always passes both,
+// so some candidate is returned; the fallback to it is only a guard.
 func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64) *cand {
 	var best *cand
 	var bestScore uint64
 	b := BalanceOf(p.cfg)
+	var total int64
+	for i := range av {
+		total += av[i].load
+	}
+	mean := float64(total+1) / float64(len(av))
+	slack := float64(placeSlack)
+	if p.anyQueued(av) {
+		slack = placeSlackQueued
+	}
+	bound := max(int64(math.Ceil(mean+slack*math.Sqrt(mean))), minLoad+1)
+	var least *cand
 	for i := range av {
 		c := &av[i]
-		if !b.Within(c.load, minLoad) {
+		if least == nil || lessLoaded(c, least) {
+			least = c
+		}
+		if !b.Within(c.load, minLoad) || c.load >= bound {
 			continue
 		}
 		if s := score(key, c.w.ID); best == nil || s > bestScore {
 			best, bestScore = c, s
 		}
+	}
+	if best == nil {
+		return least
 	}
 	return best
 }

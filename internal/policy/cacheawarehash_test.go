@@ -84,8 +84,9 @@ func TestCacheAwareHashReplicasAgree(t *testing.T) {
 	}
 }
 
-// TestCacheAwareHashPlacement checks the miss branch against the load bound: the owner keeps a
-// new prefix as long as taking it would not make the pool imbalanced by cache_aware's rule.
+// TestCacheAwareHashPlacement checks the miss branch against the load bounds: the owner keeps a
+// new prefix as long as its load stays below mean + 3·√mean (the mean counting the new request)
+// and within cache_aware's balance rule.
 func TestCacheAwareHashPlacement(t *testing.T) {
 	ws := cahWorkers(t, 4)
 	text := prompt(7, "q")
@@ -107,7 +108,8 @@ func TestCacheAwareHashPlacement(t *testing.T) {
 		want  string
 	}{
 		{"idle pool: the owner", cahLoads{}, order[0]},
-		{"owner busier than the rest, within the bound: the owner", cahLoads{order[0]: 30, order[1]: 1}, order[0]},
+		{"owner busier than the rest, within the bound: the owner", cahLoads{order[0]: 5, order[1]: 1}, order[0]},
+		{"owner at mean + 3·√mean: skipped", cahLoads{order[0]: 12, order[1]: 2, order[2]: 2, order[3]: 2}, order[1]},
 		{"owner beyond the balance bound: skipped", cahLoads{order[0]: 200, order[1]: 10, order[2]: 10, order[3]: 10}, order[1]},
 		{"owner far above but within the absolute threshold: kept", cahLoads{order[0]: 60, order[1]: 61, order[2]: 61, order[3]: 0}, order[0]},
 	}
@@ -120,5 +122,83 @@ func TestCacheAwareHashPlacement(t *testing.T) {
 	}
 	if p := newCAH(t, cahLoads{}); p.Name() != "cache_aware_hash" || !LoadAware("cacheawarehash") {
 		t.Fatal("registration: name or load awareness wrong")
+	}
+}
+
+// queuedLoads is cahLoads whose workers in queued report waiting requests.
+type queuedLoads struct {
+	cahLoads
+	queued map[string]bool
+}
+
+func (l queuedLoads) Report(w *worker.Worker) (loadmon.Report, bool) {
+	if l.queued[w.ID] {
+		return loadmon.Report{Running: 8, Waiting: 3}, true
+	}
+	return loadmon.Report{}, true
+}
+
+// TestCacheAwareHashPlacementTightensWhenSaturated: once any engine reports a queue (its batch or
+// cache is full), a new prompt's owner must stay below mean + 1·√mean instead of 3·√mean.
+func TestCacheAwareHashPlacementTightensWhenSaturated(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	text := prompt(7, "q")
+	owner := newCAH(t, cahLoads{}).Pick(ws, &Request{Text: text}).ID
+	loads := cahLoads{}
+	for _, w := range ws {
+		loads[w.ID] = 2
+	}
+	loads[owner] = 7 // mean (13+1)/4 = 3.5: 7 < ⌈3.5+3·1.87⌉ = 10, but 7 ≥ ⌈3.5+1.87⌉ = 6
+	if got := newCAH(t, queuedLoads{loads, nil}).Pick(ws, &Request{Text: text}).ID; got != owner {
+		t.Fatalf("no queue anywhere: picked %s, want the owner %s", got, owner)
+	}
+	other := ws[0].ID
+	if other == owner {
+		other = ws[1].ID
+	}
+	if got := newCAH(t, queuedLoads{loads, map[string]bool{other: true}}).Pick(ws, &Request{Text: text}).ID; got == owner {
+		t.Fatalf("an engine queues: the owner at load 7 still took the prompt")
+	}
+}
+
+// TestCacheAwareHashSharedOpening: every prompt opens with the same 2,048-character system
+// prompt, as every request of one application does. Hashing the opening would send every new
+// prompt to one worker, held back only by the load bound; the placement key past the opening
+// that several workers hold spreads them.
+func TestCacheAwareHashSharedOpening(t *testing.T) {
+	ws := cahWorkers(t, 8)
+	p := newCAH(t, LocalLoads{})
+	opening := strings.Repeat("You are a helpful assistant. ", 71)[:2048]
+	got := map[string]int{}
+	var inflight []func()
+	for i := range 400 {
+		// The opening is a quarter of the text, below the cache threshold, as in the Mooncake
+		// trace (one 512-token block of an 8 KiB routing text).
+		w := p.Pick(ws, &Request{Text: opening + prompt(i, strings.Repeat(fmt.Sprintf("question %d ", i), 500))})
+		inflight = append(inflight, w.Acquire()) // four requests in flight at a time
+		if len(inflight) > 4 {
+			inflight[0]()
+			inflight = inflight[1:]
+		}
+		got[w.ID]++
+	}
+	if len(got) != len(ws) {
+		t.Fatalf("400 conversations used %d of %d workers: %v", len(got), len(ws), got)
+	}
+	for id, n := range got {
+		if n > 100 { // 50 each when even
+			t.Fatalf("worker %s took %d of 400 prompts behind one opening: %v", id, n, got)
+		}
+	}
+}
+
+func TestPlacementKey(t *testing.T) {
+	text := strings.Repeat("abcdefgh", 1000)
+	if k := placementKey(text, 0); k != text[:256] {
+		t.Fatalf("nothing known: key of %d chars", len(k))
+	}
+	// Replicas whose trees know the same opening to within a few characters cut the same key.
+	if placementKey(text, 2048) != placementKey(text, 2051) || len(placementKey(text, 2051)) != 2048+256 {
+		t.Fatal("a chance match past the opening changed the key")
 	}
 }

@@ -148,21 +148,13 @@ func (p *PrefixHash) Decisions() map[string]uint64 { return p.dec.snapshot() }
 // ceiling guarantees that some worker fits. With nothing to hash it returns the least loaded.
 func (p *PrefixHash) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
 	var buf [64]cand
-	av := buf[:0]
-	var total int64
-	minI := 0
-	for i, w := range candidates {
-		if !w.Available() {
-			continue
-		}
-		av = append(av, cand{w: w, load: p.loads.Load(w), idx: i})
-		total += av[len(av)-1].load
-		if lessLoaded(&av[len(av)-1], &av[minI]) {
-			minI = len(av) - 1
-		}
-	}
+	av, minI := gatherLoads(buf[:0], candidates, p.loads)
 	if len(av) == 0 {
 		return nil
+	}
+	var total int64
+	for i := range av {
+		total += av[i].load
 	}
 	k := prefixChars(req.Text, p.cfg.PrefixChars)
 	if k == "" {

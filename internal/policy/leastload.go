@@ -63,17 +63,16 @@ type llCand struct {
 
 // Pick returns the available worker with the least expected wait (or least effective load).
 func (p *LeastLoad) Pick(candidates []*worker.Worker, _ *Request) *worker.Worker {
+	var abuf [16]cand
+	av, _ := gatherLoads(abuf[:0], candidates, p.loads)
 	var buf [16]llCand
 	cs := buf[:0]
 	allTok := true
 	var tputSum float64
 	var nTput int
-	for i, w := range candidates {
-		if !w.Available() {
-			continue
-		}
-		c := llCand{w: w, load: p.loads.Load(w), index: i}
-		c.r, c.tok = p.loads.Report(w)
+	for _, a := range av {
+		c := llCand{w: a.w, load: a.load, index: a.idx}
+		c.r, c.tok = p.loads.Report(a.w)
 		c.tok = c.tok && c.r.HasTokenData
 		allTok = allTok && c.tok
 		if c.tok && c.r.GenThroughput > 0 {

@@ -108,6 +108,10 @@ type Match struct {
 	// Tenants are the tenants recorded on the longest matched prefix, in no particular order;
 	// empty when Chars is 0.
 	Tenants []string
+	// Shared is how many leading characters of the text the tree holds for two or more tenants:
+	// a common opening (a system prompt every request starts with) rather than one worker's
+	// prompt.
+	Shared int
 	// Holders are the tenants that hold more than the holder ratio given to RouteHolders of the
 	// text (a superset of Tenants when the match exceeds that ratio); empty otherwise.
 	Holders []string
@@ -149,6 +153,7 @@ func (t *Tree) RouteHolders(text string, ratio float64, choose func(m *Match) st
 	m.Total = charCount(text)
 	need := int(ratio*float64(m.Total)) + 1 // matched > ratio × total
 	m.Holders = m.Holders[:0]
+	m.Shared = 0
 	n := t.root
 	n.mu.Lock()
 	pos, matched, cut := 0, 0, 0 // cut: bytes of n's edge matched when the text diverges inside it
@@ -171,6 +176,9 @@ func (t *Tree) RouteHolders(text string, ratio float64, choose func(m *Match) st
 		}
 		if before < need && matched >= need {
 			m.Holders = t.appendTenants(m.Holders, c)
+		}
+		if len(c.tenants) >= 2 {
+			m.Shared = matched
 		}
 		if cut > 0 {
 			break

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -18,6 +19,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/chat/completions", s.inference(chatAPI))
 	m.HandleFunc("POST /v1/completions", s.inference(completionAPI))
 	m.HandleFunc("POST /generate", s.inference(generateAPI))
+	m.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
 	m.HandleFunc("GET /v1/models", s.handleModels)
 	m.HandleFunc("GET /health", s.handleHealth)
 	m.HandleFunc("GET /v1/loads", s.handleLoads)
@@ -128,59 +130,82 @@ func (s *Server) pause(ctx context.Context, d time.Duration) bool {
 	return false
 }
 
-// serve runs one request through the engine and writes its answer, streamed or whole.
+// serve runs one request through the engine and writes its answer, streamed or whole. Each of
+// the request's n choices is its own engine sequence (they share the prompt, so all but the
+// first hit the prefix cache, as on a real engine).
 func (s *Server) serve(ctx context.Context, w http.ResponseWriter, kind apiKind, req request, dieAfter int) {
 	maxTokens := req.maxTokens
 	if maxTokens == 0 {
 		maxTokens = s.cfg.MaxTokens
 	}
-	id, wt, err := s.submit(req, maxTokens)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "",
-			"%v", err)
-		return
-	}
+	n := max(req.n, 1)
+	notify := make(chan struct{}, 1) // one wake-up for every choice
+	ids := make([]uint64, 0, n)
+	wts := make([]*waiter, 0, n)
 	finished := false
 	defer func() {
 		if !finished {
-			s.abort(id)
+			for _, id := range ids {
+				s.abort(id)
+			}
 		}
 	}()
-	out := newWriter(w, kind, s.cfg.Model, id, req)
-	sent := 0
-	for {
+	for range n {
+		id, wt, err := s.submit(req, maxTokens, notify)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "context_length_exceeded", "",
+				"%v", err)
+			return
+		}
+		ids, wts = append(ids, id), append(wts, wt)
+	}
+	out := newWriter(w, kind, s.cfg.Model, ids, req)
+	sent := make([]int, n)
+	ended := make([]bool, n)
+	var u usage
+	for left := n; left > 0; {
 		select {
-		case <-wt.notify:
+		case <-notify:
 		case <-ctx.Done():
 			return
 		case <-s.stop:
-			if sent > 0 || req.stream {
+			if slices.ContainsFunc(sent, func(k int) bool { return k > 0 }) || req.stream {
 				panic(http.ErrAbortHandler)
 			}
 			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "", "server closing")
 			return
 		}
-		s.mu.Lock()
-		tokens, done, cached, prompt := wt.tokens, wt.done, wt.cached, wt.prompt
-		s.mu.Unlock()
-		if dieAfter > 0 && tokens >= dieAfter {
-			if req.stream && dieAfter > sent {
-				out.tokens(sent, dieAfter)
+		for i, wt := range wts {
+			if ended[i] {
+				continue
 			}
-			panic(http.ErrAbortHandler) // drops the connection; the deferred abort frees the KV
-		}
-		if req.stream && tokens > sent {
-			if err := out.tokens(sent, tokens); err != nil {
-				return
+			s.mu.Lock()
+			tokens, done, cached, prompt := wt.tokens, wt.done, wt.cached, wt.prompt
+			s.mu.Unlock()
+			if dieAfter > 0 && tokens >= dieAfter {
+				if req.stream && dieAfter > sent[i] {
+					out.tokens(i, sent[i], dieAfter)
+				}
+				panic(http.ErrAbortHandler) // drops the connection; the deferred abort frees the KV
 			}
-			sent = tokens
-		}
-		if done {
-			finished = true
-			out.finish(usage{PromptTokens: prompt, CompletionTokens: tokens, CachedTokens: cached})
-			return
+			if req.stream && tokens > sent[i] {
+				if err := out.tokens(i, sent[i], tokens); err != nil {
+					return
+				}
+				sent[i] = tokens
+			}
+			if done {
+				ended[i], left = true, left-1
+				out.ended(i, tokens)
+				if i == 0 { // the prompt is counted once, as OpenAI does
+					u.PromptTokens, u.CachedTokens = prompt, cached
+				}
+				u.CompletionTokens += tokens
+			}
 		}
 	}
+	finished = true
+	out.finish(u)
 }
 
 // generatedText returns output tokens [from, to) of request id: a deterministic word per token,

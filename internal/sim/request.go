@@ -31,7 +31,12 @@ type request struct {
 	maxTokens    int
 	stream       bool
 	includeUsage bool
+	// n is the number of choices asked for (chat and completions); 0 means 1.
+	n int
 }
+
+// maxChoices bounds n, as OpenAI's API does (128).
+const maxChoices = 128
 
 // errBadRequest marks errors that are the client's fault.
 var errBadRequest = errors.New("bad request")
@@ -46,6 +51,7 @@ type chatBody struct {
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
+	N                   *int            `json:"n"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Text                *string         `json:"text"`
@@ -103,6 +109,12 @@ func parseRequest(kind apiKind, body []byte) (request, error) {
 			max = b.SamplingParams.MaxNewTokens
 		}
 		r.maxTokens, err = pickMax(err, "sampling_params.max_new_tokens", max, "", nil)
+	}
+	if err == nil && b.N != nil && kind != generateAPI {
+		if *b.N < 1 || *b.N > maxChoices {
+			err = badRequest("n must be between 1 and %d", maxChoices)
+		}
+		r.n = *b.N
 	}
 	if err != nil {
 		return request{}, err

@@ -31,16 +31,18 @@ type writer struct {
 	rc      *http.ResponseController
 	kind    apiKind
 	model   string
-	id      uint64
+	id      uint64   // the answer's id: its first choice's engine sequence
+	ids     []uint64 // each choice's engine sequence, whose id seeds its text
+	lengths []int    // each choice's output tokens once it ended
 	req     request
 	created int64
 	started bool
 	text    []byte // generate streams cumulative text
 }
 
-func newWriter(w http.ResponseWriter, kind apiKind, model string, id uint64, req request) *writer {
-	return &writer{w: w, rc: http.NewResponseController(w), kind: kind, model: model, id: id, req: req,
-		created: time.Now().Unix()}
+func newWriter(w http.ResponseWriter, kind apiKind, model string, ids []uint64, req request) *writer {
+	return &writer{w: w, rc: http.NewResponseController(w), kind: kind, model: model, id: ids[0], ids: ids,
+		lengths: make([]int, len(ids)), req: req, created: time.Now().Unix()}
 }
 
 func (o *writer) objectID() string {
@@ -103,18 +105,18 @@ func (o *writer) chunk(c choiceDelta) chunk {
 	return chunk{ID: o.objectID(), Object: obj, Created: o.created, Model: o.model, Choices: []choiceDelta{c}}
 }
 
-// tokens streams output tokens [from, to).
-func (o *writer) tokens(from, to int) error {
-	text := generatedText(o.id, from, to)
+// tokens streams output tokens [from, to) of choice i.
+func (o *writer) tokens(i, from, to int) error {
+	text := generatedText(o.ids[i], from, to)
 	switch o.kind {
 	case chatAPI:
 		d := map[string]string{"content": text}
 		if from == 0 {
 			d["role"] = "assistant"
 		}
-		return o.event(o.chunk(choiceDelta{Delta: d}))
+		return o.event(o.chunk(choiceDelta{Index: i, Delta: d}))
 	case completionAPI:
-		return o.event(o.chunk(choiceDelta{Text: &text}))
+		return o.event(o.chunk(choiceDelta{Index: i, Text: &text}))
 	}
 	o.text = append(o.text, text...)
 	return o.event(o.generateBody(string(o.text), to, usage{}, false))
@@ -131,19 +133,30 @@ func (o *writer) generateBody(text string, completion int, u usage, done bool) m
 	return map[string]any{"text": text, "meta_info": meta, "index": 0}
 }
 
-// finish writes the end of the answer: the final chunks and [DONE] when streaming, the whole
-// body otherwise.
+// ended records that choice i finished with completion output tokens and, when streaming, sends
+// its final chunk (generate's final body comes with finish).
+func (o *writer) ended(i, completion int) {
+	o.lengths[i] = completion
+	if !o.req.stream {
+		return
+	}
+	length := "length"
+	switch o.kind {
+	case chatAPI:
+		_ = o.event(o.chunk(choiceDelta{Index: i, Delta: map[string]string{}, FinishReason: &length}))
+	case completionAPI:
+		empty := ""
+		_ = o.event(o.chunk(choiceDelta{Index: i, Text: &empty, FinishReason: &length}))
+	}
+}
+
+// finish writes the end of the answer: the usage chunk and [DONE] when streaming, the whole body
+// with every choice otherwise.
 func (o *writer) finish(u usage) {
 	u = u.filled()
 	length := "length"
 	if o.req.stream {
-		switch o.kind {
-		case chatAPI:
-			_ = o.event(o.chunk(choiceDelta{Delta: map[string]string{}, FinishReason: &length}))
-		case completionAPI:
-			empty := ""
-			_ = o.event(o.chunk(choiceDelta{Text: &empty, FinishReason: &length}))
-		default:
+		if o.kind == generateAPI {
 			_ = o.event(o.generateBody(string(o.text), u.CompletionTokens, u, true))
 		}
 		if o.kind != generateAPI && o.req.includeUsage {
@@ -156,22 +169,29 @@ func (o *writer) finish(u usage) {
 		_ = o.rc.Flush()
 		return
 	}
-	text := generatedText(o.id, 0, u.CompletionTokens)
+	choices := make([]map[string]any, len(o.ids))
+	for i, id := range o.ids {
+		text := generatedText(id, 0, o.lengths[i])
+		switch o.kind {
+		case chatAPI:
+			choices[i] = map[string]any{"index": i, "finish_reason": length, "logprobs": nil,
+				"message": map[string]any{"role": "assistant", "content": text}}
+		default:
+			choices[i] = map[string]any{"index": i, "text": text, "finish_reason": length, "logprobs": nil}
+		}
+	}
 	switch o.kind {
 	case chatAPI:
 		writeJSON(o.w, map[string]any{
 			"id": o.objectID(), "object": "chat.completion", "created": o.created, "model": o.model,
-			"choices": []map[string]any{{"index": 0, "finish_reason": length, "logprobs": nil,
-				"message": map[string]any{"role": "assistant", "content": text}}},
-			"usage": u,
+			"choices": choices, "usage": u,
 		})
 	case completionAPI:
 		writeJSON(o.w, map[string]any{
 			"id": o.objectID(), "object": "text_completion", "created": o.created, "model": o.model,
-			"choices": []map[string]any{{"index": 0, "text": text, "finish_reason": length, "logprobs": nil}},
-			"usage":   u,
+			"choices": choices, "usage": u,
 		})
 	default:
-		writeJSON(o.w, o.generateBody(text, u.CompletionTokens, u, true))
+		writeJSON(o.w, o.generateBody(generatedText(o.id, 0, u.CompletionTokens), u.CompletionTokens, u, true))
 	}
 }

@@ -198,9 +198,9 @@ func (s *Server) drive() {
 }
 
 // submit enters a request into the engine and returns its id and waiter.
-func (s *Server) submit(r request, maxTokens int) (uint64, *waiter, error) {
+func (s *Server) submit(r request, maxTokens int, notify chan struct{}) (uint64, *waiter, error) {
 	id := s.nextID.Add(1)
-	w := &waiter{notify: make(chan struct{}, 1)}
+	w := &waiter{notify: notify}
 	s.mu.Lock()
 	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: r.tokens, Text: r.prompt, MaxTokens: maxTokens})
 	if err == nil {
@@ -255,14 +255,14 @@ type apiErrorBody struct {
 	Message string  `json:"message"`
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
-	Code    any     `json:"code"`
+	Code    *string `json:"code"`
 }
 
 // writeError writes an OpenAI-shaped error.
 func writeError(w http.ResponseWriter, status int, typ, code, param, format string, a ...any) {
-	body := apiError{Error: apiErrorBody{Message: fmt.Sprintf(format, a...), Type: typ, Code: code}}
-	if code == "" {
-		body.Error.Code = status
+	body := apiError{Error: apiErrorBody{Message: fmt.Sprintf(format, a...), Type: typ}}
+	if code != "" { // the OpenAI shape: a string code, or null
+		body.Error.Code = &code
 	}
 	if param != "" {
 		body.Error.Param = &param

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -43,21 +44,11 @@ func DefaultBreakerConfig() BreakerConfig {
 
 func (c BreakerConfig) withDefaults() BreakerConfig {
 	d := DefaultBreakerConfig()
-	if c.FailureThreshold <= 0 {
-		c.FailureThreshold = d.FailureThreshold
-	}
-	if c.SuccessThreshold <= 0 {
-		c.SuccessThreshold = d.SuccessThreshold
-	}
-	if c.OpenTimeout <= 0 {
-		c.OpenTimeout = d.OpenTimeout
-	}
-	if c.HalfOpenProbes <= 0 {
-		c.HalfOpenProbes = d.HalfOpenProbes
-	}
-	if c.FailureRateWindow <= 0 {
-		c.FailureRateWindow = 20
-	}
+	c.FailureThreshold = cmp.Or(max(c.FailureThreshold, 0), d.FailureThreshold)
+	c.SuccessThreshold = cmp.Or(max(c.SuccessThreshold, 0), d.SuccessThreshold)
+	c.OpenTimeout = cmp.Or(max(c.OpenTimeout, 0), d.OpenTimeout)
+	c.HalfOpenProbes = cmp.Or(max(c.HalfOpenProbes, 0), d.HalfOpenProbes)
+	c.FailureRateWindow = cmp.Or(max(c.FailureRateWindow, 0), d.FailureRateWindow)
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}

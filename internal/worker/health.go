@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,21 +39,11 @@ func DefaultHealthConfig() HealthConfig {
 
 func (c HealthConfig) withDefaults() HealthConfig {
 	d := DefaultHealthConfig()
-	if c.Path == "" {
-		c.Path = d.Path
-	}
-	if c.Interval <= 0 {
-		c.Interval = d.Interval
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = d.Timeout
-	}
-	if c.SuccessThreshold <= 0 {
-		c.SuccessThreshold = d.SuccessThreshold
-	}
-	if c.FailureThreshold <= 0 {
-		c.FailureThreshold = d.FailureThreshold
-	}
+	c.Path = cmp.Or(c.Path, d.Path)
+	c.Interval = cmp.Or(max(c.Interval, 0), d.Interval)
+	c.Timeout = cmp.Or(max(c.Timeout, 0), d.Timeout)
+	c.SuccessThreshold = cmp.Or(max(c.SuccessThreshold, 0), d.SuccessThreshold)
+	c.FailureThreshold = cmp.Or(max(c.FailureThreshold, 0), d.FailureThreshold)
 	return c
 }
 

@@ -121,13 +121,6 @@ func (r *Registry) Remove(id string) (*Worker, error) {
 	return w, nil
 }
 
-// Republish rebuilds the view after a worker's models changed (for example once learned).
-func (r *Registry) Republish() {
-	r.mu.Lock()
-	r.view.Store(buildView(r.workers))
-	r.mu.Unlock()
-}
-
 func buildView(ws []*Worker) *View {
 	v := &View{All: slices.Clone(ws), byModel: map[string]*Pool{}}
 	for _, w := range ws {

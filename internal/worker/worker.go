@@ -192,8 +192,9 @@ func (w *Worker) Inflight() int64 { return w.inflight.Load() }
 // Processed returns the number of requests this gateway has finished on w (any outcome).
 func (w *Worker) Processed() int64 { return w.processed.Load() }
 
-// Acquire counts one request in flight. Call it just before the upstream call and call the
-// returned release exactly once (it is idempotent) when the request ends for any reason.
+// Acquire counts one request in flight without the breaker: the fleet simulator's engines have no
+// breaker to settle. The request path uses Begin, whose lease settles both. Call it just before
+// the request is sent and call the returned release (idempotent) when it ends for any reason.
 func (w *Worker) Acquire() (release func()) {
 	w.inflight.Add(1)
 	var done atomic.Bool
@@ -235,13 +236,3 @@ func (w *Worker) SetRuntime(r string) { w.runtime.Store(&r) }
 
 // Label returns the value of label k, or "".
 func (w *Worker) Label(k string) string { return w.Spec.Labels[k] }
-
-// Serves reports whether w serves model.
-func (w *Worker) Serves(model string) bool {
-	for _, m := range w.Spec.Models {
-		if m == model {
-			return true
-		}
-	}
-	return false
-}
