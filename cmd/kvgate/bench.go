@@ -340,6 +340,7 @@ type fleetFlags struct {
 	balanceAbs   int64
 	balanceRel   float64
 	treeSize     int
+	engineMix    string
 	sticky       bool
 	stickyPlace  string
 	kvEvents     fleet.KVEvents
@@ -360,6 +361,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	pd := policy.DefaultConfig()
 	fs.BoolVar(&ff.on, "fleet", false, "simulate a fleet in virtual time instead of driving a live target")
 	fs.IntVar(&ff.engines, "engines", 8, "fleet: number of engines")
+	fs.StringVar(&ff.engineMix, "engine-mix", "", `fleet: heterogeneous engines as COUNTxSPEED[:KV] classes, e.g. "6x1,2x0.5" (a quarter half as fast); sets --engines`)
 	fs.StringVar(&ff.gateways, "gateways", "1", "fleet: comma-separated gateway replica counts, one run each (e.g. 1,2,4,8)")
 	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+"); oracle is the simulator's exact-knowledge bound")
 	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (effective, local, snapshot, max)")
@@ -406,6 +408,13 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
 		Failover: ff.failover, Timeline: ff.timeline,
 		KVEvents: ff.kvEvents,
+	}
+	if ff.engineMix != "" {
+		mix, err := fleet.ParseEngineMix(ff.engineMix)
+		if err != nil {
+			return nil, fmt.Errorf("--engine-mix: %w", err)
+		}
+		x.Base.EngineMix, x.Base.Engines = mix, 0
 	}
 	if ff.engines < 1 {
 		return nil, fmt.Errorf("--engines %d must be at least 1", ff.engines)
@@ -471,7 +480,11 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 		// works harder instead.
 		debug.SetMemoryLimit(4 << 30)
 	}
-	rep.Title = fmt.Sprintf("fleet: %s, %s, %d engines, spread %s, seed %d", w.Name(), arr, ff.engines, ff.spread, seed)
+	engines := fmt.Sprintf("%d engines", ff.engines)
+	if ff.engineMix != "" {
+		engines = "engines " + ff.engineMix
+	}
+	rep.Title = fmt.Sprintf("fleet: %s, %s, %s, spread %s, seed %d", w.Name(), arr, engines, ff.spread, seed)
 	if ff.sweep {
 		if arr.Rate <= 0 {
 			return errors.New("--sweep needs --rate, the first rate tried")

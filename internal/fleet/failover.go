@@ -107,7 +107,7 @@ func (s *sim) change(i int) {
 		}
 		return
 	}
-	e, err := engine.New(s.cfg.Engine)
+	e, err := engine.New(s.cfg.engineConfig(len(s.engines)))
 	if err != nil {
 		return // the same config built every other engine
 	}

@@ -79,6 +79,10 @@ type Config struct {
 	Spread Spread
 	// Engine is every engine's cost model and capacity. Zero fields take engine defaults.
 	Engine engine.Config
+	// EngineMix, when set, makes the fleet heterogeneous: engine i belongs to a class that
+	// scales Engine's speed and KV cache (ParseEngineMix). Its counts must add up to Engines
+	// (zero Engines takes their sum).
+	EngineMix []EngineClass
 	// RoutingPrefixBytes is how much of the routing text policies see, as in the gateway.
 	// Default 8192.
 	RoutingPrefixBytes int
@@ -109,6 +113,9 @@ func DefaultConfig() Config {
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	if c.Engines == 0 && len(c.EngineMix) > 0 {
+		c.Engines = mixCount(c.EngineMix)
+	}
 	if c.Engines == 0 {
 		c.Engines = d.Engines
 	}
@@ -156,6 +163,16 @@ func (c Config) Validate() error {
 	}
 	if err := c.Engine.Validate(); err != nil {
 		return fmt.Errorf("fleet: %w", err)
+	}
+	if len(c.EngineMix) > 0 {
+		if n := mixCount(c.EngineMix); n != c.Engines {
+			return fmt.Errorf("fleet: the engine mix has %d engines, the fleet %d", n, c.Engines)
+		}
+		for i := range c.Engines {
+			if err := c.engineConfig(i).Validate(); err != nil {
+				return fmt.Errorf("fleet: engine %d of the mix: %w", i, err)
+			}
+		}
 	}
 	if err := c.KVEvents.Validate(); err != nil {
 		return err

@@ -209,7 +209,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 func (s *sim) build() error {
 	s.engines = make([]*simEngine, s.cfg.Engines)
 	for i := range s.engines {
-		e, err := engine.New(s.cfg.Engine)
+		e, err := engine.New(s.cfg.engineConfig(i))
 		if err != nil {
 			return fmt.Errorf("fleet: %w", err)
 		}

@@ -53,7 +53,7 @@ const (
 func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 	var p Parsed
 	s := jsonscan.New(body)
-	text := textBuf{limit: limit + utf8.UTFMax, want: limit}
+	text := textBuf{limit: limit + utf8.UTFMax, want: limit, size: min(limit+utf8.UTFMax, len(body))}
 	var shape error
 	bad := func(msg string) {
 		if shape == nil {
@@ -117,6 +117,9 @@ type textBuf struct {
 	limit int
 	want  int
 	total int // raw bytes offered, kept or not
+	// size is the capacity the text gets with its first byte, so that it never grows: the text
+	// is no longer than the body, nor than limit.
+	size int
 }
 
 func (t *textBuf) full() bool { return len(t.b) >= t.limit }
@@ -124,6 +127,9 @@ func (t *textBuf) full() bool { return len(t.b) >= t.limit }
 // add appends the decoded contents of a raw JSON string, up to the limit.
 func (t *textBuf) add(raw []byte) {
 	t.total += len(raw)
+	if t.b == nil && len(raw) > 0 {
+		t.b = make([]byte, 0, t.size)
+	}
 	if !t.full() {
 		t.b = jsonscan.AppendUnescaped(t.b, raw, t.limit)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -66,5 +67,28 @@ func TestBodyHeldUntilTheTransportCloses(t *testing.T) {
 	}
 	if n := ref.n.Load(); n != 0 {
 		t.Errorf("%d holders once the transport closed the body, want 0", n)
+	}
+}
+
+// TestLargeBodyWrittenWhole: a body far larger than the transport's write buffer, written from
+// memory by bodyConn, arrives byte for byte, on the first attempt and on a retry.
+func TestLargeBodyWrittenWhole(t *testing.T) {
+	body := make([]byte, 1<<20+3)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	a, b := newUpstream(t, status(http.StatusServiceUnavailable)), newUpstream(t, status(http.StatusOK))
+	f := New(Config{Retry: RetryConfig{MaxAttempts: 2, InitialBackoff: time.Millisecond}})
+	res := f.Forward(context.Background(), httptest.NewRecorder(), &Request{Path: "/v1/completions", Header: http.Header{}, Body: body},
+		func(tried []*worker.Worker) *worker.Worker { return []*worker.Worker{a.w, b.w}[len(tried)%2] })
+	if res.Status != http.StatusOK || res.Attempts != 2 {
+		t.Fatalf("status %d after %d attempts (%v)", res.Status, res.Attempts, res.Err)
+	}
+	for i, up := range []*upstreamFake{a, b} {
+		up.mu.Lock()
+		if len(up.bodies) != 1 || up.bodies[0] != string(body) {
+			t.Errorf("attempt %d: the worker got %d bodies, not the one sent", i+1, len(up.bodies))
+		}
+		up.mu.Unlock()
 	}
 }

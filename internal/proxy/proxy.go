@@ -75,7 +75,7 @@ type Observer interface {
 func NewTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         dialBodyConn((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 512,
 		IdleConnTimeout:     90 * time.Second,
