@@ -42,6 +42,7 @@ type serveOptions struct {
 	loadMonDisabled bool
 	gw              gateway.Config
 	pol             policy.Config
+	disc            discoveryOptions
 	kv              kvEventOptions
 }
 
@@ -58,7 +59,8 @@ func (l *listFlag) Set(v string) error {
 }
 
 // multiValueFlags take every following non-flag argument, as the reference gateway's do.
-var multiValueFlags = map[string]bool{"worker-urls": true, "prefill": true, "decode": true}
+var multiValueFlags = map[string]bool{"worker-urls": true, "prefill": true, "decode": true,
+	"selector": true, "prefill-selector": true, "decode-selector": true}
 
 // joinMultiValues rewrites "--worker-urls a b c" as "--worker-urls=a,b,c".
 func joinMultiValues(args []string) []string {
@@ -145,6 +147,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.loadMonMode, "load-mode", "scaled", "load the policies see: effective, scaled, local, snapshot or max")
 	fs.BoolVar(&o.loadMonDisabled, "disable-load-monitor", false, "route on this gateway's in-flight counts only")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
+	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
 	return fs
 }
@@ -262,7 +265,13 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		mon.StartOnNeed(bg)
 	}
 
-	if len(o.workerURLs)+len(o.prefillURLs)+len(o.decodeURLs) == 0 {
+	if o.disc.enabled {
+		stop, err := startDiscovery(ctx, &o.disc, gw, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	} else if len(o.workerURLs)+len(o.prefillURLs)+len(o.decodeURLs) == 0 {
 		fleet, err := sim.StartFleet(bg, o.simWorkers, "127.0.0.1", 0, sim.Config{})
 		if err != nil {
 			return fmt.Errorf("starting built-in simulated workers: %w", err)

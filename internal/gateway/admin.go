@@ -25,6 +25,8 @@ type AddWorkerRequest struct {
 	Labels        map[string]string `json:"labels,omitempty"`
 	Runtime       string            `json:"runtime,omitempty"`
 	APIKey        string            `json:"api_key,omitempty"`
+	// Source is set by service discovery (never from JSON): see worker.Spec.Source.
+	Source string `json:"-"`
 }
 
 // RegisterError is a registration failure with the status the admin API answers.
@@ -62,7 +64,7 @@ func (a *AddWorkerRequest) spec() (worker.Spec, error) {
 			return worker.Spec{}, regErr(http.StatusBadRequest, "label policy: %v", err)
 		}
 	}
-	spec := worker.Spec{URL: a.URL, Type: t, BootstrapPort: a.BootstrapPort, Labels: a.Labels, Runtime: a.Runtime, APIKey: a.APIKey}
+	spec := worker.Spec{URL: a.URL, Type: t, BootstrapPort: a.BootstrapPort, Labels: a.Labels, Runtime: a.Runtime, APIKey: a.APIKey, Source: a.Source}
 	if a.ModelID != "" {
 		spec.Models = []string{a.ModelID}
 	}
@@ -164,6 +166,7 @@ type WorkerInfo struct {
 	BootstrapPort *int              `json:"bootstrap_port"`
 	Labels        map[string]string `json:"labels,omitempty"`
 	Runtime       string            `json:"runtime,omitempty"`
+	Source        string            `json:"source,omitempty"`
 	Health        string            `json:"health"`
 	Circuit       string            `json:"circuit"`
 	Draining      bool              `json:"draining"`
@@ -174,7 +177,7 @@ type WorkerInfo struct {
 func infoOf(w *worker.Worker) WorkerInfo {
 	return WorkerInfo{
 		ID: w.ID, URL: w.Spec.URL, Models: w.Spec.Models, WorkerType: w.Spec.Type.String(),
-		BootstrapPort: w.Spec.BootstrapPort, Labels: w.Spec.Labels, Runtime: w.Runtime(),
+		BootstrapPort: w.Spec.BootstrapPort, Labels: w.Spec.Labels, Runtime: w.Runtime(), Source: w.Spec.Source,
 		Health: w.Health().String(), Circuit: w.Breaker.State(time.Now()).String(),
 		Draining: w.Draining(), Inflight: w.Inflight(), Processed: w.Processed(),
 	}
@@ -237,7 +240,15 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 
 // handleDeleteWorker drains and unregisters a worker: no new requests reach it at once, and the
 // requests already on it finish.
+//
+// A worker that service discovery manages is refused (409): it leaves when its pod stops being
+// ready, and removing it by hand would only last until the next pod event.
 func (s *Server) handleDeleteWorker(w http.ResponseWriter, r *http.Request) {
+	if wk := s.reg.View().Get(r.PathValue("id")); wk != nil && wk.Spec.Source != "" {
+		writeError(w, http.StatusConflict, "worker_managed", fmt.Sprintf(
+			"worker %s is managed by %s; it is removed when its pod stops being ready or is deleted", wk.ID, wk.Spec.Source))
+		return
+	}
 	wk, err := s.reg.Remove(r.PathValue("id"))
 	if err != nil {
 		writeError(w, http.StatusNotFound, "worker_not_found", err.Error())

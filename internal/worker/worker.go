@@ -93,6 +93,10 @@ type Spec struct {
 	Runtime string `json:"runtime,omitempty"`
 	// APIKey, when set, is sent to the worker as a bearer token.
 	APIKey string `json:"-"`
+	// Source names what manages the worker when that is not the operator: "kubernetes:NS/POD"
+	// for a worker found by service discovery, which alone may remove it. Empty for workers from
+	// flags and the admin API.
+	Source string `json:"source,omitempty"`
 }
 
 // Worker is one registered inference server. Its exported fields are immutable after New; all
