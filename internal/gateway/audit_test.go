@@ -149,8 +149,7 @@ func TestAuditHeadersAndPredictionError(t *testing.T) {
 			t.Fatalf("request %d: x-kvgate-predicted-hit %q, want %q", i, p, want.predicted)
 		}
 	}
-	// The prediction is observed after the last byte reached the client: wait for the handlers.
-	g.waitDone(t, 2)
+	g.waitDone(t, 2) // the prediction is observed after the body is relayed: wait for the handlers
 	count, sum, _ := predictionHistogram(t, g.Server)
 	if count != 2 || sum != 0 {
 		t.Fatalf("prediction error: %d samples summing to %v, want 2 exact predictions", count, sum)

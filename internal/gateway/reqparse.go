@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"unicode/utf8"
@@ -19,6 +20,9 @@ type Parsed struct {
 	// Text is the routing text (DESIGN.md §2), truncated to the parser's limit at a UTF-8
 	// boundary. It is the only copy made of the prompt.
 	Text string
+	// Bootstrap is true when the body has a top-level key starting "bootstrap_": fields the
+	// gateway sets itself on a disaggregated request, which a client must not choose.
+	Bootstrap bool
 	// TextBytes is the length of the whole routing text as it appears in the body (escaped),
 	// so that a prediction about Text can be scaled to the whole prompt.
 	TextBytes int
@@ -28,6 +32,8 @@ type Parsed struct {
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
 var errBadBody = errors.New("invalid request body")
+
+var bootstrapPrefix = []byte("bootstrap_")
 
 // routeKind says which fields carry the routing text.
 type routeKind uint8
@@ -88,6 +94,8 @@ func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 				}
 				p.Stream = s.Bool()
 				return
+			case bytes.HasPrefix(key, bootstrapPrefix):
+				p.Bootstrap = true
 			case kind == kindChat && string(key) == "messages":
 				messages(s, &text, bad)
 				return
