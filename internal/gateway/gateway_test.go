@@ -423,11 +423,17 @@ func TestDisaggregatedPair(t *testing.T) {
 // wait for a KV transfer that never comes) is cancelled at once and the client gets a 502.
 func TestDisaggregatedPrefillFailure(t *testing.T) {
 	p, d := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	decodeArrived, decodeCanceled := make(chan struct{}), make(chan struct{})
 	p.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		// Fail once the decode request is running, so that there is one to cancel.
+		select {
+		case <-decodeArrived:
+		case <-r.Context().Done():
+		}
 		http.Error(w, "prefill broke", http.StatusInternalServerError)
 	})
-	decodeCanceled := make(chan struct{})
 	d.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		close(decodeArrived)
 		<-r.Context().Done()
 		close(decodeCanceled)
 	})

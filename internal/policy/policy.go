@@ -22,7 +22,8 @@ type Request struct {
 	// Chat is set for chat completions, whose prompt is the body's messages.
 	Chat bool
 	// Body is the raw request body, read-only; nil when the caller has none. Precise routing
-	// sends a chat request's messages to the engine's tokenizer from it.
+	// sends a chat request's messages to the engine's tokenizer from it. It is valid only
+	// during Pick: the gateway recycles the buffer once the request is done.
 	Body []byte
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after

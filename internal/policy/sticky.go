@@ -392,7 +392,7 @@ func sessionKey(k string) string {
 // simulator calls it; in the gateway expired sessions leave on lookup and on each new binding.
 func (p *Sticky) Evict() {
 	p.Sweep()
-	if e, ok := p.inner.(interface{ Evict() }); ok {
+	if e, ok := p.inner.(Evicter); ok {
 		e.Evict()
 	}
 }
