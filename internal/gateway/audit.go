@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/internal/policy"
 )
 
@@ -125,14 +125,6 @@ func (a *auditWriter) Flush() {
 // Unwrap lets http.ResponseController reach the connection.
 func (a *auditWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
 
-// usage is the part of an OpenAI usage object the audit reads.
-type auditUsage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens *int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
 // cachedShare returns the share of the prompt the worker reported as cached, from the last
 // "usage" object in what was kept; ok false when there is none or it lacks cached_tokens.
 func (a *auditWriter) cachedShare() (share float64, ok bool) {
@@ -152,15 +144,48 @@ func usageShare(b []byte) (float64, bool) {
 	if len(rest) == 0 || rest[0] != ':' {
 		return 0, false
 	}
-	var u auditUsage
-	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil {
+	var (
+		sc            = jsonscan.New(rest[1:])
+		prompt        int64
+		cached        int64
+		hasCached, ok = false, true
+	)
+	// The fields are read as encoding/json reads them into ints and pointers: keys match
+	// case-insensitively, the last duplicate wins, null leaves a field as it was (and resets a
+	// pointer), and a value of the wrong kind spoils the whole object.
+	sc.Object(func(key []byte) {
+		switch {
+		case jsonscan.KeyIs(key, "prompt_tokens"):
+			if !sc.Null() {
+				prompt, ok = sc.Int()
+			}
+		case jsonscan.KeyIs(key, "prompt_tokens_details"):
+			if sc.Null() {
+				hasCached = false
+				return
+			}
+			sc.Object(func(key []byte) {
+				if !jsonscan.KeyIs(key, "cached_tokens") {
+					sc.Skip()
+					return
+				}
+				if sc.Null() {
+					hasCached = false
+					return
+				}
+				cached, hasCached = sc.Int()
+			})
+		default:
+			sc.Skip()
+		}
+		if !ok {
+			sc.Fail("want an integer")
+		}
+	})
+	if sc.Err() != nil || prompt <= 0 || !hasCached {
 		return 0, false
 	}
-	if u.PromptTokens <= 0 || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == nil {
-		return 0, false
-	}
-	c := *u.PromptTokensDetails.CachedTokens
-	return min(max(float64(c)/float64(u.PromptTokens), 0), 1), true
+	return min(max(float64(cached)/float64(prompt), 0), 1), true
 }
 
 // promptShare is the decision's prediction for the whole prompt (policy.PromptShare).

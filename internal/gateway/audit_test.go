@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -285,11 +286,49 @@ func TestUsageShare(t *testing.T) {
 func FuzzUsageShare(f *testing.F) {
 	f.Add([]byte(`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}`))
 	f.Add([]byte(`"usage" : [`))
+	f.Add([]byte(`{"usage":{"Prompt_Tokens":10,"prompt_tokens_details":{"cached_tokens":4},"prompt_tokens":20}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":1e1,"prompt_tokens_details":{"cached_tokens":4}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4.0}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4},"prompt_tokens_details":null}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":4},"prompt_tokens_details":{}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":"10","prompt_tokens_details":{"cached_tokens":4}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":99999999999999999999,"prompt_tokens_details":{"cached_tokens":4}}}`))
+	f.Add([]byte(`{"usage":{"prompt_tokens":10,"prompt_tokens_details":{"cached_tokens":null}}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if s, ok := usageShare(b); ok && (s < 0 || s > 1) {
+		s, ok := usageShare(b)
+		if ok && (s < 0 || s > 1) {
 			t.Fatalf("share %v out of [0,1]", s)
 		}
+		if ws, wok := usageShareJSON(b); s != ws || ok != wok {
+			t.Fatalf("usageShare(%q) = %v, %v; encoding/json reads %v, %v", b, s, ok, ws, wok)
+		}
 	})
+}
+
+// usageShareJSON is usageShare with encoding/json, the reference its scan must agree with.
+func usageShareJSON(b []byte) (float64, bool) {
+	i := bytes.LastIndex(b, []byte(`"usage"`))
+	if i < 0 {
+		return 0, false
+	}
+	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return 0, false
+	}
+	var u struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens *int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil {
+		return 0, false
+	}
+	if u.PromptTokens <= 0 || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == nil {
+		return 0, false
+	}
+	c := *u.PromptTokensDetails.CachedTokens
+	return min(max(float64(c)/float64(u.PromptTokens), 0), 1), true
 }
 
 // TestAuditWriterKeepsOnlyTheTail: a long stream is relayed whole while at most two windows of

@@ -561,6 +561,26 @@ func (s *Scanner) Number(parse bool) (float64, bool) {
 	return v, true
 }
 
+// Int reads an integer literal (no fraction, no exponent) that fits an int64, as encoding/json
+// decodes a number into an int; anything else fails.
+func (s *Scanner) Int() (int64, bool) {
+	if s.Peek() == 0 {
+		s.Fail("want an integer")
+		return 0, false
+	}
+	start := s.i
+	if _, ok := s.Number(false); !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(string(s.b[start:s.i]), 10, 64)
+	if err != nil {
+		s.i = start
+		s.Fail("want an integer")
+		return 0, false
+	}
+	return v, true
+}
+
 func digits(b []byte, i int) int {
 	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
 		i++
