@@ -390,3 +390,22 @@ func BenchmarkAuditStream(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkUsageShare: the audit's read of a response's usage, by the scan and by the
+// encoding/json reference, side by side.
+func BenchmarkUsageShare(b *testing.B) {
+	body := []byte(`{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":250,"completion_tokens":8,"total_tokens":258,"prompt_tokens_details":{"cached_tokens":192}}}`)
+	for _, c := range []struct {
+		name string
+		fn   func([]byte) (float64, bool)
+	}{{"jsonscan", usageShare}, {"encoding-json", usageShareJSON}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, ok := c.fn(body); !ok {
+					b.Fatal("no share")
+				}
+			}
+		})
+	}
+}
