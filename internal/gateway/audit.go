@@ -138,25 +138,39 @@ func (a *auditWriter) cachedShare() (share float64, ok bool) {
 	return usageShare(a.keep)
 }
 
-// usageShare finds the last `"usage":` in b and reads the object after it.
+// usageShare finds the last `"usage":` in b and returns the cached share of the prompt it reports.
 func usageShare(b []byte) (float64, bool) {
-	i := bytes.LastIndex(b, []byte(`"usage"`))
-	if i < 0 {
-		return 0, false
-	}
-	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return 0, false
-	}
-	var u auditUsage
-	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil {
-		return 0, false
-	}
-	if u.PromptTokens <= 0 || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == nil {
+	u, ok := usageIn(b)
+	if !ok || u.PromptTokens <= 0 || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == nil {
 		return 0, false
 	}
 	c := *u.PromptTokensDetails.CachedTokens
 	return min(max(float64(c)/float64(u.PromptTokens), 0), 1), true
+}
+
+// usageIn reads the object after the last `"usage":` in b.
+func usageIn(b []byte) (auditUsage, bool) {
+	var u auditUsage
+	i := bytes.LastIndex(b, []byte(`"usage"`))
+	if i < 0 {
+		return u, false
+	}
+	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
+	if len(rest) == 0 || rest[0] != ':' {
+		return u, false
+	}
+	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil {
+		return u, false
+	}
+	return u, u.PromptTokens > 0
+}
+
+// usage returns the usage the worker reported in what was kept of a successful response.
+func (a *auditWriter) usage() (auditUsage, bool) {
+	if a.status != http.StatusOK || a.dropped || len(a.keep) == 0 {
+		return auditUsage{}, false
+	}
+	return usageIn(a.keep)
 }
 
 // promptShare is the decision's prediction for the whole prompt (policy.PromptShare).
