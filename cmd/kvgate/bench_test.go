@@ -29,6 +29,9 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"bad load mode", []string{"--fleet", "--load-modes", "psychic", "--rate", "1", "--requests", "1"}, "unknown load mode"},
 		{"bad spread", []string{"--fleet", "--spread", "sideways", "--rate", "1", "--requests", "1"}, "unknown spread"},
 		{"bad engine", []string{"--fleet", "--max-running", "-3", "--rate", "1", "--requests", "1"}, "max running"},
+		{"bad trace format", []string{"--fleet", "--trace", "x.jsonl", "--trace-format", "csv"}, "want jsonl or mooncake"},
+		{"bad engine mix", []string{"--fleet", "--engine-mix", "8", "--rate", "1", "--requests", "1"}, "COUNTxSPEED"},
+		{"bad window", []string{"--fleet", "--workload", "mooncake-synth", "--from", "10m", "--to", "5m"}, "window"},
 		{"sweep closed loop", []string{"--fleet", "--sweep", "--concurrency", "2", "--requests", "5"}, "--sweep needs --rate"},
 	}
 	for _, tc := range cases {
@@ -61,6 +64,29 @@ func TestBenchFleetWritesReportAndCharts(t *testing.T) {
 	for _, f := range []string{"report.json", "report.txt", "ttft-cdf.png", "hit-vs-gateways.png", "p99-vs-gateways.png"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("missing %s: %v", f, err)
+		}
+	}
+}
+
+// TestBenchMooncakeReplay: a Mooncake-format trace written by the generator replays through the
+// flags, window and cap included, with the oracle's row as the reference.
+func TestBenchMooncakeReplay(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "mc.jsonl")
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--fleet", "--workload", "mooncake-synth", "--gen-duration", "40s", "--gen-context-tokens", "2000",
+		"--duration", "40s", "--trace-out", trace, "--policies", "round_robin", "--engines", "2"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	out.Reset()
+	args = []string{"bench", "--fleet", "--trace", trace, "--trace-format", "mooncake", "--from", "5s", "--to", "35s",
+		"--time-scale", "0.5", "--requests", "40", "--policies", "cache_aware_hash,oracle", "--engines", "2", "--json"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for _, want := range []string{`"workload": "mooncake"`, `"policy": "oracle"`, `"ideal_hit_rate"`, `"hit_vs_oracle"`, `"ok": 40,`} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("report lacks %s:\n%s", want, out.String())
 		}
 	}
 }

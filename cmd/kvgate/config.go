@@ -18,14 +18,29 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	var doc map[string]any
-	if err := yaml.Unmarshal(raw, &doc); err != nil {
+	// Values are read as the text written, never as YAML's guess at a type: "admin-key: 0x1F"
+	// is the key 0x1F, not the number 31.
+	var root yaml.Node
+	if err := yaml.Unmarshal(raw, &root); err != nil {
 		return fmt.Errorf("--config %s: %w", path, err)
+	}
+	if len(root.Content) == 0 {
+		return nil // an empty file
+	}
+	doc := root.Content[0]
+	if doc.Kind != yaml.MappingNode {
+		return fmt.Errorf("--config %s: want a mapping of flag names to values", path)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	keys := make([]string, 0, len(doc))
-	for k := range doc {
+	values := map[string]*yaml.Node{}
+	keys := make([]string, 0, len(doc.Content)/2)
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		k := doc.Content[i].Value
+		if _, dup := values[k]; dup {
+			return fmt.Errorf("--config %s: key %q is given twice", path, k)
+		}
+		values[k] = doc.Content[i+1]
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
@@ -40,7 +55,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 		if set[name] {
 			continue // the command line wins
 		}
-		val, err := configValue(doc[k])
+		val, err := configValue(values[k])
 		if err != nil {
 			return fmt.Errorf("--config %s: key %q: %w", path, k, err)
 		}
@@ -51,13 +66,21 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 	return nil
 }
 
-func configValue(v any) (string, error) {
-	switch x := v.(type) {
-	case nil:
-		return "", nil
-	case []any:
-		parts := make([]string, 0, len(x))
-		for _, e := range x {
+// configValue is a flag value as written in the file: a scalar's text, or a sequence's scalars
+// joined by commas.
+func configValue(n *yaml.Node) (string, error) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "", nil
+		}
+		return n.Value, nil
+	case yaml.SequenceNode:
+		parts := make([]string, 0, len(n.Content))
+		for _, e := range n.Content {
 			s, err := configValue(e)
 			if err != nil {
 				return "", err
@@ -65,9 +88,6 @@ func configValue(v any) (string, error) {
 			parts = append(parts, s)
 		}
 		return strings.Join(parts, ","), nil
-	case map[string]any:
-		return "", fmt.Errorf("a mapping is not a flag value")
-	default:
-		return fmt.Sprint(x), nil
 	}
+	return "", fmt.Errorf("a mapping is not a flag value")
 }

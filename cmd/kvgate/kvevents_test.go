@@ -34,8 +34,8 @@ func startEventRig(t *testing.T, engines, replicas int) *eventRig {
 		t.Fatal(err)
 	}
 	r := &eventRig{fleet: fleet}
-	args := []string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--policy", "precise_prefix",
-		"--worker-urls", strings.Join(fleet.URLs(), ","), "--tokenizer-timeout", "5s"}
+	args := []string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "-1", "--policy", "precise_prefix",
+		"--worker-urls", strings.Join(fleet.URLs(), ","), "--tokenizer-timeout", "5s", "--audit-headers"}
 	for i, s := range fleet.Servers() {
 		pub, _ := s.EventsAddr()
 		args = append(args, "--worker-label", fmt.Sprintf("kv_events_endpoint=tcp://%s@%s", pub, fleet.URLs()[i]))
@@ -50,11 +50,11 @@ func startEventRig(t *testing.T, engines, replicas int) *eventRig {
 		o.kv.events.AfterMessage = func() { ch <- struct{}{} }
 		log := slog.New(slog.NewTextHandler(io.Discard, nil))
 		o.gw.Logger = log
-		ready, done := make(chan [2]string, 1), make(chan error, 1)
+		ready, done := make(chan listenAddrs, 1), make(chan error, 1)
 		go func() { done <- serve(ctx, o, log, ready) }()
 		select {
 		case a := <-ready:
-			r.gateways = append(r.gateways, a[0])
+			r.gateways = append(r.gateways, a.api)
 		case err := <-done:
 			t.Fatal(err)
 		case <-time.After(20 * time.Second):

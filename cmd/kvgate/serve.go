@@ -42,6 +42,7 @@ type serveOptions struct {
 	loadMonDisabled bool
 	gw              gateway.Config
 	pol             policy.Config
+	sec             securityOptions
 	disc            discoveryOptions
 	kv              kvEventOptions
 }
@@ -103,8 +104,6 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&g.Proxy.AttemptTimeout, "attempt-timeout", 0, "bound on one attempt up to the response headers (0 = request-timeout only)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.logJSON, "log-json", false, "log JSON lines instead of text")
-	fs.StringVar(&g.APIKey, "api-key", "", "key clients must send as a bearer token (empty = none)")
-	fs.StringVar(&g.AdminKey, "admin-key", "", "key the admin routes require (empty = none)")
 	fs.Int64Var(&g.MaxConcurrentRequests, "max-concurrent-requests", 0, "requests in flight above which clients get 429 (0 = no cap)")
 	fs.IntVar(&g.RoutingPrefixBytes, "routing-prefix-bytes", g.RoutingPrefixBytes, "bytes of the prompt that routing sees")
 	fs.IntVar(&g.Proxy.Retry.MaxAttempts, "retry-max-attempts", g.Proxy.Retry.MaxAttempts, "attempts per request in all (1 = no retries)")
@@ -148,6 +147,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.loadMonMode, "load-mode", "scaled", "load the policies see: effective, scaled, local, snapshot or max")
 	fs.BoolVar(&o.loadMonDisabled, "disable-load-monitor", false, "route on this gateway's in-flight counts only")
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
+	addSecurityFlags(fs, o)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
 	return fs
@@ -168,6 +168,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 		if err := applyConfigFile(fs, o.configFile); err != nil {
 			return nil, err
 		}
+	}
+	if err := resolveSecurity(o); err != nil {
+		return nil, err
 	}
 	mode, err := loadmon.ParseMode(o.loadMonMode)
 	if err != nil {
@@ -228,9 +231,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return serve(ctx, o, log, nil)
 }
 
+// listenAddrs are the addresses serve listens on ("" for a plane that is off).
+type listenAddrs struct{ api, metrics, admin string }
+
 // serve wires the registry, load monitor, policies and gateway and runs the HTTP servers. ready,
-// when not nil, receives the API and metrics addresses once both listen.
-func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- [2]string) error {
+// when not nil, receives the addresses once all listen.
+func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- listenAddrs) error {
 	reg := worker.NewRegistry()
 	var mon *loadmon.Monitor
 	var loads gateway.LoadSource
@@ -331,6 +337,9 @@ func registrations(o *serveOptions) ([]gateway.AddWorkerRequest, error) {
 			return nil, err
 		}
 	}
+	for i := range out {
+		out[i].APIKey = o.sec.workerAPIKey
+	}
 	if err := applyWorkerLabels(out, o.workerLabels); err != nil {
 		return nil, err
 	}
@@ -346,31 +355,46 @@ func policyLabel(name string) map[string]string {
 
 // listenAndServe runs the API and metrics servers until ctx ends, then shuts them down: new
 // connections are refused and in-flight requests get the grace period to finish.
-func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, log *slog.Logger, ready chan<- [2]string) error {
+func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, log *slog.Logger, ready chan<- listenAddrs) error {
 	// Requests run under base, so that when the grace period ends they can be ended with
 	// ErrShuttingDown as the cause: clients then get a clear error, not a cut connection.
 	base, endRequests := context.WithCancelCause(context.Background())
 	defer endRequests(nil)
-	api := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		BaseContext: func(net.Listener) context.Context { return base }}
-	ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.port)))
-	if err != nil {
+	var (
+		servers   []*http.Server
+		listeners []net.Listener
+	)
+	listen := func(host string, port int, h http.Handler) (string, error) {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+			return "", err
+		}
+		srv := &http.Server{Handler: h, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			BaseContext: func(net.Listener) context.Context { return base }}
+		gw.ConfigureServer(srv)
+		servers, listeners = append(servers, srv), append(listeners, ln)
+		return ln.Addr().String(), nil
+	}
+	var addrs listenAddrs
+	var err error
+	if addrs.api, err = listen(o.host, o.port, gw.Handler()); err != nil {
 		return err
 	}
-	servers := []*http.Server{api}
-	listeners := []net.Listener{ln}
-	addrs := [2]string{ln.Addr().String()}
+	if o.sec.adminPort >= 0 {
+		if addrs.admin, err = listen(o.sec.adminHost, o.sec.adminPort, gw.AdminHandler()); err != nil {
+			return fmt.Errorf("admin plane: %w", err)
+		}
+	}
 	if o.promPort > 0 || (o.promPort == 0 && ready != nil) {
-		mln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(o.promPort)))
-		if err != nil {
-			ln.Close()
+		if addrs.metrics, err = listen(o.host, o.promPort, gw.MetricsHandler()); err != nil {
 			return err
 		}
-		servers = append(servers, &http.Server{Handler: gw.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second})
-		listeners = append(listeners, mln)
-		addrs[1] = mln.Addr().String()
 	}
-	log.Info("kvgate serving", "api", "http://"+addrs[0], "metrics", addrs[1], "policy", o.policyName)
+	logPlanes(log, o, addrs.api, addrs.admin, addrs.metrics)
+	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName)
 	errc := make(chan error, len(servers))
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()

@@ -83,17 +83,17 @@ func runParseCases(t *testing.T, cases []parseCase) {
 // TestServeBuiltinFleet starts the gateway as `kvgate` with no workers does, on loopback, and
 // asks it a question with the OpenAI SDK; then cancels and expects a clean exit.
 func TestServeBuiltinFleet(t *testing.T) {
-	o, err := parseServe([]string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--sim-workers", "2"}, io.Discard)
+	o, err := parseServe([]string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "0", "--sim-workers", "2"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan [2]string, 1)
+	ready := make(chan listenAddrs, 1)
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	o.gw.Logger = log
 	go func() { done <- serve(ctx, o, log, ready) }()
-	var addrs [2]string
+	var addrs listenAddrs
 	select {
 	case addrs = <-ready:
 	case err := <-done:
@@ -101,7 +101,7 @@ func TestServeBuiltinFleet(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the gateway did not start")
 	}
-	c := openai.NewClient(option.WithBaseURL("http://"+addrs[0]+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	c := openai.NewClient(option.WithBaseURL("http://"+addrs.api+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
 	resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:     "kvgate-sim",
 		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")},

@@ -152,6 +152,9 @@ type Summary struct {
 	// Spread is max/min over engines of the time-averaged backlog (running + waiting); 0 when
 	// unknown (live runs), +Inf is reported as -1 (an engine that was never loaded).
 	Spread float64 `json:"load_spread,omitempty"`
+	// SpreadCV is the coefficient of variation over engines of the time-averaged backlog;
+	// simulated runs only.
+	SpreadCV float64 `json:"load_cv,omitempty"`
 	// Decisions counts the policy's decisions by branch (cache_hit, cache_miss, imbalanced, …),
 	// summed over gateways; simulated runs of policies that count them only.
 	Decisions map[string]uint64 `json:"decisions,omitempty"`

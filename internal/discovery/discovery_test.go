@@ -326,7 +326,7 @@ func TestCoexistsWithAdminWorkers(t *testing.T) {
 	}
 
 	// The admin API may not delete a discovered worker while its pod exists.
-	srv := httptest.NewServer(h.gw.Handler())
+	srv := httptest.NewServer(h.gw.AdminHandler())
 	defer srv.Close()
 	req, _ := http.NewRequest(http.MethodDelete, srv.URL+"/workers/"+w.ID, nil)
 	resp, err := http.DefaultClient.Do(req)

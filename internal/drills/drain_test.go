@@ -2,6 +2,7 @@ package drills
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"testing"
 	"time"
@@ -25,7 +26,9 @@ func TestDrillDrain(t *testing.T) {
 	l := r.load(6, 8)
 	sleepUntil(200 * time.Millisecond)
 
-	req, _ := http.NewRequest(http.MethodDelete, r.api.URL+"/workers/"+removed.ID, nil)
+	admin := httptest.NewServer(r.gw.AdminHandler())
+	defer admin.Close()
+	req, _ := http.NewRequest(http.MethodDelete, admin.URL+"/workers/"+removed.ID, nil)
 	resp, err := r.client.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func startKvgate(t *testing.T, args ...string) *kvgate {
 	if out, err := exec.CommandContext(bctx, "go", "build", "-o", bin, "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput(); err != nil {
 		t.Fatalf("building kvgate: %v\n%s", err, out)
 	}
-	k := &kvgate{cmd: exec.Command(bin, append([]string{"serve", "--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0"}, args...)...),
+	k := &kvgate{cmd: exec.Command(bin, append([]string{"serve", "--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "-1"}, args...)...),
 		exited: make(chan error, 1)}
 	stderr, err := k.cmd.StderrPipe()
 	if err != nil {

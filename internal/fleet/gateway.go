@@ -110,7 +110,7 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
-	g.req = policy.Request{Model: simModel, Text: text, Key: key}
+	g.req = policy.Request{Model: simModel, Text: text, Key: key, Chat: g.kv != nil}
 	w := policy.Choose(g.pol, g.candidates(), &g.req)
 	if w == nil {
 		return nil, -1

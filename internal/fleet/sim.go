@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -197,7 +198,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	canon, _ := canonical(cfg.Policy)
 	sum.Policy, sum.Gateways, sum.Engines, sum.LoadMode = canon, cfg.Gateways, cfg.Engines, cfg.LoadMode.String()
 	sum.Arrivals = sched.Arrivals().String()
-	sum.Spread = s.spread()
+	sum.Spread, sum.SpreadCV = s.spread(), s.spreadCV()
 	sum.Decisions = s.decisions()
 	if len(cfg.Failover) > 0 {
 		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
@@ -352,9 +353,10 @@ func (s *sim) sendTurn(a *active) {
 	s.nextID++
 	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
 	if gw.kv != nil {
-		// precise_prefix predicts over the whole prompt, which it tokenized, and pays for that.
+		// precise_prefix tokenized the prompt, and pays for that.
 		f.extra = gw.kv.takeCost()
-	} else {
+	}
+	if !f.dec.WholePrompt {
 		f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
 	}
 	se := s.engines[idx]
@@ -439,6 +441,27 @@ func (s *sim) sample() {
 		se.backlog += float64(l.Running + l.Waiting)
 	}
 	s.samples++
+}
+
+// spreadCV returns the coefficient of variation (standard deviation ÷ mean) of the engines'
+// time-averaged backlogs, rounded to 3 decimals; 0 without samples or load. Unlike max/min it
+// stays finite and meaningful on a large fleet, where one idle engine makes max/min infinite.
+func (s *sim) spreadCV() float64 {
+	if s.samples == 0 || len(s.engines) == 0 {
+		return 0
+	}
+	var sum, sq float64
+	for _, se := range s.engines {
+		sum += se.backlog
+	}
+	m := sum / float64(len(s.engines))
+	if m == 0 {
+		return 0
+	}
+	for _, se := range s.engines {
+		sq += (se.backlog - m) * (se.backlog - m)
+	}
+	return math.Round(math.Sqrt(sq/float64(len(s.engines)))/m*1000) / 1000
 }
 
 // spread returns max/min of the engines' mean sampled backlog, -1 when some engine was never

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
@@ -59,6 +60,9 @@ func (a *AddWorkerRequest) spec() (worker.Spec, error) {
 	if a.BootstrapPort != nil && (*a.BootstrapPort <= 0 || *a.BootstrapPort > 65535) {
 		return worker.Spec{}, regErr(http.StatusBadRequest, "bootstrap_port %d is not a port", *a.BootstrapPort)
 	}
+	if err := checkLabels(a.Labels); err != nil {
+		return worker.Spec{}, regErr(http.StatusBadRequest, "%v", err)
+	}
 	if l := a.Labels[policy.PolicyLabel]; l != "" {
 		if _, err := policy.Canonical(l); err != nil {
 			return worker.Spec{}, regErr(http.StatusBadRequest, "label policy: %v", err)
@@ -74,27 +78,36 @@ func (a *AddWorkerRequest) spec() (worker.Spec, error) {
 // Register validates, probes and adds a worker. The probe (GET /v1/models) learns the worker's
 // models (unless model_id was given) and its runtime (from owned_by). A worker that cannot be
 // probed is refused (502) unless model_id was given, in which case it is added not ready and the
-// health checks decide when it serves.
+// health checks decide when it serves. The probe runs without holding the registration lock, so
+// a worker that never answers delays only its own registration; a second registration of a URL
+// being probed is refused (409). Why a probe failed is logged, never returned: the answer must
+// not make the gateway a port scanner or a reader of other hosts' pages.
 func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Worker, error) {
 	spec, err := a.spec()
 	if err != nil {
 		return nil, err
 	}
-	s.addMu.Lock()
-	defer s.addMu.Unlock()
 	u, _ := worker.ParseURL(spec.URL)
-	if s.reg.View().Get(worker.IDFor(u)) != nil {
-		return nil, regErr(http.StatusConflict, "worker %s is already registered", u)
+	if !s.allowed.allows(u.Hostname()) {
+		return nil, regErr(http.StatusForbidden, "workers at %s may not be registered (see --allowed-worker-hosts)", u.Hostname())
 	}
+	id, shown := worker.IDFor(u), worker.Redacted(u)
+	if err := s.startProbe(id, shown); err != nil {
+		return nil, err
+	}
+	defer s.endProbe(id)
 	models, owner, perr := s.probeModels(ctx, u.String(), spec.APIKey)
-	if perr != nil && len(spec.Models) == 0 {
-		return nil, regErr(http.StatusBadGateway, "probing %s: %v", u, perr)
+	if perr != nil {
+		s.log.Warn("worker registration probe failed", "url", shown, "err", perr)
+		if len(spec.Models) == 0 {
+			return nil, regErr(http.StatusBadGateway, "the worker at %s did not answer GET /v1/models with a model list; see the gateway log, or give model_id", shown)
+		}
 	}
 	if len(spec.Models) == 0 {
 		spec.Models = models
 	}
 	if len(spec.Models) == 0 {
-		return nil, regErr(http.StatusBadGateway, "worker %s lists no models; give model_id", u)
+		return nil, regErr(http.StatusBadGateway, "worker %s lists no models; give model_id", shown)
 	}
 	w, err := s.newWorker(spec)
 	if err != nil {
@@ -108,12 +121,36 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 	} else {
 		w.SetHealth(worker.NotReady)
 	}
-	if err := s.reg.Add(w); err != nil {
+	s.addMu.Lock()
+	err = s.reg.Add(w)
+	s.addMu.Unlock()
+	if err != nil {
 		return nil, regErr(http.StatusConflict, "%v", err)
 	}
 	s.log.Info("worker registered", "worker", w.ID, "url", w.Spec.URL, "models", w.Spec.Models,
 		"type", w.Spec.Type.String(), "runtime", w.Runtime(), "health", w.Health().String())
 	return w, nil
+}
+
+// startProbe claims the right to probe and add worker id: it fails when the worker is registered
+// or another registration of it is under way.
+func (s *Server) startProbe(id, shown string) error {
+	s.addMu.Lock()
+	defer s.addMu.Unlock()
+	if s.reg.View().Get(id) != nil {
+		return regErr(http.StatusConflict, "worker %s is already registered", shown)
+	}
+	if s.probing[id] {
+		return regErr(http.StatusConflict, "worker %s is being registered already", shown)
+	}
+	s.probing[id] = true
+	return nil
+}
+
+func (s *Server) endProbe(id string) {
+	s.addMu.Lock()
+	delete(s.probing, id)
+	s.addMu.Unlock()
 }
 
 // probeModels fetches the worker's /v1/models and returns the ids and the first owned_by.
@@ -183,6 +220,28 @@ func infoOf(w *worker.Worker) WorkerInfo {
 	}
 }
 
+// Bounds on a registration's labels: they are shown by the admin API and kept per worker.
+const (
+	maxLabels        = 64
+	maxLabelKeyLen   = 64
+	maxLabelValueLen = 256
+)
+
+func checkLabels(labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return fmt.Errorf("at most %d labels are allowed", maxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > maxLabelKeyLen || !printable(k) {
+			return fmt.Errorf("label keys must be 1 to %d printable ASCII bytes", maxLabelKeyLen)
+		}
+		if len(v) > maxLabelValueLen || !utf8.ValidString(v) {
+			return fmt.Errorf("label %s: values must be valid UTF-8 of at most %d bytes", k, maxLabelValueLen)
+		}
+	}
+	return nil
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -216,6 +275,8 @@ func registerCode(status int) string {
 		return "worker_exists"
 	case http.StatusBadGateway:
 		return "worker_unreachable"
+	case http.StatusForbidden:
+		return "worker_host_not_allowed"
 	}
 	return codeFor(status)
 }
@@ -258,17 +319,21 @@ func (s *Server) handleDeleteWorker(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"id": wk.ID, "status": "draining", "inflight": wk.Inflight()})
 }
 
+// model is one entry of /v1/models.
+type model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func modelObject(id string) model { return model{ID: id, Object: "model", OwnedBy: "kvgate"} }
+
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
 	v := s.reg.View()
 	data := make([]model, 0, len(v.Models))
 	for _, m := range v.Models {
-		data = append(data, model{ID: m, Object: "model", OwnedBy: "kvgate"})
+		data = append(data, modelObject(m))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
@@ -335,12 +400,12 @@ func (s *Server) RegisterUntilDone(ctx context.Context, a AddWorkerRequest, trie
 		var re *RegisterError
 		if err == nil || !errors.As(err, &re) || re.Status != http.StatusBadGateway {
 			if err != nil {
-				s.log.Error("worker not registered", "url", a.URL, "err", err)
+				s.log.Error("worker not registered", "url", shownURL(a.URL), "err", err)
 			}
 			return
 		}
 		if !warned {
-			s.log.Warn("worker unreachable; retrying until it answers", "url", a.URL, "err", err)
+			s.log.Warn("worker unreachable; retrying until it answers", "url", shownURL(a.URL), "err", err)
 			warned = true
 			tried()
 		}
@@ -353,4 +418,13 @@ func (s *Server) RegisterUntilDone(ctx context.Context, a AddWorkerRequest, trie
 		}
 		backoff = min(backoff*2, 10*time.Second)
 	}
+}
+
+// shownURL is a registration's URL as it may be logged: without credentials.
+func shownURL(raw string) string {
+	u, err := worker.ParseURL(raw)
+	if err != nil {
+		return "(invalid url)"
+	}
+	return worker.Redacted(u)
 }

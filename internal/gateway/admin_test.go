@@ -11,7 +11,10 @@ import (
 
 func adminDo(t *testing.T, g *testGateway, method, path, body, key string) (*http.Response, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest(method, g.srv.URL+path, strings.NewReader(body))
+	req, _ := http.NewRequest(method, g.admin.URL+path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
@@ -123,7 +126,7 @@ func TestDeleteDrains(t *testing.T) {
 	if s := <-first; s != 200 {
 		t.Errorf("the in-flight request on the drained worker ended %d", s)
 	}
-	g.waitDone(t, 6) // the DELETE and the five completions: the first one's handler included
+	g.waitDone(t, 5) // the five completions, the first one's handler included (the DELETE went to the admin plane)
 	if aw.Inflight() != 0 {
 		t.Errorf("drained worker in flight %d", aw.Inflight())
 	}

@@ -175,6 +175,9 @@ func (a *auditWriter) usage() (auditUsage, bool) {
 
 // promptShare is the decision's prediction for the whole prompt (policy.PromptShare).
 func (a *auditWriter) promptShare() float64 {
+	if a.req.Decision.WholePrompt {
+		return a.req.Decision.Predicted
+	}
 	return policy.PromptShare(a.req.Decision.Predicted, len(a.req.Text), a.textBytes)
 }
 

@@ -89,7 +89,11 @@ func newAuditGateway(t *testing.T, cfg Config, name string, pc policy.Config, n 
 		ws = append(ws, f)
 	}
 	g := &testGateway{Server: s, done: make(chan string, 1024)}
-	g.srv = httptest.NewServer(s.Handler())
+	h := s.Handler()
+	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() { g.done <- r.URL.Path }()
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(g.srv.Close)
 	return g, ws
 }
@@ -145,6 +149,7 @@ func TestAuditHeadersAndPredictionError(t *testing.T) {
 			t.Fatalf("request %d: x-kvgate-predicted-hit %q, want %q", i, p, want.predicted)
 		}
 	}
+	g.waitDone(t, 2) // the prediction is observed after the body is relayed: wait for the handlers
 	count, sum, _ := predictionHistogram(t, g.Server)
 	if count != 2 || sum != 0 {
 		t.Fatalf("prediction error: %d samples summing to %v, want 2 exact predictions", count, sum)
@@ -182,6 +187,7 @@ func TestAuditHeadersAndPredictionError(t *testing.T) {
 			t.Fatalf("stream %d: no audit header", i)
 		}
 	}
+	g.waitDone(t, 2)
 	count, sum, _ = predictionHistogram(t, g.Server)
 	if count != 4 || sum != 0 {
 		t.Fatalf("after two streams: %d samples summing to %v, want 4 exact predictions", count, sum)
@@ -208,6 +214,7 @@ func TestAuditHeadersOffByDefault(t *testing.T) {
 			t.Fatalf("%s = %q without --audit-headers", h, v)
 		}
 	}
+	g.waitDone(t, 1)
 	count, _, unverified := predictionHistogram(t, g.Server)
 	if count != 0 || unverified != 1 {
 		t.Fatalf("%d samples, %v unverified: want the large body unverified", count, unverified)

@@ -125,6 +125,9 @@ func (b *Body) grow(want, limit int64) {
 	b.buf = nb
 }
 
+// errEmptyBody is readBody's error for a request without a body.
+var errEmptyBody = errors.New("the request body is empty")
+
 // readBody reads the whole request body into a pooled Body, which the caller must Release. It
 // answers 413 as soon as more than max bytes arrive (or are declared), 400 for an empty or
 // broken body, and 499 when the client left.
@@ -170,7 +173,7 @@ func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 	}
 	if b.n == 0 {
 		b.Release()
-		return nil, http.StatusBadRequest, errors.New("the request body is empty")
+		return nil, http.StatusBadRequest, errEmptyBody
 	}
 	return b, 0, nil
 }

@@ -3,11 +3,13 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/kvgate/kvgate/internal/policy"
@@ -32,6 +34,9 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		return proxy.Result{Status: http.StatusServiceUnavailable}
 	}
 	s.metrics.selected(ppol.Name(), pool.Model, pw)
+	if p.Bootstrap {
+		body = withoutBootstrap(body)
+	}
 	pdBody := s.withBootstrap(body, pw)
 	defer pdBody.Release()
 	id := requestID(r)
@@ -76,8 +81,8 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		if pe.Kind == proxy.KindTimeout {
 			res.Status = http.StatusGatewayTimeout
 		}
-		s.log.Debug("request failed", "request_id", id, "model", pool.Model, "prefill_worker", pw.ID, "status", res.Status, "err", pe)
-		writeError(w, res.Status, codeFor(res.Status), "the prefill worker failed: "+failureMessage(pe))
+		s.log.Warn("request failed", "request_id", id, "model", pool.Model, "prefill_worker", pw.ID, "status", res.Status, "err", pe)
+		writeError(w, res.Status, codeFor(res.Status), "the prefill worker failed: "+failureMessage(pe)+" (request id "+id+")")
 		return res
 	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
@@ -103,4 +108,25 @@ func (s *Server) withBootstrap(body []byte, prefill *worker.Worker) *Body {
 	out = append(out, rest...)
 	b.n = len(out)
 	return b
+}
+
+// withoutBootstrap returns the JSON object body without its top-level "bootstrap_*" members: a
+// client's own bootstrap_host or bootstrap_room next to the gateway's would let a worker that
+// keeps the last duplicate key fetch KV from, or join the room of, a place the client chose. Such
+// bodies are rare, so this decodes and re-encodes the members (their values byte for byte).
+func withoutBootstrap(body []byte) []byte {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(body, &members) != nil {
+		return body // parseBody accepted it, so this does not happen
+	}
+	for k := range members {
+		if strings.HasPrefix(k, "bootstrap_") {
+			delete(members, k)
+		}
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(members)
+	return bytes.TrimRight(b.Bytes(), "\n")
 }

@@ -34,12 +34,20 @@ func errorType(status int) string {
 }
 
 // writeError writes an OpenAI-shaped error with status. code is a short machine-readable reason.
+// A 429 or 503 says when to come back (Retry-After: 1 and 5 seconds), as the SDKs' retry loops
+// read it.
 func writeError(w http.ResponseWriter, status int, code, msg string) {
 	body, _ := json.Marshal(struct {
 		Error apiError `json:"error"`
 	}{apiError{Message: msg, Type: errorType(status), Code: code}})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	switch status {
+	case http.StatusTooManyRequests:
+		h.Set("Retry-After", "1")
+	case http.StatusServiceUnavailable:
+		h.Set("Retry-After", "5")
+	}
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))

@@ -6,12 +6,10 @@ package gateway
 import (
 	"cmp"
 	"crypto/rand"
-	"crypto/subtle"
 	"encoding/hex"
-	"fmt"
+	"errors"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,11 +22,25 @@ import (
 
 // Config configures the gateway's HTTP surface.
 type Config struct {
-	// APIKey, when set, is required from clients as "Authorization: Bearer KEY" (401 otherwise).
-	APIKey string
-	// AdminKey, when set, is required on the admin routes (/workers, /get_loads).
+	// APIKeys are the data-plane keys: a client must send one of them as "Authorization: Bearer
+	// KEY" (401 otherwise). Empty: the data plane needs no key.
+	APIKeys []string
+	// AdminKey, when set, is required on the admin routes (/workers, /get_loads). Empty: the
+	// admin routes need no key, which is safe only where AdminHandler listens on loopback.
 	AdminKey string
-	// MaxPayloadSize is the largest request body in bytes (413 above). Default 256 MiB.
+	// AdminOnDataPlane also serves the admin routes from Handler (the main port). New refuses it
+	// without an AdminKey.
+	AdminOnDataPlane bool
+	// AllowedWorkerHosts limits which workers may be registered: CIDRs (10.0.0.0/8) and host
+	// names (exact, or ".example.com" for any name under it). Empty: any host.
+	AllowedWorkerHosts []string
+	// CORSAllowedOrigins are the browser origins allowed to call the data plane ("*": any).
+	// Empty: no CORS headers are sent and preflights are refused.
+	CORSAllowedOrigins []string
+	// Limits bounds what one client request may cost.
+	Limits Limits
+	// MaxPayloadSize is the largest request body in bytes, after decompression (413 above).
+	// Default 256 MiB.
 	MaxPayloadSize int64
 	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192.
 	RoutingPrefixBytes int
@@ -88,30 +100,59 @@ type Server struct {
 	loads   LoadSource
 	client  *http.Client
 
-	inflight atomic.Int64
+	inflight  atomic.Int64
+	apiKeys   keySet
+	adminKeys keySet
+	allowed   hostRules
+	// hopID marks the requests this gateway sends, to detect a loop back to itself.
+	hopID string
 	// bodies recycles request-body buffers.
 	bodies bodyPool
 	// checker runs the active health checks between Start and Stop.
 	checker *worker.Checker
-	// addMu serialises registrations so duplicate checks and probes do not race.
+	// addMu guards adding: the check that a URL is neither registered nor being probed, and
+	// the registry add. It is never held across a probe.
 	addMu sync.Mutex
+	// probing holds the ids of workers whose registration probe is running.
+	probing map[string]bool
 }
 
-// New builds a gateway over reg, routing through router. loads may be nil (local load only).
+// Validate reports a configuration that would expose the admin plane without a key, or an
+// allowed-worker-hosts entry that does not parse.
+func (c Config) Validate() error {
+	if c.AdminOnDataPlane && c.AdminKey == "" {
+		return errors.New("the admin routes may be served on the main port only with an admin key")
+	}
+	_, err := parseHostRules(c.AllowedWorkerHosts)
+	return err
+}
+
+// New builds a gateway over reg, routing through router. loads may be nil (local load only). It
+// panics on a configuration Validate rejects: call Validate first on what an operator gave.
 func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSource) *Server {
+	if err := cfg.Validate(); err != nil {
+		panic("gateway: " + err.Error())
+	}
+	allowed, _ := parseHostRules(cfg.AllowedWorkerHosts)
 	d := DefaultConfig()
 	cfg.MaxPayloadSize = cmp.Or(max(cfg.MaxPayloadSize, 0), d.MaxPayloadSize)
 	cfg.RoutingPrefixBytes = cmp.Or(max(cfg.RoutingPrefixBytes, 0), d.RoutingPrefixBytes)
 	cfg.ProbeTimeout = cmp.Or(max(cfg.ProbeTimeout, 0), d.ProbeTimeout)
 	cfg.RegisterRetry = cmp.Or(max(cfg.RegisterRetry, 0), d.RegisterRetry)
-	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger}
+	cfg.Limits = cfg.Limits.withDefaults()
+	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger,
+		apiKeys: newKeySet(cfg.APIKeys...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
+		hopID: newHopID(), probing: map[string]bool{}}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
 	s.metrics = newMetrics(reg, router, loads)
 	cfg.Proxy.Observer = s.metrics
+	cfg.Proxy.HopID = s.hopID
 	if cfg.Proxy.Transport == nil {
-		cfg.Proxy.Transport = proxy.NewTransport()
+		t := proxy.NewTransport()
+		t.MaxResponseHeaderBytes = cfg.Limits.MaxUpstreamHeaderBytes
+		cfg.Proxy.Transport = t
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
@@ -140,66 +181,8 @@ func (s *Server) Registry() *worker.Registry { return s.reg }
 // Metrics returns the gateway's metrics.
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
-// Handler returns the client-facing and admin routes.
-func (s *Server) Handler() http.Handler {
-	mux := http.NewServeMux()
-	for path, kind := range map[string]routeKind{
-		"/v1/chat/completions": kindChat,
-		"/v1/completions":      kindCompletion,
-		"/v1/embeddings":       kindEmbedding,
-		"/generate":            kindGenerate,
-	} {
-		mux.Handle("POST "+path, s.clientAuth(s.inference(path, kind)))
-	}
-	mux.Handle("GET /v1/models", s.clientAuth(http.HandlerFunc(s.handleModels)))
-	mux.HandleFunc("GET /health", s.handleLiveness)
-	mux.HandleFunc("GET /liveness", s.handleLiveness)
-	mux.HandleFunc("GET /readiness", s.handleReadiness)
-	mux.Handle("POST /workers", s.adminAuth(http.HandlerFunc(s.handleAddWorker)))
-	mux.Handle("GET /workers", s.adminAuth(http.HandlerFunc(s.handleListWorkers)))
-	mux.Handle("GET /workers/{id}", s.adminAuth(http.HandlerFunc(s.handleGetWorker)))
-	mux.Handle("DELETE /workers/{id}", s.adminAuth(http.HandlerFunc(s.handleDeleteWorker)))
-	mux.Handle("GET /get_loads", s.adminAuth(http.HandlerFunc(s.handleGetLoads)))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
-	})
-	return mux
-}
-
 // MetricsHandler returns the Prometheus exposition handler.
 func (s *Server) MetricsHandler() http.Handler { return s.metrics.Handler() }
-
-func bearer(r *http.Request) string {
-	a := r.Header.Get("Authorization")
-	if len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-		return strings.TrimSpace(a[7:])
-	}
-	return ""
-}
-
-func keyOK(want, got string) bool {
-	return want == "" || subtle.ConstantTimeCompare([]byte(want), []byte(got)) == 1
-}
-
-func (s *Server) clientAuth(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !keyOK(s.cfg.APIKey, bearer(r)) {
-			writeError(w, http.StatusUnauthorized, "invalid_api_key", "missing or invalid API key")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-func (s *Server) adminAuth(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !keyOK(s.cfg.AdminKey, bearer(r)) {
-			writeError(w, http.StatusUnauthorized, "invalid_admin_key", "missing or invalid admin key")
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
 
 // requestID returns a safe client-supplied id, or a new random one.
 func requestID(r *http.Request) string {

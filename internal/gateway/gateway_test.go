@@ -212,7 +212,7 @@ func TestErrorStatuses(t *testing.T) {
 		{name: "too large", cfg: Config{MaxPayloadSize: 64}, body: `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 100) + `"}]}`, status: 413},
 		{name: "unknown model", body: `{"model":"nope","messages":[]}`, status: 404},
 		{name: "unknown route", path: "/v1/nothing", body: `{}`, status: 404},
-		{name: "bad api key", cfg: Config{APIKey: "k"}, hdr: []string{"Authorization", "Bearer wrong"}, body: `{"model":"m","messages":[]}`, status: 401},
+		{name: "bad api key", cfg: Config{APIKeys: []string{"k"}}, hdr: []string{"Authorization", "Bearer wrong"}, body: `{"model":"m","messages":[]}`, status: 401},
 		{name: "no available worker", setup: func(g *testGateway, f *fakeWorker) {
 			g.reg.View().All[0].SetHealth(worker.NotReady)
 		}, body: `{"model":"m","messages":[]}`, status: 503},
@@ -448,7 +448,11 @@ func TestDisaggregatedPrefillFailure(t *testing.T) {
 	select {
 	case <-decodeCanceled:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the decode request was not cancelled")
+		// On a loaded machine the prefill can fail before the decode request is sent; then
+		// there is nothing to cancel. A decode request that was sent must have been cancelled.
+		if d.requests() > 0 {
+			t.Fatal("the decode request was not cancelled")
+		}
 	}
 	g.waitDone(t, 1)
 	if n := totalInflight(g.Server); n != 0 {

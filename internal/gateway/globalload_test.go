@@ -22,9 +22,10 @@ import (
 
 // replica is one gateway of a multi-gateway test: its own registry, policies and counters.
 type replica struct {
-	s   *Server
-	srv *httptest.Server
-	mon *loadmon.Monitor
+	s     *Server
+	srv   *httptest.Server
+	admin *httptest.Server
+	mon   *loadmon.Monitor
 }
 
 func newReplica(t *testing.T, global bool, pcfg policy.Config, urls []string) *replica {
@@ -54,6 +55,8 @@ func newReplica(t *testing.T, global bool, pcfg policy.Config, urls []string) *r
 	}
 	r.srv = httptest.NewServer(r.s.Handler())
 	t.Cleanup(r.srv.Close)
+	r.admin = httptest.NewServer(r.s.AdminHandler())
+	t.Cleanup(r.admin.Close)
 	return r
 }
 
@@ -143,7 +146,7 @@ func TestGetLoads(t *testing.T) {
 	t.Cleanup(es.Close)
 	for _, global := range []bool{true, false} {
 		r := newReplica(t, global, policy.DefaultConfig(), []string{es.URL})
-		resp, err := http.Get(r.srv.URL + "/get_loads")
+		resp, err := http.Get(r.admin.URL + "/get_loads")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -102,8 +102,9 @@ func defaultInference(w http.ResponseWriter, r *http.Request) {
 // each time a client request's handler has returned, so tests wait on it instead of sleeping.
 type testGateway struct {
 	*Server
-	srv  *httptest.Server
-	done chan string
+	srv   *httptest.Server
+	admin *httptest.Server // the admin plane, as serve runs it on its own listener
+	done  chan string
 }
 
 func newTestGateway(t *testing.T, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
@@ -131,6 +132,8 @@ func newTestGateway(t *testing.T, cfg Config, policyName string, workers ...*fak
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(g.srv.Close)
+	g.admin = httptest.NewServer(s.AdminHandler())
+	t.Cleanup(g.admin.Close)
 	return g
 }
 

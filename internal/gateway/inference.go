@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
@@ -36,9 +37,12 @@ func (s *Server) inference(path string, kind routeKind) http.Handler {
 			tr.End(status, attempts)
 		}
 		s.logAccess(r.Context(), &o, path, model, status, d)
-		if abort {
-			// The client has a truncated body that nothing marks as such: cut the connection
-			// so it sees an error, now that every counter is settled.
+		if abort || status == StatusClientClosed {
+			// The client has a truncated body that nothing marks as such, or closed its side
+			// (a half-close ends the request as a full close does: the two cannot be told
+			// apart, and the worker must stop at once when a client leaves). Cut the
+			// connection, now that every counter is settled, rather than let net/http finish
+			// the response: an empty 200 would be a lie.
 			panic(http.ErrAbortHandler)
 		}
 	})
@@ -60,6 +64,12 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 // tr (nil: tracing off) what the trace shows; res is nil when it was answered before any
 // forwarding.
 func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind routeKind, o *outcome, tr *tracing.Request) (int, string, *proxy.Result) {
+	if s.looped(r) {
+		s.log.Warn("request loop: a request came back to this gateway; is its own address registered as a worker?",
+			"request_id", requestID(r), "hops", strings.Join(r.Header.Values(HopHeader), ","))
+		writeError(w, http.StatusLoopDetected, "loop_detected", "the request looped back to the gateway that sent it")
+		return http.StatusLoopDetected, "", nil
+	}
 	if max := s.cfg.MaxConcurrentRequests; max > 0 {
 		if s.inflight.Add(1) > max {
 			s.inflight.Add(-1)
@@ -68,12 +78,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		}
 		defer s.inflight.Add(-1)
 	}
-	rb, status, err := s.bodies.readBody(r, s.cfg.MaxPayloadSize)
+	rb, err := s.readRequestBody(w, r)
 	if err != nil {
-		if status != 499 {
-			writeError(w, status, codeFor(status), err.Error())
+		be := err.(*bodyError)
+		if be.status != StatusClientClosed {
+			writeError(w, be.status, codeFor(be.status), be.msg)
 		}
-		return status, "", nil
+		return be.status, "", nil
 	}
 	defer rb.Release()
 	body := rb.Bytes()
@@ -178,14 +189,18 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result
 	if res.Worker != nil {
 		wid = res.Worker.ID
 	}
-	s.log.Debug("request failed", "request_id", id, "model", model, "worker", wid,
-		"status", res.Status, "attempts", res.Attempts, "committed", res.Committed, "err", res.Err)
-	if res.Committed || res.Status == 499 {
+	if res.Committed || res.Status == StatusClientClosed {
+		s.log.Debug("request failed", "request_id", id, "model", model, "worker", wid,
+			"status", res.Status, "attempts", res.Attempts, "committed", res.Committed, "err", res.Err)
 		return
 	}
+	// The client learns what happened and the request id; the worker's address and the Go
+	// error go to the log only.
+	s.log.Warn("request failed", "request_id", id, "model", model, "worker", wid,
+		"status", res.Status, "attempts", res.Attempts, "err", res.Err)
 	var e *proxy.Error
 	if !errors.As(res.Err, &e) {
-		writeError(w, res.Status, codeFor(res.Status), "the request failed")
+		writeError(w, res.Status, codeFor(res.Status), "the request failed (request id "+id+")")
 		return
 	}
 	msg, code := failureMessage(e), codeFor(res.Status)
@@ -195,7 +210,7 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result
 	case proxy.KindShutdown:
 		code = "shutting_down"
 	}
-	writeError(w, res.Status, code, msg)
+	writeError(w, res.Status, code, msg+" (request id "+id+")")
 }
 
 // resolvePool finds the pool for model: the named one, or the only one when the body names none.
@@ -240,6 +255,12 @@ func codeFor(status int) string {
 		return "no_available_worker"
 	case http.StatusGatewayTimeout:
 		return "upstream_timeout"
+	case http.StatusRequestTimeout:
+		return "request_timeout"
+	case http.StatusUnsupportedMediaType:
+		return "unsupported_media_type"
+	case http.StatusLoopDetected:
+		return "loop_detected"
 	}
 	return "error"
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"unicode/utf8"
@@ -19,6 +20,9 @@ type Parsed struct {
 	// Text is the routing text (DESIGN.md §2), truncated to the parser's limit at a UTF-8
 	// boundary. It is the only copy made of the prompt.
 	Text string
+	// Bootstrap is true when the body has a top-level key starting "bootstrap_": fields the
+	// gateway sets itself on a disaggregated request, which a client must not choose.
+	Bootstrap bool
 	// TextBytes is the length of the whole routing text as it appears in the body (escaped),
 	// so that a prediction about Text can be scaled to the whole prompt.
 	TextBytes int
@@ -28,6 +32,8 @@ type Parsed struct {
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
 var errBadBody = errors.New("invalid request body")
+
+var bootstrapPrefix = []byte("bootstrap_")
 
 // routeKind says which fields carry the routing text.
 type routeKind uint8
@@ -43,16 +49,21 @@ const (
 // validates it too. limit caps the routing text in bytes; only that much of it is unescaped.
 //
 // What the gateway promises about a malformed body: it forwards a body only if the body is one
-// JSON object that encoding/json.Valid accepts (the full RFC 8259 grammar, checked in every
-// string too: no raw control character, no malformed escape; bytes that are not UTF-8 pass, as
-// encoding/json.Valid lets them) and the members it reads have the types the API gives them
-// ("model" a string, "stream" a boolean or null, "messages" an array of objects, "prompt",
-// "text" and "input" a string, an array or null). Every other body is answered 400
-// invalid_request and reaches no worker. Members it does not read are checked for grammar
-// only. FuzzParseBody and jsonscan's FuzzScanner hold this to encoding/json.
+// JSON object whose grammar (RFC 8259) holds everywhere outside the contents of strings, so that
+// the gateway and the worker see the same members; the members it reads have the types the API
+// gives them ("model" a string, "stream" a boolean or null, "messages" an array of objects,
+// "prompt", "text" and "input" a string, an array or null); and every string it decodes (keys,
+// "model", "user", and the routing text up to its cap) is valid JSON text: no raw control
+// character, no malformed escape. Every other body is answered 400 invalid_request and reaches
+// no worker. The contents of the strings it does not decode (a prompt past the routing-text
+// cap, the members it skips) are read only for where they end, at memory speed: a raw control
+// character or a malformed escape there is left to the worker's own parser, which answers it
+// with its own 400. So a body encoding/json.Valid accepts is always accepted, with the same
+// fields; and a body it rejects is forwarded only when its sole faults lie inside strings the
+// gateway never decodes. FuzzParseBody and jsonscan's FuzzShallow hold this to encoding/json.
 func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 	var p Parsed
-	s := jsonscan.New(body)
+	s := jsonscan.NewShallow(body)
 	text := textBuf{limit: limit + utf8.UTFMax, want: limit, size: min(limit+utf8.UTFMax, len(body))}
 	var shape error
 	bad := func(msg string) {
@@ -88,6 +99,8 @@ func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 				}
 				p.Stream = s.Bool()
 				return
+			case bytes.HasPrefix(key, bootstrapPrefix):
+				p.Bootstrap = true
 			case kind == kindChat && string(key) == "messages":
 				messages(s, &text, bad)
 				return
@@ -102,6 +115,9 @@ func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
 	})
 	if shape != nil {
 		return Parsed{}, shape
+	}
+	if text.err != nil {
+		return Parsed{}, fmt.Errorf("%w: malformed JSON: %v", errBadBody, text.err)
 	}
 	if err := s.Err(); err != nil {
 		return Parsed{}, fmt.Errorf("%w: malformed JSON: %v", errBadBody, err)
@@ -120,6 +136,8 @@ type textBuf struct {
 	// size is the capacity the text gets with its first byte, so that it never grows: the text
 	// is no longer than the body, nor than limit.
 	size int
+	// err is the first fault met in the text decoded.
+	err error
 }
 
 func (t *textBuf) full() bool { return len(t.b) >= t.limit }
@@ -130,8 +148,8 @@ func (t *textBuf) add(raw []byte) {
 	if t.b == nil && len(raw) > 0 {
 		t.b = make([]byte, 0, t.size)
 	}
-	if !t.full() {
-		t.b = jsonscan.AppendUnescaped(t.b, raw, t.limit)
+	if !t.full() && t.err == nil {
+		t.b, t.err = jsonscan.DecodePrefix(t.b, raw, t.limit)
 	}
 }
 

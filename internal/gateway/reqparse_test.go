@@ -36,6 +36,14 @@ func TestParseBody(t *testing.T) {
 		{name: "messages not array", kind: kindChat, body: `{"messages":{}}`, bad: true},
 		{name: "message not object", kind: kindChat, body: `{"messages":["hi"]}`, bad: true},
 		{name: "prompt number", kind: kindCompletion, body: `{"prompt":5}`, bad: true},
+		{name: "bad escape in the routing text", kind: kindChat, body: `{"messages":[{"content":"a\qb"}]}`, bad: true},
+		{name: "control character in the routing text", kind: kindCompletion, body: "{\"prompt\":\"a\x01\"}", bad: true},
+		{name: "bad escape in a key", kind: kindChat, body: `{"x\q":1}`, bad: true},
+		{name: "bad escape in the model", kind: kindChat, body: `{"model":"\q"}`, bad: true},
+		{name: "unterminated string past the cap", kind: kindCompletion, body: `{"prompt":"` + strings.Repeat("x", 2000), bad: true},
+		// Left to the worker's parser: faults inside strings the gateway never decodes.
+		{name: "bad escape in a skipped member", kind: kindChat, body: `{"tools":"\q","messages":[{"content":"ok"}]}`, text: "ok"},
+		{name: "bad escape past the cap", kind: kindCompletion, body: `{"prompt":"` + strings.Repeat("x", 2000) + `\q"}`, text: strings.Repeat("x", 1024)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -146,6 +154,9 @@ func FuzzParseBody(f *testing.F) {
 		lim := int(limit%2048) + 1
 		p, err := parseBody(body, kind, lim)
 		if err != nil {
+			if json.Valid(body) && strings.Contains(err.Error(), "malformed JSON") {
+				t.Fatalf("%q: %v, but encoding/json accepts it", body, err)
+			}
 			return
 		}
 		if len(p.Text) > lim {

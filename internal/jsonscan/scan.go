@@ -41,10 +41,24 @@ type Scanner struct {
 	i      int
 	err    error
 	keyBuf [64]byte // decoded escaped keys; valid until the next key
+	// shallow: the contents of strings read raw (Str(false), and strings inside skipped values)
+	// are searched for their end only.
+	shallow bool
 }
 
-// New returns a Scanner over b, positioned at its start.
+// New returns a Scanner over b, positioned at its start, that validates the whole document as
+// encoding/json.Valid does.
 func New(b []byte) *Scanner { return &Scanner{b: b} }
+
+// NewShallow returns a Scanner over b that validates the document's grammar everywhere except
+// inside the contents of strings the caller does not decode: those (the raw strings Str(false)
+// returns, and every string inside a skipped value) are read only for where they end, the
+// first quote not escaped by a backslash, at the speed of a vectorised byte search. Keys and
+// the strings read with Str(true) are validated in full; a caller decoding a raw string
+// validates what it decodes with DecodePrefix. On a document that encoding/json.Valid accepts,
+// a shallow Scanner reads exactly what New's does; it accepts, beyond those, documents whose
+// only faults are a raw control character or a malformed escape inside an undecoded string.
+func NewShallow(b []byte) *Scanner { return &Scanner{b: b, shallow: true} }
 
 // Err returns the first error met, or nil.
 func (s *Scanner) Err() error { return s.err }
@@ -238,6 +252,9 @@ func (s *Scanner) Str(decode bool) []byte {
 	if !s.expect('"', "want a string") {
 		return nil
 	}
+	if s.shallow && !decode {
+		return s.strEnd()
+	}
 	b, start := s.b, s.i
 	i, escaped := start, false
 	quote := -1 // absolute index of the next '"' at or after i, once found
@@ -276,6 +293,30 @@ func (s *Scanner) Str(decode bool) []byte {
 			return nil
 		}
 		i = end + n
+	}
+}
+
+// strEnd reads the rest of a string whose opening quote was consumed, finding its end without
+// validating its contents: the first quote preceded by an even number of backslashes.
+func (s *Scanner) strEnd() []byte {
+	b, start := s.b, s.i
+	for i := start; ; {
+		q := bytes.IndexByte(b[i:], '"')
+		if q < 0 {
+			s.i = len(b)
+			s.Fail("unterminated string")
+			return nil
+		}
+		q += i
+		k := q
+		for k > start && b[k-1] == '\\' {
+			k--
+		}
+		if (q-k)%2 == 0 {
+			s.i = q + 1
+			return b[start:q]
+		}
+		i = q + 1
 	}
 }
 
@@ -362,6 +403,39 @@ func AppendUnescaped(dst, raw []byte, max int) []byte {
 		}
 	}
 	return dst
+}
+
+// DecodePrefix is AppendUnescaped for a raw string that a shallow Scanner did not validate: it
+// validates what it decodes (escapes well-formed, no raw control character) and fails on the
+// first fault, reading no further into raw than AppendUnescaped would.
+func DecodePrefix(dst, raw []byte, max int) ([]byte, error) {
+	for i := 0; i < len(raw) && (max < 0 || len(dst) < max); {
+		run := raw[i:]
+		if max >= 0 && len(run) > max-len(dst) {
+			run = run[:max-len(dst)]
+		}
+		if k := specialAt(run); k >= 0 {
+			run = run[:k]
+		}
+		dst = append(dst, run...)
+		if i += len(run); i >= len(raw) || (max >= 0 && len(dst) >= max) {
+			continue
+		}
+		if raw[i] != '\\' {
+			return dst, &Error{Offset: i, Msg: "control character in string"}
+		}
+		if escapeLen(raw[i:]) == 0 {
+			return dst, &Error{Offset: i, Msg: "invalid escape"}
+		}
+		var r rune
+		r, i = unescapeAt(raw, i) // a surrogate pair's second half is decoded only if well-formed
+		if r < utf8.RuneSelf {
+			dst = append(dst, byte(r))
+		} else {
+			dst = utf8.AppendRune(dst, r)
+		}
+	}
+	return dst, nil
 }
 
 // unescapeAt decodes the escape at raw[i] and returns the rune and the index after it.

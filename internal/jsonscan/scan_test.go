@@ -93,3 +93,50 @@ func TestSpecialAt(t *testing.T) {
 		}
 	}
 }
+
+// FuzzShallow holds the shallow scanner to encoding/json and to the full one: it accepts every
+// document encoding/json accepts; it accepts a document encoding/json rejects only when the
+// full scanner's first fault lies inside a string's contents; and DecodePrefix, decoding a raw
+// string it returned, fails exactly when that string's contents are invalid, else decodes what
+// encoding/json decodes.
+func FuzzShallow(f *testing.F) {
+	for _, s := range []string{`{"a":[1,{"b":null}],"c":"d\u0041"}`, `"\ud83d\ude00"`, `[1e5,-0.0,true]`, `{"a":1,}`, `"x\`,
+		`"a\\"`, `"a\\\"b"`, `["\q",1]`, "[\"\x01\"]", `{"k\q":1}`, `"\u12"`, `"\ud800\u12G4"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sh := NewShallow(b)
+		sh.Document(sh.Skip)
+		full := New(b)
+		full.Document(full.Skip)
+		if json.Valid(b) && sh.Err() != nil {
+			t.Fatalf("shallow rejects %q, which encoding/json accepts: %v", b, sh.Err())
+		}
+		if sh.Err() == nil && full.Err() != nil {
+			if m := full.Err().(*Error).Msg; m != "control character in string" && m != "invalid escape" {
+				t.Fatalf("shallow accepts %q, whose fault is not inside a string: %v", b, full.Err())
+			}
+		}
+		// A top-level string: DecodePrefix on the raw contents against the full scanner.
+		sh = NewShallow(b)
+		var raw []byte
+		sh.Document(func() {
+			if sh.Peek() == '"' {
+				raw = sh.Str(false)
+			} else {
+				sh.Skip()
+			}
+		})
+		if sh.Err() != nil || raw == nil {
+			return
+		}
+		got, err := DecodePrefix(nil, raw, -1)
+		if (err == nil) != (full.Err() == nil) {
+			t.Fatalf("DecodePrefix of %q: %v; the full scanner: %v", b, err, full.Err())
+		}
+		var want string
+		if err == nil && utf8.Valid(raw) && json.Unmarshal(b, &want) == nil && string(got) != want {
+			t.Fatalf("decoded %q, encoding/json %q", got, want)
+		}
+	})
+}

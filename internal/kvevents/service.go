@@ -182,7 +182,12 @@ func (s *Service) Track(w *worker.Worker) error {
 	s.workers[w.ID] = t
 	s.byAddr[w.URL.Host] = w.ID
 	if pubEP != "" {
-		t.sock = zmtp.NewSocket(zmtp.SUB, s.sockOptions())
+		opts := s.sockOptions()
+		// Once connected to the worker's publisher, its stream exists even before its first
+		// event: the worker holds nothing we know of, which lets matches answer for it.
+		id := w.ID
+		opts.OnJoin = func() { s.idx.Expect(Source{Worker: id}) }
+		t.sock = zmtp.NewSocket(zmtp.SUB, opts)
 		t.sock.Dial(pubEP)
 		s.wg.Go(func() { s.read(t.sock, w.ID) })
 	}
@@ -294,8 +299,11 @@ func (s *Service) handle(workerID string, m [][]byte) {
 		return
 	}
 	s.mu.Lock()
-	if workerID == "" {
-		workerID = s.byAddr[addr]
+	// The topic's address names the worker; on a dialed socket it wins when it names another
+	// registered worker (an endpoint that reaches the wrong engine, as a shared port on a
+	// host running several engines does), else the dialed worker is meant.
+	if id, ok := s.byAddr[addr]; ok && addr != "" {
+		workerID = id
 	}
 	t := s.workers[workerID]
 	s.mu.Unlock()
@@ -312,6 +320,18 @@ func (s *Service) handle(workerID string, m [][]byte) {
 	s.mu.Lock()
 	st := s.streams[src]
 	if st == nil {
+		n := 0
+		for o := range s.streams {
+			if o.Worker == src.Worker {
+				n++
+			}
+		}
+		if n >= maxSourcesPerWorker {
+			// A publisher inventing models or ranks: its new streams are dropped.
+			s.mu.Unlock()
+			s.unknown.Add(1)
+			return
+		}
 		st = &stream{}
 		s.streams[src] = st
 	}

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -248,8 +249,13 @@ func TestHostilePublisherIsBounded(t *testing.T) {
 		pub.Publish(batch(stored(hs, 0, false, 2, uint32(i*1000))))
 	}
 	r.wait(t, 50)
+	// A flood of invented models: streams past the per-worker bound are dropped.
+	for i := range 100 {
+		pub.pub.Send(ctx, [][]byte{[]byte(Topic("127.0.0.1:9005", fmt.Sprint("m", i))), seqBytes(0), {0x92, 0x00, 0x90}})
+	}
+	r.wait(t, 100)
 	st := r.svc.Stats()
-	if st.Malformed != 2 || st.Unknown != 1 || st.Index.Blocks > 100 || st.Index.Evicted == 0 {
+	if st.Malformed != 2 || st.Unknown != 1+100-(maxSourcesPerWorker-1) || st.Index.Blocks > 100 || st.Index.Evicted == 0 || st.Index.Sources > maxSourcesPerWorker {
 		t.Fatalf("stats %+v", st)
 	}
 }
@@ -264,5 +270,24 @@ func TestTopicParsing(t *testing.T) {
 		if !ok || a != want[0] || m != want[1] {
 			t.Errorf("%q: %q %q %v", topic, a, m, ok)
 		}
+	}
+}
+
+// A dialed endpoint that reaches another worker's engine (a port shared by several engines on
+// one host): the topic names that engine, and its blocks are credited to it, not to the worker
+// whose endpoint was dialed.
+func TestTopicWinsOverTheDialedWorker(t *testing.T) {
+	r := newRig(t, Config{})
+	pub := newPub(t, PublisherConfig{Bind: "tcp://127.0.0.1:0", Topic: Topic("127.0.0.1:9102", "m")})
+	a := newWorker(t, "http://127.0.0.1:9101", map[string]string{EndpointLabel: "tcp://" + pub.Addr})
+	b := newWorker(t, "http://127.0.0.1:9102", nil)
+	r.svc.Track(a)
+	r.svc.Track(b)
+	waitSubs(t, pub)
+	pub.Publish(batch(stored([]uint64{1}, 0, false, 4, 1)))
+	r.wait(t, 1)
+	out, ok := r.match("m", prompt(4, 1, 1), a.ID, b.ID)
+	if !ok || out[0] != 0 || out[1] != 4 {
+		t.Fatalf("match %v %v: want the block on the worker the topic names", out, ok)
 	}
 }

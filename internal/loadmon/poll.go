@@ -95,7 +95,8 @@ func newPollState(w *worker.Worker, raw bool) *pollState {
 	// A key that is not a valid header value is never written raw; net/http refuses to send it,
 	// so the worker's polls fail instead of carrying what the key would inject.
 	raw = raw && worker.ValidAPIKey(w.Spec.APIKey) == nil
-	st := &pollState{w: w, raw: raw && w.URL.Scheme == "http", addr: w.URL.Host}
+	// Credentials in the URL (basic auth) are sent by net/http only.
+	st := &pollState{w: w, raw: raw && w.URL.Scheme == "http" && w.URL.User == nil, addr: w.URL.Host}
 	if w.URL.Port() == "" {
 		st.addr = net.JoinHostPort(w.URL.Hostname(), "80")
 	}

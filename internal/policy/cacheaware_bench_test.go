@@ -196,3 +196,37 @@ func BenchmarkPolicies(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDefaultAt256Workers is one decision of the default policy over 256 workers on
+// Mooncake-like prompts (one shared 2 KB opening, a 6 KB tail, the gateway's 8 KiB routing text),
+// beside round_robin's in the same run, for the scale figures of docs/routing.md §11:
+//
+//	go test -run XXX -bench DefaultAt256Workers ./internal/policy/
+func BenchmarkDefaultAt256Workers(b *testing.B) {
+	r := rand.New(rand.NewPCG(13, 13))
+	pool := benchPool(r, 16<<20)
+	ws := testWorkers(b, 256)
+	texts := make([]string, 4096)
+	for i := range texts {
+		off := r.IntN(len(pool) - 6144)
+		texts[i] = pool[:2048] + pool[off:off+6144]
+	}
+	for _, name := range []string{"round_robin", "cache_aware_hash"} {
+		b.Run(name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.NoBackground = true
+			p, err := New(name, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range texts { // warm the tree: every prompt seen once
+				p.Pick(ws, &Request{Text: texts[i]})
+			}
+			i := 0
+			for b.Loop() {
+				p.Pick(ws, &Request{Text: texts[i%len(texts)]})
+				i++
+			}
+		})
+	}
+}

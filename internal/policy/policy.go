@@ -22,7 +22,8 @@ type Request struct {
 	// Chat is set for chat completions, whose prompt is the body's messages.
 	Chat bool
 	// Body is the raw request body, read-only; nil when the caller has none. Precise routing
-	// sends a chat request's messages to the engine's tokenizer from it.
+	// sends a chat request's messages to the engine's tokenizer from it. It is valid only
+	// during Pick: the gateway recycles the buffer once the request is done.
 	Body []byte
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
@@ -45,6 +46,9 @@ type Decision struct {
 	// HasPrediction is true when the policy keeps a view of the workers' caches (a prefix tree)
 	// and so predicted a share.
 	HasPrediction bool
+	// WholePrompt is true when Predicted is already a share of the whole prompt (precise_prefix
+	// tokenizes it), not of the routing text: PromptShare must not scale it.
+	WholePrompt bool
 }
 
 // decide records d on req; req may be nil in tests that call Pick without a view.
@@ -106,6 +110,8 @@ func Choose(p Policy, candidates []*worker.Worker, req *Request) *worker.Worker 
 // the rest is not cached: the share scales down by routed/total. A match of all of it says
 // nothing about the rest; the policy routed on the assumption that it follows, so the
 // prediction stays as it is.
+//
+// Callers skip it for a Decision whose WholePrompt is set.
 func PromptShare(predicted float64, routed, total int) float64 {
 	if total <= routed || routed <= 0 || predicted >= 1 {
 		return predicted

@@ -152,6 +152,8 @@ func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.
 		}
 		req.decide(BranchPreciseMiss, float64(held)/float64(len(toks)), true)
 	}
+	// A chat request's whole messages were tokenized; other prompts only their routing text.
+	req.Decision.WholePrompt = req.Chat
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)
 	if req.Text != "" {

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -37,25 +36,6 @@ func (f *fakeKV) Match(model string, toks []uint32, ids []string, out []int) boo
 	return true
 }
 
-type idLoads map[string]int64
-
-func (l idLoads) Load(w *worker.Worker) int64                  { return l[w.ID] }
-func (l idLoads) Report(*worker.Worker) (loadmon.Report, bool) { return loadmon.Report{}, false }
-
-func preciseWorkers(t *testing.T, n int) []*worker.Worker {
-	t.Helper()
-	ws := make([]*worker.Worker, n)
-	for i := range ws {
-		w, err := worker.New(worker.Spec{URL: fmt.Sprintf("http://engine-%d:8000", i)}, worker.BreakerConfig{Disabled: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.SetHealth(worker.Ready)
-		ws[i] = w
-	}
-	return ws
-}
-
 func newPrecise(t *testing.T, kv KVView, loads Loads) *PrecisePrefix {
 	t.Helper()
 	cfg := DefaultConfig()
@@ -70,9 +50,9 @@ func newPrecise(t *testing.T, kv KVView, loads Loads) *PrecisePrefix {
 // The tree remembers sending a prompt to a worker; the events say that worker evicted it and
 // another holds it: the events win.
 func TestPreciseFollowsEventsOverTheTree(t *testing.T) {
-	ws := preciseWorkers(t, 3)
+	ws := cahWorkers(t, 3)
 	kv := &fakeKV{held: map[string]int{}}
-	p := newPrecise(t, kv, idLoads{})
+	p := newPrecise(t, kv, cahLoads{})
 	text := strings.Repeat("shared system prompt ", 50)
 	req := &Request{Model: "m", Text: text}
 	kv.held[ws[1].ID] = len(text)
@@ -87,7 +67,7 @@ func TestPreciseFollowsEventsOverTheTree(t *testing.T) {
 	// Nobody holds enough: placed by hash, as cache_aware_hash places a miss.
 	kv.held = map[string]int{ws[0].ID: len(text) / 10}
 	miss := p.Pick(ws, &Request{Model: "m", Text: "x" + text})
-	want := newPrecise(t, nil, idLoads{}).CacheAwareHash.Pick(ws, &Request{Model: "m", Text: "x" + text})
+	want := newPrecise(t, nil, cahLoads{}).CacheAwareHash.Pick(ws, &Request{Model: "m", Text: "x" + text})
 	if miss.ID != want.ID {
 		t.Fatalf("miss placed on %s, cache_aware_hash places it on %s", miss.ID, want.ID)
 	}
@@ -102,10 +82,10 @@ func TestPreciseFollowsEventsOverTheTree(t *testing.T) {
 
 // Among several holders the least loaded wins; an imbalanced pool goes to the least loaded.
 func TestPreciseLoadRules(t *testing.T) {
-	ws := preciseWorkers(t, 3)
+	ws := cahWorkers(t, 3)
 	text := strings.Repeat("abc ", 100)
 	kv := &fakeKV{held: map[string]int{ws[0].ID: len(text), ws[1].ID: len(text)}}
-	loads := idLoads{ws[0].ID: 9, ws[1].ID: 3, ws[2].ID: 0}
+	loads := cahLoads{ws[0].ID: 9, ws[1].ID: 3, ws[2].ID: 0}
 	p := newPrecise(t, kv, loads)
 	if got := p.Pick(ws, &Request{Text: text}); got != ws[1] {
 		t.Fatalf("got %s, want the less loaded holder %s", got.ID, ws[1].ID)
@@ -118,12 +98,12 @@ func TestPreciseLoadRules(t *testing.T) {
 
 // Without events or a tokenizer the tree decides, and the metric says so.
 func TestPreciseFallsBack(t *testing.T) {
-	ws := preciseWorkers(t, 2)
+	ws := cahWorkers(t, 2)
 	text := strings.Repeat("abc ", 100)
 	for name, kv := range map[string]*fakeKV{"blind": {blind: true}, "tokenizer": {fail: true}} {
 		t.Run(name, func(t *testing.T) {
-			p := newPrecise(t, kv, idLoads{})
-			ref := newPrecise(t, nil, idLoads{}).CacheAwareHash
+			p := newPrecise(t, kv, cahLoads{})
+			ref := newPrecise(t, nil, cahLoads{}).CacheAwareHash
 			for i := range 5 {
 				req := &Request{Text: fmt.Sprintf("%d %s", i, text)}
 				if got, want := p.Pick(ws, req), ref.Pick(ws, req); got.ID != want.ID {

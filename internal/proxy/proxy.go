@@ -58,6 +58,11 @@ type Config struct {
 	Observer Observer
 	// Rand returns a float in [0,1) for jitter; nil means math/rand/v2.
 	Rand func() float64
+	// ForwardClientAuth sends the client's Authorization header on to the worker. Off by
+	// default: that header holds this gateway's key, which no worker should learn.
+	ForwardClientAuth bool
+	// HopID, when set, is appended to HopHeader on every upstream request.
+	HopID string
 }
 
 // Observer receives forwarding events for metrics. Methods must be cheap and concurrency-safe.
@@ -81,8 +86,11 @@ func NewTransport() *http.Transport {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,
-		WriteBufferSize:     32 << 10,
-		ReadBufferSize:      32 << 10,
+		// A worker's headers are a few hundred bytes; more than this is a broken or hostile
+		// worker, and the attempt fails instead of the gateway buffering it.
+		MaxResponseHeaderBytes: 64 << 10,
+		WriteBufferSize:        32 << 10,
+		ReadBufferSize:         32 << 10,
 	}
 }
 
@@ -361,9 +369,7 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 			u.Header.Set("X-Forwarded-For", req.ClientIP)
 		}
 	}
-	if w.Spec.APIKey != "" {
-		u.Header.Set("Authorization", "Bearer "+w.Spec.APIKey)
-	}
+	f.setCredentials(u.Header, w.Spec.APIKey)
 	setBody(u, req) // last: every caller sends u, and net/http closes (so releases) its body
 	return u, true
 }

@@ -76,18 +76,28 @@ func (s *Server) handleFlush(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, map[string]any{"success": true, "flushed_tokens": n})
 }
 
+// readBody reads a request body of at most maxBody bytes; on failure it answers the client
+// (413 or 400) and reports false.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err == nil {
+		return body, true
+	}
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", "",
+			"request body over %d bytes", maxBody)
+		return nil, false
+	}
+	writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "reading body: %v", err)
+	return nil, false
+}
+
 // inference returns the handler of one inference endpoint.
 func (s *Server) inference(kind apiKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-		if err != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", "",
-					"request body over %d bytes", maxBody)
-				return
-			}
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "reading body: %v", err)
+		body, ok := readBody(w, r)
+		if !ok {
 			return
 		}
 		req, err := parseRequest(kind, body)

@@ -2,8 +2,6 @@ package sim
 
 import (
 	"encoding/json"
-	"errors"
-	"io"
 	"net/http"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -14,15 +12,8 @@ import (
 // messages are joined as the inference routes join them), so a router that keys blocks by them
 // matches the blocks the engine's events report.
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large", "",
-				"request body over %d bytes", maxBody)
-			return
-		}
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "reading body: %v", err)
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	var probe struct {

@@ -81,11 +81,11 @@ func (c BreakerConfig) WithLabels(labels map[string]string) (BreakerConfig, erro
 		{LabelCBHalfOpenProbes, &c.HalfOpenProbes},
 		{LabelCBFailureWindow, &c.FailureRateWindow},
 	} {
-		if err := positiveIntLabel(labels, o.key, o.dst); err != nil {
+		if err := boundedIntLabel(labels, o.key, o.dst); err != nil {
 			return c, err
 		}
 	}
-	if err := positiveDurationLabel(labels, LabelCBTimeout, &c.OpenTimeout); err != nil {
+	if err := boundedDurationLabel(labels, LabelCBTimeout, &c.OpenTimeout, time.Second, 24*time.Hour); err != nil {
 		return c, err
 	}
 	if err := boolLabel(labels, LabelCBDisabled, &c.Disabled); err != nil {
@@ -112,27 +112,35 @@ func (c BreakerConfig) Validate() error {
 	return nil
 }
 
-func positiveIntLabel(labels map[string]string, key string, dst *int) error {
+// maxIntLabel bounds every integer label: thresholds, probe counts and windows above it are
+// nonsense, and an outcome window that large would cost memory per worker.
+const maxIntLabel = 10000
+
+// boundedIntLabel sets dst from a label holding an integer in [1, maxIntLabel].
+func boundedIntLabel(labels map[string]string, key string, dst *int) error {
 	v, ok := labels[key]
 	if !ok {
 		return nil
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n <= 0 {
-		return fmt.Errorf("label %s=%q: want a positive integer", key, v)
+	if err != nil || n <= 0 || n > maxIntLabel {
+		return fmt.Errorf("label %s=%q: want an integer from 1 to %d", key, v, maxIntLabel)
 	}
 	*dst = n
 	return nil
 }
 
-func positiveDurationLabel(labels map[string]string, key string, dst *time.Duration) error {
+// boundedDurationLabel sets dst from a label holding a duration in [lo, hi]. Labels come from
+// whoever may register workers, so each has a floor: a health check every nanosecond would burn a
+// core.
+func boundedDurationLabel(labels map[string]string, key string, dst *time.Duration, lo, hi time.Duration) error {
 	v, ok := labels[key]
 	if !ok {
 		return nil
 	}
 	d, err := time.ParseDuration(strings.TrimSpace(v))
-	if err != nil || d <= 0 {
-		return fmt.Errorf("label %s=%q: want a positive duration such as 5s", key, v)
+	if err != nil || d < lo || d > hi {
+		return fmt.Errorf("label %s=%q: want a duration from %v to %v", key, v, lo, hi)
 	}
 	*dst = d
 	return nil

@@ -73,21 +73,25 @@ const (
 
 // WithLabels returns c overridden by the worker labels health_check_path, health_check_interval,
 // health_check_timeout (Go durations), health_success_threshold, health_failure_threshold and
-// disable_health_check; absent labels keep c's value. It fails on a value that does not parse.
+// disable_health_check; absent labels keep c's value. It fails on a value that does not parse or
+// lies outside its bounds (interval 1s–1h, timeout 100ms–5m, thresholds 1–10000).
 func (c HealthConfig) WithLabels(labels map[string]string) (HealthConfig, error) {
 	if p, ok := labels[LabelHealthPath]; ok {
 		c.Path = strings.TrimSpace(p)
+		if len(c.Path) > 256 || strings.ContainsAny(c.Path, "?# \t\r\n") {
+			return c, fmt.Errorf("label %s=%q: want a path of at most 256 bytes, without query or spaces", LabelHealthPath, p)
+		}
 	}
-	if err := positiveDurationLabel(labels, LabelHealthInterval, &c.Interval); err != nil {
+	if err := boundedDurationLabel(labels, LabelHealthInterval, &c.Interval, time.Second, time.Hour); err != nil {
 		return c, err
 	}
-	if err := positiveDurationLabel(labels, LabelHealthTimeout, &c.Timeout); err != nil {
+	if err := boundedDurationLabel(labels, LabelHealthTimeout, &c.Timeout, 100*time.Millisecond, 5*time.Minute); err != nil {
 		return c, err
 	}
-	if err := positiveIntLabel(labels, LabelHealthSuccessThreshold, &c.SuccessThreshold); err != nil {
+	if err := boundedIntLabel(labels, LabelHealthSuccessThreshold, &c.SuccessThreshold); err != nil {
 		return c, err
 	}
-	if err := positiveIntLabel(labels, LabelHealthFailureThreshold, &c.FailureThreshold); err != nil {
+	if err := boundedIntLabel(labels, LabelHealthFailureThreshold, &c.FailureThreshold); err != nil {
 		return c, err
 	}
 	if err := boolLabel(labels, LabelHealthDisabled, &c.Disabled); err != nil {

@@ -334,3 +334,56 @@ func TestHealthConfigWithLabels(t *testing.T) {
 		})
 	}
 }
+
+// TestLabelBounds: labels come from whoever may register a worker, so a value that would burn a
+// core (a check every nanosecond) or memory (a huge outcome window) is refused.
+func TestLabelBounds(t *testing.T) {
+	for _, labels := range []map[string]string{
+		{LabelHealthInterval: "1ns"},
+		{LabelHealthInterval: "1000h"},
+		{LabelHealthTimeout: "1us"},
+		{LabelHealthFailureThreshold: "1000000000"},
+		{LabelHealthPath: "/x?y=1"},
+		{LabelHealthPath: "/" + strings.Repeat("a", 300)},
+	} {
+		if _, err := DefaultHealthConfig().WithLabels(labels); err == nil {
+			t.Errorf("health labels %v accepted", labels)
+		}
+	}
+	for _, labels := range []map[string]string{
+		{LabelCBTimeout: "1ns"},
+		{LabelCBFailureWindow: "100000000"},
+		{LabelCBHalfOpenProbes: "0"},
+	} {
+		if _, err := DefaultBreakerConfig().WithLabels(labels); err == nil {
+			t.Errorf("breaker labels %v accepted", labels)
+		}
+	}
+	if _, err := DefaultHealthConfig().WithLabels(map[string]string{LabelHealthInterval: "2s", LabelHealthTimeout: "500ms"}); err != nil {
+		t.Errorf("sane labels refused: %v", err)
+	}
+}
+
+// TestRedactedURL: credentials in a worker URL are used for requests and never shown.
+func TestRedactedURL(t *testing.T) {
+	w, err := New(Spec{URL: "http://user:s3cret@10.0.0.5:8000/"}, BreakerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(w.Spec.URL, "s3cret") || strings.Contains(w.Spec.URL, "user") || w.Spec.URL != "http://redacted@10.0.0.5:8000" {
+		t.Errorf("shown URL %q", w.Spec.URL)
+	}
+	if p, _ := w.URL.User.Password(); p != "s3cret" {
+		t.Errorf("the request URL lost its credentials")
+	}
+	plain, _ := New(Spec{URL: "http://10.0.0.5:8000"}, BreakerConfig{})
+	if plain.ID != w.ID {
+		t.Errorf("ids differ by credentials: %s vs %s", plain.ID, w.ID)
+	}
+	if _, err := ParseURL("http://u:s3cret@h:1/?q=1"); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("error %v", err)
+	}
+	if _, err := ParseURL("http://u:s3cret@h:bad port"); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("error %v", err)
+	}
+}

@@ -9,6 +9,7 @@ package worker
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -79,7 +80,9 @@ func (h Health) String() string {
 // Spec is a worker's registration: what the operator (flag, admin API, discovery) says about it.
 // It is immutable once the worker is created.
 type Spec struct {
-	// URL is the worker's base URL, e.g. http://10.0.0.5:8000. Required.
+	// URL is the worker's base URL, e.g. http://10.0.0.5:8000. Required. Once the worker is
+	// created it is the URL as shown (admin API, metric labels, logs): any userinfo is
+	// replaced by Redacted; Worker.URL keeps the credentials for requests.
 	URL string `json:"url"`
 	// Models are the model ids the worker serves; empty means "learn from /v1/models".
 	Models []string `json:"models,omitempty"`
@@ -108,7 +111,8 @@ type Worker struct {
 	ID string
 	// Spec is the registration.
 	Spec Spec
-	// URL is Spec.URL parsed.
+	// URL is the registered URL parsed, credentials included: use it to send requests, never
+	// to show the worker (Spec.URL is the redacted form).
 	URL *url.URL
 
 	inflight  atomic.Int64
@@ -131,27 +135,47 @@ func (*noCopy) Unlock() {}
 // ParseURL validates a worker base URL: http or https, with a host, no query or fragment. A
 // trailing slash is removed.
 func ParseURL(raw string) (*url.URL, error) {
+	// Errors never quote the URL: it may carry credentials, and errors reach logs and clients.
 	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil {
-		return nil, fmt.Errorf("invalid worker url %q: %w", raw, err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("invalid worker url: %w", err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("invalid worker url %q: scheme must be http or https", raw)
+		return nil, fmt.Errorf("invalid worker url %s: scheme must be http or https", Redacted(u))
 	}
 	if u.Host == "" {
-		return nil, fmt.Errorf("invalid worker url %q: missing host", raw)
+		return nil, fmt.Errorf("invalid worker url %s: missing host", Redacted(u))
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("invalid worker url %q: query and fragment are not allowed", raw)
+		return nil, fmt.Errorf("invalid worker url %s: query and fragment are not allowed", Redacted(u))
 	}
 	u.Path = strings.TrimRight(u.Path, "/")
 	return u, nil
 }
 
-// IDFor returns the stable worker id for a normalized URL.
+// IDFor returns the stable worker id for a normalized URL. Userinfo takes no part: two URLs that
+// differ only in credentials name the same worker, and the id (which is shown) cannot be used to
+// guess a password offline.
 func IDFor(u *url.URL) string {
-	sum := sha256.Sum256([]byte(u.String()))
+	c := *u
+	c.User = nil
+	sum := sha256.Sum256([]byte(c.String()))
 	return hex.EncodeToString(sum[:6])
+}
+
+// Redacted returns u as it may be shown: userinfo (a user name can be a token too) is replaced
+// by "redacted".
+func Redacted(u *url.URL) string {
+	if u.User == nil {
+		return u.String()
+	}
+	c := *u
+	c.User = url.User("redacted")
+	return c.String()
 }
 
 // ValidAPIKey reports whether key can be sent as a bearer token: printable ASCII only. A CR or
@@ -175,7 +199,7 @@ func New(spec Spec, bc BreakerConfig) (*Worker, error) {
 	if err := ValidAPIKey(spec.APIKey); err != nil {
 		return nil, err
 	}
-	spec.URL = u.String()
+	spec.URL = Redacted(u)
 	w := &Worker{ID: IDFor(u), Spec: spec, URL: u}
 	w.Breaker.init(bc)
 	return w, nil

@@ -56,6 +56,8 @@ type Options struct {
 	// Redial is the pause between dial attempts while a dialed peer is unreachable. Default
 	// 500 ms.
 	Redial time.Duration
+	// OnJoin, when set, is called after each peer completes its handshake.
+	OnJoin func()
 }
 
 func (o Options) withDefaults() Options {
@@ -256,6 +258,9 @@ func (s *Socket) serve(c net.Conn) {
 	close(s.joined)
 	s.joined = make(chan struct{})
 	s.mu.Unlock()
+	if s.opts.OnJoin != nil {
+		s.opts.OnJoin()
+	}
 	defer func() {
 		s.mu.Lock()
 		delete(s.peers, p)
