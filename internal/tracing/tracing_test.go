@@ -183,6 +183,13 @@ func TestSpansReachCollector(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
+	// The access line is written after the request span ends, once the handler has returned.
+	var line string
+	select {
+	case line = <-access:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no access log line")
+	}
 	if err := shutdown(context.Background()); err != nil { // flushes every span
 		t.Fatal(err)
 	}
@@ -223,13 +230,6 @@ func TestSpansReachCollector(t *testing.T) {
 		}
 	}
 
-	// The access log line of the same request (written once the handler has returned).
-	var line string
-	select {
-	case line = <-access:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no access log line")
-	}
 	for _, want := range []string{`"msg":"access"`, `"status":200`, `"attempts":2`, `"prompt_tokens":10`, `"cached_tokens":4`, `"branch":"`, `"worker":"`, `"model":"m"`} {
 		if !strings.Contains(line, want) {
 			t.Errorf("access log lacks %s: %s", want, line)
