@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -106,24 +105,8 @@ func TestServeAdminPlane(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs syncBuffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	o.gw.Logger = log
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan listenAddrs, 1)
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, o, log, ready) }()
-	var addrs listenAddrs
-	select {
-	case addrs = <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the gateway did not start")
-	}
-	defer func() {
-		cancel()
-		<-done
-	}()
+	addrs, stop := startServe(t, o, slog.New(slog.NewTextHandler(&logs, nil)))
+	defer stop()
 	get := func(url string) int {
 		resp, err := http.Get(url)
 		if err != nil {

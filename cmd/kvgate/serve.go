@@ -189,6 +189,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	if s := o.gw.AccessLogSample; s < 0 || s > 1 {
 		return nil, fmt.Errorf("--access-log-sample %v: want a share from 0 to 1", s)
 	}
+	o.policyName = o.kv.defaultPolicy(fs, o.policyName)
 	if err := o.gw.Health.Validate(); err != nil {
 		return nil, err
 	}

@@ -43,6 +43,17 @@ func TestParseServeFlags(t *testing.T) {
 				t.Errorf("config: policy %s port %d urls %v threshold %v", o.policyName, o.port, o.workerURLs, o.pol.CacheAware.CacheThreshold)
 			}
 		}},
+		{name: "events make precise_prefix the default", args: []string{"--kv-events-port", "5557"}, check: func(t *testing.T, o *serveOptions) {
+			if o.policyName != "precise_prefix" || o.kv.events.Port != 5557 {
+				t.Errorf("policy %s, port %d", o.policyName, o.kv.events.Port)
+			}
+		}},
+		{name: "an explicit policy wins over events", args: []string{"--kv-events-bind", "tcp://127.0.0.1:5557", "--policy", "cache_aware_hash"}, check: func(t *testing.T, o *serveOptions) {
+			if o.policyName != "cache_aware_hash" {
+				t.Errorf("policy %s", o.policyName)
+			}
+		}},
+		{name: "bad tokenizer", args: []string{"--tokenizer", "hf"}, wantErr: `--tokenizer "hf"`},
 		{name: "unknown policy", args: []string{"--policy", "fastest"}, wantErr: `unknown policy "fastest"`},
 		{name: "unknown config key", args: []string{"--config", bad}, wantErr: `unknown key "polcy"`},
 		{name: "missing config", args: []string{"--config", filepath.Join(dir, "none.yaml")}, wantErr: "no such file"},
@@ -87,20 +98,8 @@ func TestServeBuiltinFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan listenAddrs, 1)
-	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	o.gw.Logger = log
-	go func() { done <- serve(ctx, o, log, ready) }()
-	var addrs listenAddrs
-	select {
-	case addrs = <-ready:
-	case err := <-done:
-		t.Fatal(err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the gateway did not start")
-	}
+	addrs, stop := startServe(t, o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx := context.Background()
 	c := openai.NewClient(option.WithBaseURL("http://"+addrs.api+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
 	resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 		Model:     "kvgate-sim",
@@ -113,14 +112,38 @@ func TestServeBuiltinFleet(t *testing.T) {
 	if resp.Usage.CompletionTokens != 4 || resp.Choices[0].Message.Content == "" {
 		t.Errorf("response %+v", resp)
 	}
-	cancel()
+	if err := stop(); err != nil {
+		t.Fatalf("serve returned %v", err)
+	}
+}
+
+// startServe runs serve with o, logging to log, until stop (which returns serve's error);
+// it fails the test if the gateway does not start.
+func startServe(t *testing.T, o *serveOptions, log *slog.Logger) (addrs listenAddrs, stop func() error) {
+	t.Helper()
+	o.gw.Logger = log
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan listenAddrs, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, o, log, ready) }()
 	select {
+	case addrs = <-ready:
 	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v", err)
-		}
+		cancel()
+		t.Fatal(err)
 	case <-time.After(20 * time.Second):
-		t.Fatal("the gateway did not stop")
+		cancel()
+		t.Fatal("the gateway did not start")
+	}
+	return addrs, func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatal("the gateway did not stop")
+			return nil
+		}
 	}
 }
 

@@ -423,11 +423,17 @@ func TestDisaggregatedPair(t *testing.T) {
 // wait for a KV transfer that never comes) is cancelled at once and the client gets a 502.
 func TestDisaggregatedPrefillFailure(t *testing.T) {
 	p, d := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	decodeArrived, decodeCanceled := make(chan struct{}), make(chan struct{})
 	p.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		// Fail once the decode request is running, so that there is one to cancel.
+		select {
+		case <-decodeArrived:
+		case <-r.Context().Done():
+		}
 		http.Error(w, "prefill broke", http.StatusInternalServerError)
 	})
-	decodeCanceled := make(chan struct{})
 	d.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		close(decodeArrived)
 		<-r.Context().Done()
 		close(decodeCanceled)
 	})
@@ -448,11 +454,7 @@ func TestDisaggregatedPrefillFailure(t *testing.T) {
 	select {
 	case <-decodeCanceled:
 	case <-time.After(5 * time.Second):
-		// On a loaded machine the prefill can fail before the decode request is sent; then
-		// there is nothing to cancel. A decode request that was sent must have been cancelled.
-		if d.requests() > 0 {
-			t.Fatal("the decode request was not cancelled")
-		}
+		t.Fatal("the decode request was not cancelled")
 	}
 	g.waitDone(t, 1)
 	if n := totalInflight(g.Server); n != 0 {

@@ -643,3 +643,54 @@ func TestAllowedWorkerHosts(t *testing.T) {
 		}
 	}
 }
+
+// FuzzHostRules: any entry list parses or fails cleanly, and allows never panics; an address
+// inside a listed network is allowed.
+func FuzzHostRules(f *testing.F) {
+	f.Add("10.0.0.0/8,gpu-1,.svc.cluster.local,fd00::/8", "10.1.2.3")
+	f.Add("*.example.com", "a.example.com")
+	f.Add("[::1]", "::1")
+	f.Fuzz(func(t *testing.T, entries, host string) {
+		r, err := parseHostRules(strings.Split(entries, ","))
+		if err != nil {
+			return
+		}
+		r.allows(host)
+		for _, p := range r.nets {
+			if !r.allows(p.Addr().String()) {
+				t.Errorf("rules %q refuse %s, inside %s", entries, p.Addr(), p)
+			}
+		}
+	})
+}
+
+// FuzzWithoutBootstrap: for any JSON object, the result is a JSON object with the same members
+// except the top-level bootstrap_* ones.
+func FuzzWithoutBootstrap(f *testing.F) {
+	f.Add([]byte(`{"text":"hi","bootstrap_host":"evil","bootstrap_room":7,"nested":{"bootstrap_host":"kept"}}`))
+	f.Add([]byte(`{"bootstrap\u005fport":1,"a":"<&>"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var in map[string]json.RawMessage
+		if json.Unmarshal(body, &in) != nil {
+			return
+		}
+		var out map[string]json.RawMessage
+		if err := json.Unmarshal(withoutBootstrap(body), &out); err != nil {
+			t.Fatalf("not JSON any more: %v", err)
+		}
+		for k, v := range in {
+			_, kept := out[k]
+			if strings.HasPrefix(k, "bootstrap_") == kept {
+				t.Errorf("key %q kept=%v", k, kept)
+			}
+			if kept {
+				var a, b any
+				json.Unmarshal(v, &a)
+				json.Unmarshal(out[k], &b)
+				if fmt.Sprint(a) != fmt.Sprint(b) {
+					t.Errorf("member %q changed: %s -> %s", k, v, out[k])
+				}
+			}
+		}
+	})
+}

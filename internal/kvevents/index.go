@@ -277,6 +277,30 @@ func (x *Index) Stats() IndexStats {
 	return s
 }
 
+// Covers reports whether Match can answer for every worker now: each has an event stream
+// (for model, or naming no model) and none is being resynchronized. It lets a caller skip the
+// tokenization when the answer would be no.
+func (x *Index) Covers(model string, workers []string, now time.Time) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, w := range workers {
+		found := false
+		for src, h := range x.sources {
+			if src.Worker != w || src.Model != "" && src.Model != model {
+				continue
+			}
+			if now.Before(h.readyAt) {
+				return false
+			}
+			found = true
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
 // Match writes to out[i] the number of leading tokens of toks that worker workers[i] holds for
 // model, the longest over its data-parallel ranks, in whole blocks. It reports false, leaving
 // out undefined, when the index cannot answer for every worker: one has no event stream yet, is

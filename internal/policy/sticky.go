@@ -386,7 +386,7 @@ func sessionKey(k string) string {
 // loop of the wrapped policy does not call it; the fleet simulator and Sweep do.
 func (p *Sticky) Evict() {
 	p.Sweep()
-	if e, ok := p.inner.(interface{ Evict() }); ok {
+	if e, ok := p.inner.(Evicter); ok {
 		e.Evict()
 	}
 }

@@ -156,10 +156,12 @@ func statusOutcome(code int) worker.Outcome {
 	return worker.Succeeded
 }
 
-// isConnect reports whether err is a failure to connect: nothing reached the worker.
+// isConnect reports whether err means the worker never got the request: the dial failed, or
+// writing the request failed (a pooled connection the worker had closed: broken pipe, reset), so
+// no engine can have started work on it.
 func isConnect(err error) bool {
 	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
+	return errors.As(err, &oe) && (oe.Op == "dial" || oe.Op == "write")
 }
 
 func isTimeout(err error) bool {

@@ -15,7 +15,8 @@ import (
 type RetryOn uint8
 
 const (
-	// RetryConnect ("connect"): the connection failed; nothing was sent.
+	// RetryConnect ("connect"): the connection failed, or writing the request on it did (a pooled
+	// connection the worker had closed); the worker never got the request.
 	RetryConnect RetryOn = 1 << iota
 	// Retry429 ("429"): the worker answered 429 Too Many Requests (back-pressure, before any work).
 	Retry429
