@@ -40,6 +40,20 @@ func (o *kvEventOptions) validate() error {
 	return nil
 }
 
+// defaultPolicy returns precise_prefix when engine events are configured (--kv-events-bind or
+// --kv-events-port) and --policy was not given (on the command line or in the config file),
+// else name. Measured (docs/routing.md, "Precise routing from engine KV-cache events"): with
+// events, precise_prefix matches cache_aware_hash's hit rate with one gateway and beats it with
+// two and on evicting long contexts; without events it would only add a fallback.
+func (o *kvEventOptions) defaultPolicy(fs *flag.FlagSet, name string) string {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "policy" })
+	if set || !o.events.Enabled() {
+		return name
+	}
+	return "precise_prefix"
+}
+
 // startKVEvents starts event ingestion when a worker could be followed (a bind endpoint, a
 // port, or per-worker labels, which need ingestion running too: it is started whenever
 // precise routing may be used), follows the registry, and returns the view precise_prefix

@@ -185,6 +185,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	if err := o.kv.validate(); err != nil {
 		return nil, err
 	}
+	o.policyName = o.kv.defaultPolicy(fs, o.policyName)
 	if err := o.gw.Health.Validate(); err != nil {
 		return nil, err
 	}

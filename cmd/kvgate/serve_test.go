@@ -43,6 +43,17 @@ func TestParseServeFlags(t *testing.T) {
 				t.Errorf("config: policy %s port %d urls %v threshold %v", o.policyName, o.port, o.workerURLs, o.pol.CacheAware.CacheThreshold)
 			}
 		}},
+		{name: "events make precise_prefix the default", args: []string{"--kv-events-port", "5557"}, check: func(t *testing.T, o *serveOptions) {
+			if o.policyName != "precise_prefix" || o.kv.events.Port != 5557 {
+				t.Errorf("policy %s, port %d", o.policyName, o.kv.events.Port)
+			}
+		}},
+		{name: "an explicit policy wins over events", args: []string{"--kv-events-bind", "tcp://127.0.0.1:5557", "--policy", "cache_aware_hash"}, check: func(t *testing.T, o *serveOptions) {
+			if o.policyName != "cache_aware_hash" {
+				t.Errorf("policy %s", o.policyName)
+			}
+		}},
+		{name: "bad tokenizer", args: []string{"--tokenizer", "hf"}, wantErr: `--tokenizer "hf"`},
 		{name: "unknown policy", args: []string{"--policy", "fastest"}, wantErr: `unknown policy "fastest"`},
 		{name: "unknown config key", args: []string{"--config", bad}, wantErr: `unknown key "polcy"`},
 		{name: "missing config", args: []string{"--config", filepath.Join(dir, "none.yaml")}, wantErr: "no such file"},

@@ -183,6 +183,11 @@ func (r *replicaKV) Tokenize(_ context.Context, _ *worker.Worker, _ string, _ bo
 	return toks, nil
 }
 
+// Covers is the replica index's Covers.
+func (r *replicaKV) Covers(model string, ids []string) bool {
+	return r.idx.Covers(model, ids, epoch.Add(r.g.s.now))
+}
+
 // Match is the replica index's Match, after delivering what is due.
 func (r *replicaKV) Match(model string, toks []uint32, ids []string, out []int) bool {
 	r.deliver()

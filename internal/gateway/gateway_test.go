@@ -454,11 +454,7 @@ func TestDisaggregatedPrefillFailure(t *testing.T) {
 	select {
 	case <-decodeCanceled:
 	case <-time.After(5 * time.Second):
-		// On a loaded machine the prefill can fail before the decode request is sent; then
-		// there is nothing to cancel. A decode request that was sent must have been cancelled.
-		if d.requests() > 0 {
-			t.Fatal("the decode request was not cancelled")
-		}
+		t.Fatal("the decode request was not cancelled")
 	}
 	g.waitDone(t, 1)
 	if n := totalInflight(g.Server); n != 0 {

@@ -108,6 +108,10 @@ func (v *benchView) Tokenize(ctx context.Context, _ *worker.Worker, model string
 	return v.tok.Tokenize(ctx, v.via, model, chat, body, text)
 }
 
+func (v *benchView) Covers(model string, ids []string) bool {
+	return v.idx.Covers(model, ids, time.Now())
+}
+
 func (v *benchView) Match(model string, toks []uint32, ids []string, out []int) bool {
 	return v.idx.Match(model, toks, ids, out, time.Now())
 }

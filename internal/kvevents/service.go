@@ -198,8 +198,14 @@ func (s *Service) Track(w *worker.Worker) error {
 func endpointFor(w *worker.Worker, label string, port int) (string, error) {
 	if ep := w.Label(label); ep != "" {
 		rest, ok := strings.CutPrefix(ep, "tcp://")
-		if _, _, err := net.SplitHostPort(rest); !ok || err != nil {
+		host, _, err := net.SplitHostPort(rest)
+		if !ok || err != nil {
 			return "", fmt.Errorf("label %s=%q: want tcp://host:port", label, ep)
+		}
+		// An engine publishes from its own host: a label may choose the port, not another host,
+		// so that registering a worker cannot make the gateway dial anywhere else.
+		if !strings.EqualFold(strings.Trim(host, "[]"), w.URL.Hostname()) {
+			return "", fmt.Errorf("label %s=%q: the host must be the worker's own, %s", label, ep, w.URL.Hostname())
 		}
 		return ep, nil
 	}

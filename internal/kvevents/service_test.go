@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -289,5 +290,17 @@ func TestTopicWinsOverTheDialedWorker(t *testing.T) {
 	out, ok := r.match("m", prompt(4, 1, 1), a.ID, b.ID)
 	if !ok || out[0] != 0 || out[1] != 4 {
 		t.Fatalf("match %v %v: want the block on the worker the topic names", out, ok)
+	}
+}
+
+func TestEndpointLabelMustNameTheWorkersHost(t *testing.T) {
+	r := newRig(t, Config{})
+	w := newWorker(t, "http://127.0.0.1:9201", map[string]string{EndpointLabel: "tcp://10.1.2.3:5557"})
+	if err := r.svc.Track(w); err == nil || !strings.Contains(err.Error(), "worker's own") {
+		t.Fatalf("a label naming another host was accepted: %v", err)
+	}
+	bad := newWorker(t, "http://127.0.0.1:9202", map[string]string{ReplayLabel: "udp://127.0.0.1:1"})
+	if err := r.svc.Track(bad); err == nil {
+		t.Fatal("a non-tcp replay endpoint was accepted")
 	}
 }

@@ -208,6 +208,11 @@ func (v *View) Tokenize(ctx context.Context, via *worker.Worker, model string, c
 	return v.Tokenizer.Tokenize(ctx, via, model, chat, body, text)
 }
 
+// Covers is Index.Covers at the current time.
+func (v *View) Covers(model string, workers []string) bool {
+	return v.Service.idx.Covers(model, workers, v.now())
+}
+
 // Match is Index.Match at the current time.
 func (v *View) Match(model string, toks []uint32, workers []string, out []int) bool {
 	return v.Service.idx.Match(model, toks, workers, out, v.now())

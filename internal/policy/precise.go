@@ -15,6 +15,8 @@ type KVView interface {
 	// Tokenize returns the token ids of a request for model (a chat request's messages from its
 	// body, else text), asking worker via when it must; it fails when it cannot in time.
 	Tokenize(ctx context.Context, via *worker.Worker, model string, chat bool, body []byte, text string) ([]uint32, error)
+	// Covers reports whether Match can answer for every worker (checked before tokenizing).
+	Covers(model string, workers []string) bool
 	// Match writes to out[i] the leading tokens of toks that workers[i]'s engine holds for
 	// model; it reports false when the events cannot answer for every worker.
 	Match(model string, toks []uint32, workers []string, out []int) bool
@@ -45,7 +47,8 @@ const (
 // request as the engines do, finds the longest prefix each candidate's engine really holds, and
 // applies cache_aware's load rules to that — affinity to the least loaded worker holding more
 // than CacheThreshold of the prompt, the least loaded worker when the pool is imbalanced, and
-// cache_aware_hash's placement on a miss. When the events or the tokenizer cannot answer in time
+// cache_aware_hash's bounded-load placement on a miss, keyed by the tokens past the opening that
+// several engines hold. When the events or the tokenizer cannot answer in time
 // it routes exactly as cache_aware_hash (whose prefix tree it keeps up to date on every pick), and
 // Decisions says how often.
 //
@@ -102,6 +105,37 @@ func (p *PrecisePrefix) DecisionTime() (n int64, mean time.Duration) {
 	return n, time.Duration(p.decideNS.Load() / n)
 }
 
+// cache_aware_hash's placement key (placementKey) in tokens, the unit of events and tokenization,
+// at about 4 characters a token.
+const (
+	placementTokens  = placementChars / 4
+	knownGrainTokens = knownGrain / 4
+)
+
+// tokenPlacementKey hashes the first placementTokens tokens past the opening that at least two
+// engines hold (out: the tokens each candidate's engine holds), rounded down to
+// knownGrainTokens, as cache_aware_hash does in characters with its tree: prompts that share only
+// a common opening (a system prompt) spread by what follows it, and every replica, seeing the
+// same events, cuts the same key.
+func tokenPlacementKey(toks []uint32, out []int) uint64 {
+	first, second := 0, 0
+	for _, n := range out {
+		if n > first {
+			first, second = n, first
+		} else if n > second {
+			second = n
+		}
+	}
+	end := min(len(toks), second/knownGrainTokens*knownGrainTokens+placementTokens)
+	const m = 0x9e3779b97f4a7c15
+	h := uint64(end) * m
+	for _, t := range toks[:end] {
+		h = (h ^ uint64(t)) * m
+		h ^= h >> 32
+	}
+	return h
+}
+
 // Pick chooses the worker; see the type's doc.
 func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
 	if p.kv == nil || req.Text == "" && !req.Chat {
@@ -117,17 +151,21 @@ func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.
 		return p.CacheAwareHash.Pick(candidates, req)
 	}
 	start := time.Now()
-	toks, err := p.kv.Tokenize(context.Background(), av[minI].w, req.Model, req.Chat, req.Body, req.Text)
-	if err != nil || len(toks) == 0 {
-		p.dec.add(prTokenizer)
-		return p.CacheAwareHash.Pick(candidates, req)
-	}
 	var idBuf [64]string
 	var outBuf [64]int
 	ids, out := idBuf[:0], outBuf[:0]
 	for i := range av {
 		ids = append(ids, av[i].w.ID)
 		out = append(out, 0)
+	}
+	if !p.kv.Covers(req.Model, ids) {
+		p.dec.add(prNoEvents)
+		return p.CacheAwareHash.Pick(candidates, req)
+	}
+	toks, err := p.kv.Tokenize(context.Background(), av[minI].w, req.Model, req.Chat, req.Body, req.Text)
+	if err != nil || len(toks) == 0 {
+		p.dec.add(prTokenizer)
+		return p.CacheAwareHash.Pick(candidates, req)
 	}
 	if !p.kv.Match(req.Model, toks, ids, out) {
 		p.dec.add(prNoEvents)
@@ -144,7 +182,7 @@ func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.
 		req.decide(BranchPreciseHit, float64(held)/float64(len(toks)), true)
 	} else {
 		p.dec.add(prMiss)
-		best = p.place(av, av[minI].load, hashString(prefixChars(req.Text, placementChars)))
+		best = p.place(av, av[minI].load, tokenPlacementKey(toks, out), false)
 		for i := range av {
 			if &av[i] == best {
 				held = out[i]

@@ -26,6 +26,8 @@ func (f *fakeKV) Tokenize(_ context.Context, via *worker.Worker, model string, c
 	return make([]uint32, len(text)), nil
 }
 
+func (f *fakeKV) Covers(string, []string) bool { return !f.blind }
+
 func (f *fakeKV) Match(model string, toks []uint32, ids []string, out []int) bool {
 	if f.blind {
 		return false
@@ -64,12 +66,13 @@ func TestPreciseFollowsEventsOverTheTree(t *testing.T) {
 	if got := p.Pick(ws, req); got != ws[2] {
 		t.Fatalf("after the eviction: %s, want %s", got.ID, ws[2].ID)
 	}
-	// Nobody holds enough: placed by hash, as cache_aware_hash places a miss.
+	// Nobody holds enough: placed by the hash of the prompt's tokens, so that another replica
+	// seeing the same events places it on the same worker.
 	kv.held = map[string]int{ws[0].ID: len(text) / 10}
 	miss := p.Pick(ws, &Request{Model: "m", Text: "x" + text})
-	want := newPrecise(t, nil, cahLoads{}).CacheAwareHash.Pick(ws, &Request{Model: "m", Text: "x" + text})
-	if miss.ID != want.ID {
-		t.Fatalf("miss placed on %s, cache_aware_hash places it on %s", miss.ID, want.ID)
+	other := newPrecise(t, &fakeKV{held: kv.held}, cahLoads{})
+	if got := other.Pick(cahWorkers(t, 3), &Request{Model: "m", Text: "x" + text}); got.ID != miss.ID {
+		t.Fatalf("replicas placed a miss on %s and %s", miss.ID, got.ID)
 	}
 	d := p.Decisions()
 	if d[BranchPreciseHit] != 2 || d[BranchPreciseMiss] != 1 || d[BranchFallbackNoEvents] != 0 {
@@ -115,6 +118,27 @@ func TestPreciseFallsBack(t *testing.T) {
 			if d[branch] != 5 || d[BranchPreciseHit]+d[BranchPreciseMiss] != 0 {
 				t.Fatalf("decisions %v", d)
 			}
+			if name == "blind" && kv.tokenized != 0 {
+				t.Fatalf("tokenized %d prompts that no event could match", kv.tokenized)
+			}
 		})
+	}
+}
+
+// Prompts that share only an opening two engines hold get placement keys from what follows it;
+// with the opening held by one engine only, the key covers the first 64 tokens alone.
+func TestTokenPlacementKeyCutsPastTheSharedOpening(t *testing.T) {
+	a, b := make([]uint32, 400), make([]uint32, 400)
+	for i := range a {
+		a[i], b[i] = uint32(i), uint32(i)
+	}
+	for i := 300; i < 400; i++ {
+		b[i] = 7
+	}
+	if tokenPlacementKey(a, []int{288, 288, 0}) == tokenPlacementKey(b, []int{288, 288, 0}) {
+		t.Fatal("prompts differing past a shared 288-token opening got the same key")
+	}
+	if tokenPlacementKey(a, []int{288, 0, 0}) != tokenPlacementKey(b, []int{288, 0, 0}) {
+		t.Fatal("with one holder the key should cover the first 64 tokens only")
 	}
 }
