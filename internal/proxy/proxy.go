@@ -218,6 +218,9 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 		}
 		res.Worker, res.Attempts = w, attempt
 		if e == nil {
+			// An earlier attempt's failure is history (Attempts counts it): the request
+			// succeeded, and the caller's accounting must see it so.
+			res.Err = nil
 			return res
 		}
 		e.Attempts = attempt
