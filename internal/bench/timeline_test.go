@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -77,4 +78,30 @@ func TestCollectorPredictionAccuracy(t *testing.T) {
 	if s.Predicted != 2 || s.PredictionMAE != 0.15 || s.PredictionBias != 0.05 {
 		t.Fatalf("predicted %d MAE %v bias %v, want 2, 0.15, +0.05", s.Predicted, s.PredictionMAE, s.PredictionBias)
 	}
+}
+
+// FuzzParseChanges: no input panics, and what parses survives a round trip through String.
+func FuzzParseChanges(f *testing.F) {
+	for _, s := range []string{"remove@60s", "remove:3@1m,add@2m", "add:http://127.0.0.1:31008@120s", "x@", "@@@", "remove:@1s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		cs, err := ParseChanges(s)
+		if err != nil {
+			return
+		}
+		parts := make([]string, len(cs))
+		for i, c := range cs {
+			parts[i] = c.String()
+		}
+		again, err := ParseChanges(strings.Join(parts, ","))
+		if err != nil || len(again) != len(cs) {
+			t.Fatalf("%q parsed to %v, which reparses to %v, %v", s, cs, again, err)
+		}
+		for i := range cs {
+			if again[i] != cs[i] {
+				t.Fatalf("%q: change %d %+v became %+v", s, i, cs[i], again[i])
+			}
+		}
+	})
 }

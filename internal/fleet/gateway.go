@@ -143,11 +143,15 @@ func (g *gateway) evict() {
 }
 
 // rankOf is what a simulated engine's /v1/loads says (internal/sim serves the same fields): the
-// gateway's load monitor and this simulator then fold it with the same loadmon.ReportOf.
+// gateway's load monitor and this simulator then fold it with the same loadmon.ReportOf. Its
+// num_waiting_uncached_tokens is the engine's whole prefill backlog (engine.Load.PrefillTokens):
+// SGLang keeps a request in its waiting queue until its prefill starts, where the engine model
+// admits requests to the batch first and prefills them in chunks, so the model's queued tokens
+// alone would hide most of the prefill ahead of a new request.
 func rankOf(l engine.Load) loadmon.Rank {
 	return loadmon.Rank{
 		Running: float64(l.Running), Waiting: float64(l.Waiting),
-		WaitingUncachedTokens: float64(l.WaitingUncachedTokens), HasUncached: true,
+		WaitingUncachedTokens: float64(l.PrefillTokens), HasUncached: true,
 		UsedTokens: float64(l.UsedTokens), MaxTokens: float64(l.MaxTokens),
 		TokenUsage: l.TokenUsage, HasUsage: true,
 		GenThroughput: l.GenThroughput, HasThroughput: true,

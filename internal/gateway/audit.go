@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -89,6 +90,9 @@ func (a *auditWriter) Write(b []byte) (int, error) {
 	if a.status == 0 {
 		a.WriteHeader(http.StatusOK)
 	}
+	if a.keep == nil {
+		a.keep = (*auditBufs.Get().(*[]byte))[:0]
+	}
 	switch {
 	case a.sse:
 		if len(b) >= auditTailMax {
@@ -103,7 +107,7 @@ func (a *auditWriter) Write(b []byte) (int, error) {
 		a.keep = append(a.keep, b...)
 	case !a.dropped:
 		if len(a.keep)+len(b) > auditBodyMax {
-			a.keep, a.dropped = nil, true
+			a.keep, a.dropped = a.keep[:0], true
 			break
 		}
 		a.keep = append(a.keep, b...)
@@ -179,6 +183,22 @@ func (a *auditWriter) promptShare() float64 {
 		return a.req.Decision.Predicted
 	}
 	return policy.PromptShare(a.req.Decision.Predicted, len(a.req.Text), a.textBytes)
+}
+
+// auditBufs recycles the buffers that hold a stream's tail or a small body: one per request in
+// flight, sized for a stream's two windows.
+var auditBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2*auditTailMax); return &b }}
+
+// finish observes the prediction of a request relayed whole (ok) and recycles the buffer.
+func (a *auditWriter) finish(m *Metrics, model string, ok bool) {
+	if ok {
+		a.observe(m, model)
+	}
+	if a.keep != nil && cap(a.keep) <= 4*auditTailMax {
+		b := a.keep[:0]
+		auditBufs.Put(&b)
+	}
+	a.keep = nil
 }
 
 // observe compares the decision's prediction with what the worker reported, once the response

@@ -209,12 +209,12 @@ func TestAuditHeadersOffByDefault(t *testing.T) {
 	if n < auditBodyMax {
 		t.Fatalf("relayed %d bytes, want the whole body", n)
 	}
+	g.waitDone(t, 1)
 	for _, h := range []string{"X-Kvgate-Worker", "X-Kvgate-Route", "X-Kvgate-Predicted-Hit"} {
 		if v := resp.Header.Get(h); v != "" {
 			t.Fatalf("%s = %q without --audit-headers", h, v)
 		}
 	}
-	g.waitDone(t, 1)
 	count, _, unverified := predictionHistogram(t, g.Server)
 	if count != 0 || unverified != 1 {
 		t.Fatalf("%d samples, %v unverified: want the large body unverified", count, unverified)
@@ -312,5 +312,42 @@ func TestAuditWriterKeepsOnlyTheTail(t *testing.T) {
 	}
 	if rec.Body.Len() < 10000*len(chunk) {
 		t.Fatalf("relayed %d bytes", rec.Body.Len())
+	}
+}
+
+// BenchmarkAuditStream relays a 512-event stream with its usage chunk through the audit writer
+// (plain: straight to the connection) and reads the usage at the end.
+func BenchmarkAuditStream(b *testing.B) {
+	chunk := []byte("data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"token\"}}]}\n\n")
+	usage := []byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":900,\"completion_tokens\":512,\"prompt_tokens_details\":{\"cached_tokens\":800}}}\n\ndata: [DONE]\n\n")
+	for _, audit := range []bool{false, true} {
+		name := "plain"
+		if audit {
+			name = "audit"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			req := &policy.Request{Decision: policy.Decision{Worker: "w", Branch: "cache_hit", Predicted: 0.9, HasPrediction: true}}
+			for b.Loop() {
+				dw := &discardWriter{h: http.Header{"Content-Type": {"text/event-stream"}}}
+				var w http.ResponseWriter = dw
+				var a *auditWriter
+				if audit {
+					a = newAuditWriter(dw, req, 0, "cache_aware", false)
+					w = a
+				}
+				w.WriteHeader(200)
+				for i := 0; i < 512; i++ {
+					w.Write(chunk)
+				}
+				w.Write(usage)
+				if a != nil {
+					if _, ok := a.cachedShare(); !ok {
+						b.Fatal("no usage")
+					}
+					a.finish(nil, "", false)
+				}
+			}
+		})
 	}
 }

@@ -126,9 +126,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}, s.picker(pol, candidates, preq, tr))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
-	if res.Err == nil {
-		aw.observe(s.metrics, pool.Model)
-	}
+	aw.finish(s.metrics, pool.Model, res.Err == nil)
 	return res.Status, pool.Model, &res
 }
 

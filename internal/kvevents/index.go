@@ -284,21 +284,26 @@ func (x *Index) Covers(model string, workers []string, now time.Time) bool {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	for _, w := range workers {
-		found := false
-		for src, h := range x.sources {
-			if src.Worker != w || src.Model != "" && src.Model != model {
-				continue
-			}
-			if now.Before(h.readyAt) {
-				return false
-			}
-			found = true
-		}
-		if !found {
+		if _, ok := x.holdersOf(nil, model, w, now); !ok {
 			return false
 		}
 	}
 	return true
+}
+
+// holdersOf appends to dst the streams of worker for model (or naming no model); ok is false
+// when it has none or one is being resynchronized. Callers hold mu.
+func (x *Index) holdersOf(dst []*holder, model, worker string, now time.Time) (_ []*holder, ok bool) {
+	for src, h := range x.sources {
+		if src.Worker != worker || src.Model != "" && src.Model != model {
+			continue
+		}
+		if now.Before(h.readyAt) {
+			return dst, false
+		}
+		dst, ok = append(dst, h), true
+	}
+	return dst, ok
 }
 
 // Match writes to out[i] the number of leading tokens of toks that worker workers[i] holds for
@@ -314,26 +319,19 @@ func (x *Index) Match(model string, toks []uint32, workers []string, out []int, 
 	bs := 0
 	for i, w := range workers {
 		out[i] = 0
-		found := false
-		for src, h := range x.sources {
-			if src.Worker != w || src.Model != "" && src.Model != model {
-				continue
-			}
-			if now.Before(h.readyAt) {
-				return false
-			}
+		n := len(hs)
+		var ok bool
+		if hs, ok = x.holdersOf(hs, model, w, now); !ok {
+			return false
+		}
+		for _, h := range hs[n:] {
 			if h.bs != 0 {
 				if bs != 0 && h.bs != bs {
 					return false
 				}
 				bs = h.bs
 			}
-			found = true
-			hs = append(hs, h)
 			owner = append(owner, i)
-		}
-		if !found {
-			return false
 		}
 	}
 	if bs == 0 {

@@ -65,6 +65,7 @@ const (
 // is not usable.
 type CacheAwareHash struct {
 	*CacheAware
+	sent sentTokens // uncached tokens sent per worker since its poll (cacheawarewait.go)
 }
 
 var (
@@ -79,7 +80,7 @@ var (
 func NewCacheAwareHash(cfg Config) *CacheAwareHash {
 	p := &CacheAwareHash{CacheAware: NewCacheAware(cfg)}
 	p.placeMiss = func(av []cand, minLoad int64, text string, known int) *cand {
-		return p.place(av, minLoad, hashString(placementKey(text, known)))
+		return p.place(av, minLoad, hashString(placementKey(text, known)), true)
 	}
 	return p
 }
@@ -102,7 +103,7 @@ func (p *CacheAwareHash) anyQueued(av []cand) bool {
 // take a new prompt: within cache_aware's balance rule of the least loaded (Balance.Within) and
 // below max(⌈mean + slack·√mean⌉, least load + 1). The least loaded candidate always passes both,
 // so some candidate is returned; the fallback to it is only a guard.
-func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64) *cand {
+func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog bool) *cand {
 	var best *cand
 	var bestScore uint64
 	b := BalanceOf(p.cfg)
@@ -117,12 +118,25 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64) *cand {
 	}
 	bound := max(int64(math.Ceil(mean+slack*math.Sqrt(mean))), minLoad+1)
 	var least *cand
+	var buf [64]float64
+	tok := buf[:0]
+	if len(av) > len(buf) {
+		tok = make([]float64, len(av))
+	}
+	tok = tok[:len(av)]
+	leastTok, prefillBound := 0.0, false
+	if byBacklog {
+		leastTok, prefillBound = p.backlogs(av, tok)
+	}
 	for i := range av {
 		c := &av[i]
 		if least == nil || lessLoaded(c, least) {
 			least = c
 		}
 		if !b.Within(c.load, minLoad) || c.load >= bound {
+			continue
+		}
+		if prefillBound && tok[i] > leastTok+spillTokens {
 			continue
 		}
 		if s := score(key, c.w.ID); best == nil || s > bestScore {

@@ -182,7 +182,7 @@ func (p *PrecisePrefix) Pick(candidates []*worker.Worker, req *Request) *worker.
 		req.decide(BranchPreciseHit, float64(held)/float64(len(toks)), true)
 	} else {
 		p.dec.add(prMiss)
-		best = p.place(av, av[minI].load, tokenPlacementKey(toks, out))
+		best = p.place(av, av[minI].load, tokenPlacementKey(toks, out), false)
 		for i := range av {
 			if &av[i] == best {
 				held = out[i]

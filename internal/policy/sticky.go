@@ -336,6 +336,12 @@ func (p *Sticky) bind(key, id string, now time.Time) {
 	}
 	s.worker, s.last = id, now
 	p.pushFront(s)
+	// Drop up to two expired sessions from the cold end on every bind: with no sweeper goroutine,
+	// sessions nobody asks for again still leave the table at least as fast as new ones come.
+	for i := 0; i < 2 && p.lru.prev != s && now.Sub(p.lru.prev.last) > p.cfg.TTL; i++ {
+		p.drop(p.lru.prev)
+		p.stats.Expired++
+	}
 	for len(p.table) > p.cfg.MaxSessions {
 		old := p.lru.prev
 		if now.Sub(old.last) > p.cfg.TTL {
@@ -382,8 +388,8 @@ func sessionKey(k string) string {
 	return string(b[:])
 }
 
-// Evict drops every expired session, then trims the wrapped policy (if it trims). The eviction
-// loop of the wrapped policy does not call it; the fleet simulator and Sweep do.
+// Evict drops every expired session, then trims the wrapped policy (if it trims). The fleet
+// simulator calls it; in the gateway expired sessions leave on lookup and on each new binding.
 func (p *Sticky) Evict() {
 	p.Sweep()
 	if e, ok := p.inner.(Evicter); ok {

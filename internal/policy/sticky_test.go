@@ -203,7 +203,7 @@ func TestStickySaturation(t *testing.T) {
 }
 
 // TestStickyTTLAndLRU: a session silent for longer than TTL is placed afresh; past MaxSessions
-// the least recently used session is dropped; Sweep frees expired sessions.
+// the least recently used session is dropped; a new binding and Sweep free expired sessions.
 func TestStickyTTLAndLRU(t *testing.T) {
 	clk := &clock{t: time.Unix(1000, 0)}
 	ws := cahWorkers(t, 4)
@@ -233,9 +233,15 @@ func TestStickyTTLAndLRU(t *testing.T) {
 	if _, d := pick(t, p, ws, "a", ""); d.Branch == BranchSticky {
 		t.Fatal("a after 61 s of silence is still sticky, want it placed afresh")
 	}
-	p.Sweep() // c and d expired
+	// a's new binding dropped the expired c and d from the cold end, with no sweep.
 	if st := p.Sessions(); st.Active != 1 || st.Expired != 3 {
-		t.Fatalf("after the sweep: %+v, want only a, 3 expired", st)
+		t.Fatalf("after a's new binding: %+v, want only a, 3 expired", st)
+	}
+	pick(t, p, ws, "e", "")
+	clk.advance(2 * time.Minute)
+	p.Sweep()
+	if st := p.Sessions(); st.Active != 0 || st.Expired != 5 {
+		t.Fatalf("after the sweep: %+v, want none, 5 expired", st)
 	}
 }
 

@@ -218,6 +218,9 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 		}
 		res.Worker, res.Attempts = w, attempt
 		if e == nil {
+			// An earlier attempt's failure is history (Attempts counts it): the request
+			// succeeded, and the caller's accounting must see it so.
+			res.Err = nil
 			return res
 		}
 		e.Attempts = attempt
@@ -229,8 +232,15 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			return res
 		}
 		last = e
-		if final || ctx.Err() != nil || !f.retries(e) {
-			if final || ctx.Err() != nil {
+		if cerr := ctx.Err(); cerr != nil && !final && f.retries(e) {
+			// The client left (or the request's time ran out) while this attempt failed: the
+			// request ends for that reason, not with an answer nobody is waiting for.
+			f.obs.RetriesExhausted(e.reason())
+			kind, _ := classify(ctx, cerr, false, false)
+			return f.fail(&res, &Error{Kind: kind, Worker: w.ID, Attempts: attempt, LastStatus: e.LastStatus, Err: cerr})
+		}
+		if final || !f.retries(e) {
+			if final {
 				f.obs.RetriesExhausted(e.reason())
 			}
 			if e.Kind == KindConnect {

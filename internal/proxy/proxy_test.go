@@ -148,6 +148,12 @@ func TestRetryOnStatus(t *testing.T) {
 			if tc.retried && (len(obs.retries) != 1 || obs.retries[0] != tc.reason) {
 				t.Errorf("retries %v, want [%s]", obs.retries, tc.reason)
 			}
+			if tc.retried && res.Err != nil {
+				t.Errorf("a retry that succeeded left Result.Err = %v, want nil", res.Err)
+			}
+			if tc.retried && res.Attempts != 2 {
+				t.Errorf("attempts %d, want 2", res.Attempts)
+			}
 			if tc.retried && b.bodies[0] != body {
 				t.Errorf("replayed body %q, want %q", b.bodies[0], body)
 			}

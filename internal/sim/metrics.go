@@ -84,8 +84,9 @@ func (s *Server) handleLoads(w http.ResponseWriter, _ *http.Request) {
 		DPRankCount: 1,
 		Loads: []rankLoad{{
 			NumRunningReqs: l.Running, NumWaitingReqs: l.Waiting,
-			NumWaitingUncachedTok: l.WaitingUncachedTokens, NumTotalReqs: l.Running + l.Waiting,
-			NumUsedTokens: l.UsedTokens, MaxTotalNumTokens: l.MaxTokens, TokenUsage: l.TokenUsage,
+			NumWaitingUncachedTok: l.PrefillTokens, // the prefill backlog, as in fleet's rankOf
+			NumTotalReqs:          l.Running + l.Waiting,
+			NumUsedTokens:         l.UsedTokens, MaxTotalNumTokens: l.MaxTokens, TokenUsage: l.TokenUsage,
 			GenThroughput: l.GenThroughput, CacheHitRate: l.CacheHitRate, Utilization: l.TokenUsage,
 			MaxRunningRequests: l.MaxRunning,
 		}},
