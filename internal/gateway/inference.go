@@ -120,12 +120,15 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
-	o.id, o.policy, o.decision, o.audit = id, pol.Name(), &preq.Decision, aw
+	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)
 	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}, s.picker(pol, candidates, preq, tr))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	if s.cfg.AccessLogSample > 0 {
+		o.usage, o.hasUsage = aw.usage() // before finish recycles what it kept
+	}
 	aw.finish(s.metrics, pool.Model, res.Err == nil)
 	return res.Status, pool.Model, &res
 }

@@ -17,7 +17,9 @@ type outcome struct {
 	policy   string
 	res      *proxy.Result
 	decision *policy.Decision
-	audit    *auditWriter
+	// usage is what the worker reported, read when the access log is on.
+	usage    auditUsage
+	hasUsage bool
 }
 
 // logAccess writes the request's access-log line when it is sampled (Config.AccessLogSample)
@@ -53,12 +55,10 @@ func (s *Server) logAccess(ctx context.Context, o *outcome, route, model string,
 			attrs = append(attrs, slog.Float64("predicted_prefix_share", dec.Predicted))
 		}
 	}
-	if o.audit != nil {
-		if u, ok := o.audit.usage(); ok {
-			attrs = append(attrs, slog.Int("prompt_tokens", u.PromptTokens))
-			if u.PromptTokensDetails != nil && u.PromptTokensDetails.CachedTokens != nil {
-				attrs = append(attrs, slog.Int("cached_tokens", *u.PromptTokensDetails.CachedTokens))
-			}
+	if u := o.usage; o.hasUsage {
+		attrs = append(attrs, slog.Int("prompt_tokens", u.PromptTokens))
+		if u.PromptTokensDetails != nil && u.PromptTokensDetails.CachedTokens != nil {
+			attrs = append(attrs, slog.Int("cached_tokens", *u.PromptTokensDetails.CachedTokens))
 		}
 	}
 	s.log.LogAttrs(ctx, slog.LevelInfo, "access", attrs...)
