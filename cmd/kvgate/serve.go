@@ -140,6 +140,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&p.Sticky.MaxSessions, "sticky-max-sessions", p.Sticky.MaxSessions, "sticky sessions: sessions kept per model (least recently used dropped past it)")
 	fs.StringVar(&p.Sticky.Placement, "sticky-placement", policy.PlaceHash, "sticky sessions: where a new session goes: hash (rendezvous order of its key; replicas agree) or policy (the routing policy's choice)")
 	fs.Float64Var(&p.Sticky.QueueRatio, "sticky-queue-ratio", p.Sticky.QueueRatio, "sticky sessions: a worker whose engine queues more than this share of its running batch is saturated")
+	fs.Float64Var(&g.AccessLogSample, "access-log-sample", 0, "share of requests, 0 to 1, logged as one \"access\" line each (request id, model, worker, branch, status, TTFT, duration, tokens); 5xx answers always are")
 	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to responses (every data-plane client sees them)")
 	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
 	fs.DurationVar(&o.loadMon.Timeout, "load-monitor-timeout", 0, "bound on one load poll (0 = min(500ms, interval/2))")
@@ -184,6 +185,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	}
 	if err := o.kv.validate(); err != nil {
 		return nil, err
+	}
+	if s := o.gw.AccessLogSample; s < 0 || s > 1 {
+		return nil, fmt.Errorf("--access-log-sample %v: want a share from 0 to 1", s)
 	}
 	o.policyName = o.kv.defaultPolicy(fs, o.policyName)
 	if err := o.gw.Health.Validate(); err != nil {
@@ -253,6 +257,11 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		return err
 	}
 	defer router.Close()
+	stopTracing, err := startTracing(ctx, &o.gw, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	gw := gateway.New(o.gw, reg, router, loads)
 	registerKVEventMetrics(gw, kv)
 

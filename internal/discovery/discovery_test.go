@@ -443,11 +443,18 @@ func TestWatchErrorResumes(t *testing.T) {
 	cs := fake.NewClientset()
 	first := watch.NewRaceFreeFake()
 	var watches atomic.Int32
-	cs.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
-		if watches.Add(1) == 1 {
+	rewatched := make(chan struct{})
+	cs.PrependWatchReactor("pods", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		switch watches.Add(1) {
+		case 1:
 			return true, first, nil
+		case 2:
+			// The tracker's own watch from here on, open before the test is told.
+			w, err := cs.Tracker().Watch(a.GetResource(), a.GetNamespace())
+			close(rewatched)
+			return true, w, err
 		}
-		return false, nil, nil // the tracker's own watch from here on
+		return false, nil, nil
 	})
 	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, cs, nil)
 	// Created while the watch is the broken one: only a fresh list can see it.
@@ -457,10 +464,12 @@ func TestWatchErrorResumes(t *testing.T) {
 	if w := h.next().Worker; w.Spec.URL != e.URL {
 		t.Fatalf("after the watch resumed: got %s", w.Spec.URL)
 	}
-	if watches.Load() < 2 {
-		t.Fatalf("want the watch re-opened, saw %d watches", watches.Load())
-	}
 	// The resumed watch delivers events again.
+	select {
+	case <-rewatched:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch was not re-opened")
+	}
 	h.delete("a")
 	if ev := h.next(); !ev.Removed {
 		t.Fatal("want the deleted pod's worker removed through the resumed watch")

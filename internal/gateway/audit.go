@@ -125,6 +125,17 @@ func (a *auditWriter) Flush() {
 // Unwrap lets http.ResponseController reach the connection.
 func (a *auditWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
 
+// auditUsage is the part of an OpenAI usage object the audit reads.
+type auditUsage struct {
+	PromptTokens        int           `json:"prompt_tokens"`
+	PromptTokensDetails *auditDetails `json:"prompt_tokens_details"`
+}
+
+// auditDetails is the part of usage.prompt_tokens_details the audit reads.
+type auditDetails struct {
+	CachedTokens *int `json:"cached_tokens"`
+}
+
 // cachedShare returns the share of the prompt the worker reported as cached, from the last
 // "usage" object in what was kept; ok false when there is none or it lacks cached_tokens.
 func (a *auditWriter) cachedShare() (share float64, ok bool) {
@@ -134,58 +145,88 @@ func (a *auditWriter) cachedShare() (share float64, ok bool) {
 	return usageShare(a.keep)
 }
 
-// usageShare finds the last `"usage":` in b and reads the object after it.
+// usageShare finds the last `"usage":` in b and returns the cached share of the prompt it reports.
 func usageShare(b []byte) (float64, bool) {
+	u, ok := usageIn(b)
+	if !ok || u.PromptTokens <= 0 || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens == nil {
+		return 0, false
+	}
+	c := *u.PromptTokensDetails.CachedTokens
+	return min(max(float64(c)/float64(u.PromptTokens), 0), 1), true
+}
+
+// usageIn reads the object after the last `"usage":` in b.
+func usageIn(b []byte) (auditUsage, bool) {
+	var u auditUsage
 	i := bytes.LastIndex(b, []byte(`"usage"`))
 	if i < 0 {
-		return 0, false
+		return u, false
 	}
 	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
 	if len(rest) == 0 || rest[0] != ':' {
-		return 0, false
+		return u, false
 	}
 	var (
-		sc            = jsonscan.New(rest[1:])
-		prompt        int64
-		cached        int64
-		hasCached, ok = false, true
+		sc                   = jsonscan.New(rest[1:])
+		cached               int
+		hasDetails, hasCache bool
 	)
-	// The fields are read as encoding/json reads them into ints and pointers: keys match
-	// case-insensitively, the last duplicate wins, null leaves a field as it was (and resets a
-	// pointer), and a value of the wrong kind spoils the whole object.
+	// The fields are read as encoding/json reads them into auditUsage: keys match
+	// case-insensitively, the last duplicate wins, null leaves an int as it was and clears a
+	// pointer, and a value of the wrong kind spoils the whole object.
+	integer := func() int {
+		v, ok := sc.Int()
+		if ok && int64(int(v)) != v {
+			sc.Fail("integer out of range")
+		}
+		return int(v)
+	}
 	sc.Object(func(key []byte) {
 		switch {
 		case jsonscan.KeyIs(key, "prompt_tokens"):
 			if !sc.Null() {
-				prompt, ok = sc.Int()
+				u.PromptTokens = integer()
 			}
 		case jsonscan.KeyIs(key, "prompt_tokens_details"):
 			if sc.Null() {
-				hasCached = false
+				hasDetails, hasCache = false, false
 				return
 			}
+			if !hasDetails {
+				hasDetails, hasCache = true, false
+			}
 			sc.Object(func(key []byte) {
-				if !jsonscan.KeyIs(key, "cached_tokens") {
+				switch {
+				case !jsonscan.KeyIs(key, "cached_tokens"):
 					sc.Skip()
-					return
+				case sc.Null():
+					hasCache = false
+				default:
+					cached, hasCache = integer(), true
 				}
-				if sc.Null() {
-					hasCached = false
-					return
-				}
-				cached, hasCached = sc.Int()
 			})
 		default:
 			sc.Skip()
 		}
-		if !ok {
-			sc.Fail("want an integer")
-		}
 	})
-	if sc.Err() != nil || prompt <= 0 || !hasCached {
-		return 0, false
+	if sc.Err() != nil {
+		return auditUsage{}, false
 	}
-	return min(max(float64(cached)/float64(prompt), 0), 1), true
+	if hasDetails {
+		u.PromptTokensDetails = &auditDetails{}
+		if hasCache {
+			u.PromptTokensDetails.CachedTokens = &cached
+		}
+	}
+	return u, u.PromptTokens > 0
+}
+
+// usage returns the usage the worker reported in what was kept of a successful response.
+func (a *auditWriter) usage() (auditUsage, bool) {
+	if a.status != http.StatusOK || a.dropped || len(a.keep) == 0 {
+		return auditUsage{}, false
+	}
+	return usageIn(a.keep)
 }
 
 // promptShare is the decision's prediction for the whole prompt (policy.PromptShare).

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -43,6 +44,13 @@ type Config struct {
 	MaxPayloadSize int64
 	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192.
 	RoutingPrefixBytes int
+	// Tracer, when set, traces every request (OpenTelemetry): a span per request, per routing
+	// decision and per upstream attempt, with traceparent sent to the worker. nil means off, at
+	// the cost of a nil check.
+	Tracer *tracing.Tracer
+	// AccessLogSample is the share of requests, in [0,1], that get an "access" log line; requests
+	// answered 5xx always do. 0 means none (the default).
+	AccessLogSample float64
 	// AuditHeaders adds x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to every
 	// routed response (audit.go says who sees them). Default false.
 	AuditHeaders bool
@@ -146,6 +154,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 		t.MaxResponseHeaderBytes = cfg.Limits.MaxUpstreamHeaderBytes
 		cfg.Proxy.Transport = t
 	}
+	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout}
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events

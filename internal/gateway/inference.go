@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -17,8 +19,24 @@ import (
 func (s *Server) inference(path string, kind routeKind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		status, model, abort := s.serveInference(w, r, path, kind)
-		s.metrics.observeRequest(path, model, status, time.Since(start))
+		var o outcome
+		var tr *tracing.Request
+		if s.cfg.Tracer != nil {
+			var ctx context.Context
+			ctx, tr = s.cfg.Tracer.StartRequest(r, path)
+			r = r.WithContext(ctx)
+		}
+		status, model, abort := s.serveInference(w, r, path, kind, &o, tr)
+		d := time.Since(start)
+		s.metrics.observeRequest(path, model, status, d)
+		if tr != nil {
+			attempts := 0
+			if o.res != nil {
+				attempts = o.res.Attempts
+			}
+			tr.End(status, attempts)
+		}
+		s.logAccess(r.Context(), &o, path, model, status, d)
 		if abort || status == StatusClientClosed {
 			// The client has a truncated body that nothing marks as such, or closed its side
 			// (a half-close ends the request as a full close does: the two cannot be told
@@ -33,17 +51,19 @@ func (s *Server) inference(path string, kind routeKind) http.Handler {
 // serveInference handles one request and returns the status the client saw, the resolved model
 // (a bounded label: "" for requests that named no served model), and whether the client's
 // connection must be aborted (Result.Abort).
-func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (status int, model string, abort bool) {
-	status, model, res := s.route(w, r, path, kind)
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path string, kind routeKind, o *outcome, tr *tracing.Request) (status int, model string, abort bool) {
+	status, model, res := s.route(w, r, path, kind, o, tr)
 	if res != nil {
 		abort = res.Abort
 	}
+	o.res = res
 	return status, model, abort
 }
 
-// route validates, routes and forwards one request; res is nil when it was answered before any
+// route validates, routes and forwards one request, noting in o what the access log shows and in
+// tr (nil: tracing off) what the trace shows; res is nil when it was answered before any
 // forwarding.
-func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind routeKind) (int, string, *proxy.Result) {
+func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind routeKind, o *outcome, tr *tracing.Request) (int, string, *proxy.Result) {
 	if s.looped(r) {
 		s.log.Warn("request loop: a request came back to this gateway; is its own address registered as a worker?",
 			"request_id", requestID(r), "hops", strings.Join(r.Header.Values(HopHeader), ","))
@@ -100,10 +120,15 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
+	tr.SetRequest(id, pool.Model)
 	res := s.fwd.Forward(r.Context(), aw, &proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
-	}, s.picker(pol, candidates, preq))
+	}, s.picker(pol, candidates, preq, tr))
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	if s.cfg.AccessLogSample > 0 {
+		o.usage, o.hasUsage = aw.usage() // before finish recycles what it kept
+	}
 	aw.finish(s.metrics, pool.Model, res.Err == nil)
 	return res.Status, pool.Model, &res
 }
@@ -118,7 +143,7 @@ func upstreamPath(route string, r *http.Request) string {
 
 // picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
 // retry sees those not yet tried while any of them is available, else all again.
-func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *policy.Request) proxy.Picker {
+func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request) proxy.Picker {
 	return func(tried []*worker.Worker) *worker.Worker {
 		c := candidates
 		if len(tried) > 0 {
@@ -135,6 +160,10 @@ func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *pol
 		w := policy.Choose(pol, c, req)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
+		}
+		if tr != nil {
+			d := &req.Decision
+			tr.Decision(len(tried)+1, pol.Name(), d.Worker, d.Branch, d.Predicted, d.HasPrediction)
 		}
 		return w
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -119,6 +120,7 @@ var (
 	descCircuit   = prometheus.NewDesc("kvgate_worker_circuit_state", "1 for the worker's current circuit state (closed, open, half_open).", []string{"worker", "state"}, nil)
 	descEffective = prometheus.NewDesc("kvgate_worker_effective_load", "The worker's effective load as the policies see it.", []string{"worker"}, nil)
 	descReported  = prometheus.NewDesc("kvgate_worker_reported_backlog", "Running plus waiting requests the worker last reported (absent when stale).", []string{"worker"}, nil)
+	descReportAge = prometheus.NewDesc("kvgate_worker_load_report_age_seconds", "Age of the worker's last load report (absent before the first).", []string{"worker"}, nil)
 	descUsage     = prometheus.NewDesc("kvgate_worker_token_usage", "KV-cache usage the worker last reported (absent when stale).", []string{"worker"}, nil)
 	descDecisions = prometheus.NewDesc("kvgate_policy_decisions_total", "Policy decisions by branch.", []string{"policy", "model", "branch"}, nil)
 	descTree      = prometheus.NewDesc("kvgate_policy_tree_chars", "Characters held in the prefix tree per worker.", []string{"policy", "model", "worker"}, nil)
@@ -127,7 +129,7 @@ var (
 )
 
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descUsage, descDecisions, descTree, descTreeHeld, descTreeMax} {
+	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descReportAge, descUsage, descDecisions, descTree, descTreeHeld, descTreeMax} {
 		ch <- d
 	}
 }
@@ -149,6 +151,13 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 			if r, ok := c.loads.Report(w); ok {
 				ch <- prometheus.MustNewConstMetric(descReported, prometheus.GaugeValue, float64(r.Backlog()), w.ID)
 				ch <- prometheus.MustNewConstMetric(descUsage, prometheus.GaugeValue, r.TokenUsage, w.ID)
+			}
+		}
+	}
+	if wl, ok := c.loads.(interface{ WorkerLoads() []loadmon.WorkerLoad }); ok {
+		for _, l := range wl.WorkerLoads() {
+			if l.Entry != nil {
+				ch <- prometheus.MustNewConstMetric(descReportAge, prometheus.GaugeValue, l.AgeSeconds, l.ID)
 			}
 		}
 	}

@@ -119,9 +119,7 @@ func TestClientAuthorizationNotForwarded(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
-			f.mu.Lock()
-			got := f.headers[len(f.headers)-1].Get("Authorization")
-			f.mu.Unlock()
+			got := f.received(t).header.Get("Authorization")
 			if got != tc.want {
 				t.Errorf("worker saw Authorization %q, want %q", got, tc.want)
 			}
@@ -283,9 +281,7 @@ func TestWorkerURLCredentialsRedacted(t *testing.T) {
 	r := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
 	io.Copy(io.Discard, r.Body)
 	r.Body.Close()
-	f.mu.Lock()
-	user, pass, _ := (&http.Request{Header: f.headers[0]}).BasicAuth()
-	f.mu.Unlock()
+	user, pass, _ := (&http.Request{Header: f.received(t).header}).BasicAuth()
 	if user != "admin" || pass != "s3cret" {
 		t.Errorf("the worker got basic auth %q:%q, want the URL's credentials", user, pass)
 	}
@@ -384,10 +380,15 @@ func TestClientBootstrapFieldsDropped(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
+	g.waitDone(t, 1) // the handler returns after the prefill request too has ended
 	for _, f := range []*fakeWorker{p, d} {
 		f.mu.Lock()
-		body := f.bodies[0]
+		bodies := f.bodies
 		f.mu.Unlock()
+		if len(bodies) != 1 {
+			t.Fatalf("the worker got %d requests", len(bodies))
+		}
+		body := bodies[0]
 		if n := bytes.Count(body, []byte(`"bootstrap_host"`)); n != 2 { // the gateway's, and the nested one
 			t.Errorf("%d bootstrap_host keys in %s", n, body)
 		}
@@ -473,6 +474,24 @@ func TestUpstreamHeaderCap(t *testing.T) {
 	}
 }
 
+// received returns the last request the worker recorded, failing the test if there is none.
+func (f *fakeWorker) received(t *testing.T) (r struct {
+	body   []byte
+	header http.Header
+}) {
+	t.Helper()
+	f.mu.Lock()
+	n := len(f.bodies)
+	if n > 0 {
+		r.body, r.header = f.bodies[n-1], f.headers[n-1]
+	}
+	f.mu.Unlock()
+	if n == 0 {
+		t.Fatal("the worker received no request")
+	}
+	return r
+}
+
 // Defect 8 (YAML keys read as numbers) is tested in cmd/kvgate, where the config file is read.
 
 func TestGzipRequestBodies(t *testing.T) {
@@ -498,9 +517,8 @@ func TestGzipRequestBodies(t *testing.T) {
 	resp := send(gz([]byte(`{"model":"m","prompt":"x"}`)), "gzip")
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	f.mu.Lock()
-	got, hdr := string(f.bodies[0]), f.headers[0].Get("Content-Encoding")
-	f.mu.Unlock()
+	first := f.received(t)
+	got, hdr := string(first.body), first.header.Get("Content-Encoding")
 	if resp.StatusCode != 200 || got != `{"model":"m","prompt":"x"}` || hdr != "" {
 		t.Errorf("gzip body: %d; worker got %q with Content-Encoding %q", resp.StatusCode, got, hdr)
 	}

@@ -232,8 +232,15 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			return res
 		}
 		last = e
-		if final || ctx.Err() != nil || !f.retries(e) {
-			if final || ctx.Err() != nil {
+		if cerr := ctx.Err(); cerr != nil && !final && f.retries(e) {
+			// The client left (or the request's time ran out) while this attempt failed: the
+			// request ends for that reason, not with an answer nobody is waiting for.
+			f.obs.RetriesExhausted(e.reason())
+			kind, _ := classify(ctx, cerr, false, false)
+			return f.fail(&res, &Error{Kind: kind, Worker: w.ID, Attempts: attempt, LastStatus: e.LastStatus, Err: cerr})
+		}
+		if final || !f.retries(e) {
+			if final {
 				f.obs.RetriesExhausted(e.reason())
 			}
 			if e.Kind == KindConnect {
