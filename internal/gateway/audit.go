@@ -155,19 +155,28 @@ func usageShare(b []byte) (float64, bool) {
 	return min(max(float64(c)/float64(u.PromptTokens), 0), 1), true
 }
 
-// usageIn reads the object after the last `"usage":` in b.
-func usageIn(b []byte) (auditUsage, bool) {
-	var u auditUsage
+// usageValue returns what follows the last `"usage":` in b.
+func usageValue(b []byte) ([]byte, bool) {
 	i := bytes.LastIndex(b, []byte(`"usage"`))
 	if i < 0 {
-		return u, false
+		return nil, false
 	}
 	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
 	if len(rest) == 0 || rest[0] != ':' {
+		return nil, false
+	}
+	return rest[1:], true
+}
+
+// usageIn reads the object after the last `"usage":` in b.
+func usageIn(b []byte) (auditUsage, bool) {
+	var u auditUsage
+	v, ok := usageValue(b)
+	if !ok {
 		return u, false
 	}
 	var (
-		sc                   = jsonscan.New(rest[1:])
+		sc                   = jsonscan.New(v)
 		cached               int
 		hasDetails, hasCache bool
 	)

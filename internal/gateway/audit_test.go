@@ -311,15 +311,11 @@ func FuzzUsageShare(f *testing.F) {
 // usageInJSON is usageIn with encoding/json, the reference its scan must agree with.
 func usageInJSON(b []byte) (auditUsage, bool) {
 	var u auditUsage
-	i := bytes.LastIndex(b, []byte(`"usage"`))
-	if i < 0 {
+	v, ok := usageValue(b)
+	if !ok {
 		return u, false
 	}
-	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return u, false
-	}
-	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil {
+	if err := json.NewDecoder(bytes.NewReader(v)).Decode(&u); err != nil {
 		return u, false
 	}
 	return u, u.PromptTokens > 0
