@@ -51,8 +51,8 @@ func DefaultConfig() Config {
 	}
 }
 
-// withDefaults returns c with every zero field replaced by its default.
-func (c Config) withDefaults() Config {
+// WithDefaults returns c with every zero field replaced by its default.
+func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
 	if c.BlockSize == 0 {
 		c.BlockSize = d.BlockSize
@@ -83,7 +83,7 @@ func (c Config) withDefaults() Config {
 
 // Validate reports the first invalid field of c after defaults are applied.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	c = c.WithDefaults()
 	switch {
 	case c.BlockSize < 1:
 		return fmt.Errorf("engine: block size %d must be positive", c.BlockSize)

@@ -201,7 +201,7 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return &Engine{
 		cfg:   cfg,
 		cache: newCache(cfg.KVTokens / cfg.BlockSize),

@@ -72,19 +72,7 @@ func (c Config) engineConfig(i int) engine.Config {
 			i -= cl.Count
 			continue
 		}
-		d := engine.DefaultConfig()
-		if e.PrefillTPS == 0 {
-			e.PrefillTPS = d.PrefillTPS
-		}
-		if e.DecodeBase == 0 {
-			e.DecodeBase = d.DecodeBase
-		}
-		if e.DecodePerReq == 0 {
-			e.DecodePerReq = d.DecodePerReq
-		}
-		if e.KVTokens == 0 {
-			e.KVTokens = d.KVTokens
-		}
+		e = e.WithDefaults() // scale the costs the engine would use, not zero
 		e.PrefillTPS *= cl.Speed
 		e.DecodeBase = time.Duration(float64(e.DecodeBase) / cl.Speed)
 		e.DecodePerReq = time.Duration(float64(e.DecodePerReq) / cl.Speed)
