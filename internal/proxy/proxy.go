@@ -560,14 +560,17 @@ func (nopFlusher) Flush() {}
 // lastEventEnd returns the index just past the last blank line in b (the end of the last complete
 // SSE event), or 0 if b holds none.
 func lastEventEnd(b []byte) int {
-	end := 0
-	if i := bytes.LastIndex(b, []byte("\n\n")); i >= 0 {
-		end = i + 2
+	// Both separators end in '\n': walk back from the last newline, so that a buffer ending
+	// on a complete event (the usual case) costs one step instead of two searches of it all.
+	for p := len(b) - 1; ; p-- {
+		p = bytes.LastIndexByte(b[:p+1], '\n')
+		if p < 1 {
+			return 0
+		}
+		if b[p-1] == '\n' || p >= 3 && b[p-1] == '\r' && b[p-2] == '\n' && b[p-3] == '\r' {
+			return p + 1
+		}
 	}
-	if i := bytes.LastIndex(b, []byte("\r\n\r\n")); i >= 0 && i+4 > end {
-		end = i + 4
-	}
-	return end
 }
 
 // writeSSEError ends a broken stream with an OpenAI-shaped error event (code is its machine
