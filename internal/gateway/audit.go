@@ -157,7 +157,7 @@ func usageShare(b []byte) (float64, bool) {
 
 // usageValue returns what follows the last `"usage":` in b.
 func usageValue(b []byte) ([]byte, bool) {
-	i := bytes.LastIndex(b, []byte(`"usage"`))
+	i := lastIndexUsage(b)
 	if i < 0 {
 		return nil, false
 	}
@@ -166,6 +166,20 @@ func usageValue(b []byte) ([]byte, bool) {
 		return nil, false
 	}
 	return rest[1:], true
+}
+
+// lastIndexUsage is bytes.LastIndex(b, `"usage"`), found with forward searches: those are
+// vectorised where LastIndex compares byte by byte, and a body holds the key at most a few times.
+func lastIndexUsage(b []byte) int {
+	last := -1
+	for off := 0; ; {
+		i := bytes.Index(b[off:], []byte(`"usage"`))
+		if i < 0 {
+			return last
+		}
+		last = off + i
+		off = last + 1
+	}
 }
 
 // usageIn reads the object after the last `"usage":` in b.

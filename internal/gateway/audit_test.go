@@ -350,3 +350,36 @@ func BenchmarkUsageShare(b *testing.B) {
 		})
 	}
 }
+
+// FuzzLastIndexUsage checks the forward search against bytes.LastIndex.
+func FuzzLastIndexUsage(f *testing.F) {
+	for _, s := range []string{``, `"usage"`, `"usage""usage"`, `{"usage":{},"x":"usage","usage":1}`, `"usag"usage"`, `""usage"usage""`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := lastIndexUsage(b), bytes.LastIndex(b, []byte(`"usage"`)); got != want {
+			t.Fatalf("lastIndexUsage(%q) = %d, want %d", b, got, want)
+		}
+	})
+}
+
+// BenchmarkLastIndexUsage: the tail an SSE response keeps for the audit (4 KiB of chunk events,
+// no usage in them), searched for the usage key the old way and the new.
+//
+//	go test -run XXX -bench LastIndexUsage ./internal/gateway/
+func BenchmarkLastIndexUsage(b *testing.B) {
+	event := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"token"},"finish_reason":null}]}` + "\n\n"
+	tail := []byte(strings.Repeat(event, auditTailMax/len(event)))
+	for _, c := range []struct {
+		name string
+		fn   func([]byte) int
+	}{{"LastIndex", func(b []byte) int { return bytes.LastIndex(b, []byte(`"usage"`)) }}, {"forward", lastIndexUsage}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if c.fn(tail) >= 0 {
+					b.Fatal("found a usage key that is not there")
+				}
+			}
+		})
+	}
+}
