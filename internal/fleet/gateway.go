@@ -107,10 +107,11 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 		// precise_prefix tokenizes the whole prompt, as it does a chat request's messages.
 		g.kv.prompt = text
 	}
+	promptBytes := len(text)
 	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
-	g.req = policy.Request{Model: simModel, Text: text, Key: key, Chat: g.kv != nil}
+	g.req = policy.Request{Model: simModel, Text: text, Key: key, Chat: g.kv != nil, PromptBytes: promptBytes}
 	w := policy.Choose(g.pol, g.candidates(), &g.req)
 	if w == nil {
 		return nil, -1

@@ -116,7 +116,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		writeError(w, http.StatusInternalServerError, "policy_error", err.Error())
 		return http.StatusInternalServerError, pool.Model, nil
 	}
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p), Chat: kind == kindChat, Body: body}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p), Chat: kind == kindChat, Body: body, PromptBytes: len(body)}
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)

@@ -86,7 +86,7 @@ func (p *CacheAwareHash) Pick(candidates []*worker.Worker, req *Request) *worker
 		return w
 	}
 	if r, ok := p.loads.Report(w); ok && r.HasUncachedTokens {
-		p.sent.add(w.ID, r.PolledAt, float64(len(req.Text))/charsPerToken*(1-req.Decision.Predicted))
+		p.sent.add(w.ID, r.PolledAt, uncachedTokens(req))
 	}
 	return w
 }
@@ -116,4 +116,11 @@ func (p *CacheAwareHash) backlogs(av []cand, tok []float64) (least float64, ok b
 		most = max(most, t)
 	}
 	return least, most-least > prefillGateTokens
+}
+
+// uncachedTokens estimates the prompt tokens req sends its worker that miss the cache: the whole
+// prompt (PromptBytes, else the routing text) less the part of the routing text predicted cached.
+func uncachedTokens(req *Request) float64 {
+	n := float64(max(req.PromptBytes, len(req.Text)))
+	return max(n-float64(len(req.Text))*req.Decision.Predicted, 0) / charsPerToken
 }

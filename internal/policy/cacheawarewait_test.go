@@ -72,3 +72,54 @@ func TestCacheAwareHashPlacementByBacklog(t *testing.T) {
 		t.Fatal("Forget left the worker's since-poll count")
 	}
 }
+
+// TestCacheAwareHashCountsWholePrompt: the since-poll count of a pick is the whole prompt's
+// uncached tokens (PromptBytes), not only the routing text's, so one long prompt sent since the
+// poll is enough to steer the next new prompts away from its worker.
+func TestCacheAwareHashCountsWholePrompt(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	tokens := map[string]int64{}
+	for _, w := range ws {
+		tokens[w.ID] = 100
+	}
+	tokens[ws[0].ID] = 100 + 2*prefillGateTokens // prefill-bound: the rule is on
+	p := newCAH(t, backlogLoads{tokens, 1})
+
+	// An 8 KiB routing text cut from a 48 KiB prompt: 12,288 tokens go to the engine, not 2,048.
+	const textBytes, promptBytes = 8 << 10, 48 << 10
+	text := prompt(21, string(make([]byte, textBytes)))[:textBytes]
+	first := p.Pick(ws, &Request{Text: text, PromptBytes: promptBytes})
+	want := float64(promptBytes) / charsPerToken
+	if got := p.sent.since(first.ID, backlogPoll); got < want*0.99 {
+		t.Fatalf("sent since the poll to %s: %.0f tokens, want the whole prompt's %.0f", first.ID, got, want)
+	}
+	for i := range 20 {
+		if w := p.Pick(ws, &Request{Text: prompt(200+i, "x")}); w.ID == first.ID {
+			t.Fatalf("prompt %d went to %s, which the long prompt sent since the poll put %.0f tokens behind", i, w.ID, want)
+		}
+	}
+
+	// Without PromptBytes the routing text is all the policy knows.
+	q := newCAH(t, backlogLoads{tokens, 1})
+	w := q.Pick(ws, &Request{Text: text})
+	if got := q.sent.since(w.ID, backlogPoll); got > float64(textBytes)/charsPerToken*1.01 {
+		t.Fatalf("no PromptBytes: counted %.0f tokens, more than the routing text's %d", got, textBytes/charsPerToken)
+	}
+}
+
+func TestUncachedTokens(t *testing.T) {
+	for _, c := range []struct {
+		req  Request
+		want float64
+	}{
+		{Request{Text: "abcdefgh"}, 2},
+		{Request{Text: "abcdefgh", PromptBytes: 400}, 100},
+		{Request{Text: "abcdefgh", PromptBytes: 400, Decision: Decision{Predicted: 0.5}}, 99},
+		{Request{Text: "abcdefgh", PromptBytes: 4, Decision: Decision{Predicted: 1}}, 0},
+	} {
+		if got := uncachedTokens(&c.req); got != c.want {
+			t.Errorf("uncachedTokens(text %d bytes, prompt %d, predicted %v) = %v, want %v",
+				len(c.req.Text), c.req.PromptBytes, c.req.Decision.Predicted, got, c.want)
+		}
+	}
+}

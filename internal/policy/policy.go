@@ -25,6 +25,10 @@ type Request struct {
 	// sends a chat request's messages to the engine's tokenizer from it. It is valid only
 	// during Pick: the gateway recycles the buffer once the request is done.
 	Body []byte
+	// PromptBytes is the length of the whole prompt in bytes as the caller knows it (the request
+	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
+	// policy how much prefill the request carries past it.
+	PromptBytes int
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.
