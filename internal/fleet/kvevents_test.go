@@ -16,14 +16,7 @@ import (
 func TestPreciseSeesEvictions(t *testing.T) {
 	g := bench.NewMooncakeGen(7)
 	g.Duration, g.Rate, g.ContextTokens, g.TurnsMean, g.Think = 2*time.Minute, 1, 3000, 4, 10*time.Second
-	es, err := g.Generate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := bench.NewMooncake(es, bench.MooncakeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, _ := mooncakeWorkload(t, g, nil)
 	x := &Experiment{
 		Base:     Config{Engines: 4, Gateways: 2, Engine: engine.Config{KVTokens: 24000}},
 		Policies: []string{"cache_aware_hash", "precise_prefix"},

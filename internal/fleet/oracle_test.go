@@ -16,18 +16,12 @@ import (
 func TestOracleReachesIdeal(t *testing.T) {
 	g := bench.NewMooncakeGen(3)
 	g.Duration, g.Rate, g.ContextTokens, g.TurnsMean, g.Think = 10*time.Minute, 0.2, 3000, 3, 20*time.Second
-	es, err := g.Generate()
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Spread arrivals at least 5 s apart: every request finishes before the next arrives.
-	for i := range es {
-		es[i].Timestamp = float64(i) * 5000
-	}
-	w, err := bench.NewMooncake(es, bench.MooncakeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, es := mooncakeWorkload(t, g, func(es []bench.MooncakeEntry) {
+		for i := range es {
+			es[i].Timestamp = float64(i) * 5000
+		}
+	})
 	x := &Experiment{
 		Base:     Config{Engines: 4},
 		Policies: []string{OraclePolicy, "cache_aware"},
@@ -57,14 +51,7 @@ func TestOracleReachesIdeal(t *testing.T) {
 func TestOracleSpreadsASharedOpening(t *testing.T) {
 	g := bench.NewMooncakeGen(5)
 	g.Duration, g.Rate, g.ContextTokens = 2*time.Minute, 4, 4000
-	es, err := g.Generate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := bench.NewMooncake(es, bench.MooncakeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, _ := mooncakeWorkload(t, g, nil)
 	sched, err := bench.NewSchedule(w, bench.Arrivals{}, bench.Limits{}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -84,14 +71,7 @@ func TestOracleSpreadsASharedOpening(t *testing.T) {
 func TestDefaultPolicyOnSharedOpening(t *testing.T) {
 	g := bench.NewMooncakeGen(5)
 	g.Duration, g.Rate, g.ContextTokens = 3*time.Minute, 3, 6000
-	es, err := g.Generate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := bench.NewMooncake(es, bench.MooncakeOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, _ := mooncakeWorkload(t, g, nil)
 	// The oracle reads the engines, not a gateway's view: one run of it is the reference for both
 	// gateway counts.
 	x := &Experiment{
@@ -119,4 +99,22 @@ func TestDefaultPolicyOnSharedOpening(t *testing.T) {
 			t.Errorf("%s at %d gateways: spread %v, hit %.3f of the oracle's", r.Label, r.Gateways, r.Spread, vs)
 		}
 	}
+}
+
+// mooncakeWorkload generates g's trace, lets edit change it (nil: as generated), and replays it
+// as a workload.
+func mooncakeWorkload(t *testing.T, g *bench.MooncakeGen, edit func([]bench.MooncakeEntry)) (*bench.Mooncake, []bench.MooncakeEntry) {
+	t.Helper()
+	es, err := g.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(es)
+	}
+	w, err := bench.NewMooncake(es, bench.MooncakeOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, es
 }
