@@ -364,7 +364,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&ff.engineMix, "engine-mix", "", `fleet: heterogeneous engines as COUNTxSPEED[:KV] classes, e.g. "6x1,2x0.5" (a quarter half as fast); sets --engines`)
 	fs.StringVar(&ff.gateways, "gateways", "1", "fleet: comma-separated gateway replica counts, one run each (e.g. 1,2,4,8)")
 	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+"); oracle is the simulator's exact-knowledge bound")
-	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (effective, local, snapshot, max)")
+	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (scaled, effective, local, snapshot, max; the gateway defaults to scaled)")
 	fs.StringVar(&ff.spread, "spread", "uniform", "fleet: how requests reach gateways: uniform or session")
 	fs.DurationVar(&ff.pollInterval, "poll-interval", time.Second, "fleet: load monitor interval")
 	fs.DurationVar(&ff.staleAfter, "stale-after", 0, "fleet: report staleness bound (0 = 3 intervals)")
