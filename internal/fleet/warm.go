@@ -35,7 +35,7 @@ func (s *sim) warmAdded(idx int) {
 	cfg := s.cfg.Warm.WithDefaults()
 	for _, g := range s.gws {
 		w := g.workers[idx]
-		texts := policy.PlanWarm(g.pol, w.ID, cfg, epoch.Add(s.now))
+		texts := policy.PlanWarm(g.pol, w.ID, cfg, epoch.Add(s.now), s.cfg.RoutingPrefixBytes)
 		if len(texts) == 0 {
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 func TestWarmConfigValidate(t *testing.T) {
@@ -40,7 +41,7 @@ func TestPlanWarmThenHit(t *testing.T) {
 		}
 	}
 	now := time.Now()
-	plan := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now)
+	plan := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now, 0)
 	if len(plan) != 3 {
 		t.Fatalf("planned %d prefixes, want the 3 reused tenants", len(plan))
 	}
@@ -49,19 +50,25 @@ func TestPlanWarmThenHit(t *testing.T) {
 			t.Fatalf("plan[%d] = %.40q..., want tenant %d's context", i, text, i)
 		}
 	}
-	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8, MaxTokens: WarmTokens(plan[0]) + 10}, now); !slices.Equal(got, plan[:1]) {
+	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8, MaxTokens: WarmTokens(plan[0]) + 10}, now, 0); !slices.Equal(got, plan[:1]) {
 		t.Fatalf("within a budget for one: got %d prefixes", len(got))
 	}
-	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8, MaxTokens: 10}, now); len(got) != 0 {
+	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8, MaxTokens: 10}, now, 0); len(got) != 0 {
 		t.Fatalf("within a budget for none: got %d prefixes", len(got))
 	}
-	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 1}, now); len(got) != 1 || got[0] != plan[0] {
+	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 1}, now, 0); len(got) != 1 || got[0] != plan[0] {
 		t.Fatal("Prefixes 1: want only the hottest")
 	}
-	if PlanWarm(p, added.ID, WarmConfig{}, now) != nil || PlanWarm(NewRoundRobin(), added.ID, WarmConfig{Prefixes: 8}, now) != nil {
+	if PlanWarm(p, added.ID, WarmConfig{}, now, 0) != nil || PlanWarm(NewRoundRobin(), added.ID, WarmConfig{Prefixes: 8}, now, 0) != nil {
 		t.Fatal("warming off, or a policy without a tree: want no plan")
 	}
-	if PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now.Add(11*time.Minute)) != nil {
+	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now, len(plan[1])+utf8.UTFMax-1); len(got) != 0 {
+		t.Fatalf("routing prefix as long as the prefixes: got %d, want none (they may be cut prompts)", len(got))
+	}
+	if got := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now, len(plan[1])+utf8.UTFMax); len(got) != 3 {
+		t.Fatalf("routing prefix longer than the prefixes: got %d, want 3", len(got))
+	}
+	if PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now.Add(11*time.Minute), 0) != nil {
 		t.Fatal("nothing touched in the last 10 minutes: want no plan")
 	}
 
@@ -76,7 +83,7 @@ func TestPlanWarmThenHit(t *testing.T) {
 	if w := Choose(p, ws, req); w != added || req.Decision.Branch != BranchCacheHit {
 		t.Fatalf("after warming: %s by %s, want a hit on the warmed worker", req.Decision.Worker, req.Decision.Branch)
 	}
-	if again := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now); slices.Contains(again, plan[0]) {
+	if again := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now, 0); slices.Contains(again, plan[0]) {
 		t.Fatal("a prefix the worker holds is planned again")
 	}
 }
@@ -93,12 +100,12 @@ func TestStickyWarms(t *testing.T) {
 	for q := range 3 {
 		Choose(p, ws[:1], &Request{Text: prompt(7, fmt.Sprintf("q%d", q))})
 	}
-	plan := PlanWarm(p, ws[1].ID, WarmConfig{Prefixes: 2}, time.Now())
+	plan := PlanWarm(p, ws[1].ID, WarmConfig{Prefixes: 2}, time.Now(), 0)
 	if len(plan) != 1 {
 		t.Fatalf("sticky around cache_aware planned %d prefixes, want 1", len(plan))
 	}
 	Warmed(p, ws[1].ID, plan[0])
-	if again := PlanWarm(p, ws[1].ID, WarmConfig{Prefixes: 2}, time.Now()); len(again) != 0 {
+	if again := PlanWarm(p, ws[1].ID, WarmConfig{Prefixes: 2}, time.Now(), 0); len(again) != 0 {
 		t.Fatal("Warmed through sticky did not reach the tree")
 	}
 }
