@@ -40,6 +40,7 @@ func (s *sim) warmAdded(idx int) {
 			continue
 		}
 		r := &warmRun{g: g, w: w, eng: idx, texts: texts, inflight: map[uint64]string{}, deadline: s.now + cfg.Timeout}
+		w.SetWarming(true) // this replica routes nothing to it until the warm-up ends
 		s.warms = append(s.warms, r)
 		s.push(event{at: r.deadline, kind: evWarmDeadline, idx: len(s.warms) - 1})
 		for range cfg.Concurrency {
@@ -97,6 +98,7 @@ func (s *sim) warmEnd(r *warmRun) {
 		return
 	}
 	r.over = true
+	r.w.SetWarming(false)
 	if r.w.Draining() {
 		s.warmStats.Failed += len(r.done)
 		return

@@ -140,6 +140,9 @@ func TestWarmOnJoin(t *testing.T) {
 	if n := g.waitEnded(t); n != 3 {
 		t.Fatalf("recorded %d prefixes, want the 3 tenants' contexts", n)
 	}
+	if w := g.reg.View().Get(cID); w.Warming() || !w.Available() {
+		t.Fatal("the warmed worker is still held out of routing")
+	}
 	c.mu.Lock()
 	bodies, headers := c.bodies, c.headers
 	c.mu.Unlock()
@@ -225,6 +228,16 @@ func TestWarmBoundedAndCancelledOnDelete(t *testing.T) {
 			t.Fatal("warm requests did not reach the new worker")
 		}
 	}
+	if w := g.reg.View().Get(id); w == nil || !w.Warming() || w.Available() {
+		t.Fatal("a worker being warmed is offered to the policies")
+	}
+	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"a prompt nobody sent before"}`)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	g.waitDone(t, 1)
+	if got := resp.Header.Get("x-kvgate-worker"); got == id {
+		t.Fatal("a client request went to the worker being warmed")
+	}
 	req, _ := http.NewRequest(http.MethodDelete, g.admin.URL+"/workers/"+id, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -261,7 +274,9 @@ func TestWarmBoundedAndCancelledOnDelete(t *testing.T) {
 func TestWarmFailuresAndDeadline(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		a, c := newFakeWorker(t, "m"), newFakeWorker(t, "m")
-		c.setHandler(func(w http.ResponseWriter, r *http.Request) { http.Error(w, "overloaded", http.StatusInternalServerError) })
+		c.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "overloaded", http.StatusInternalServerError)
+		})
 		g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8}, 2, a)
 		g.addWorker(t, c, "")
 		if n := g.waitEnded(t); n != 0 {
@@ -299,7 +314,11 @@ func TestWarmFailuresAndDeadline(t *testing.T) {
 		})
 		g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8}, 2, a)
 		g.addWorker(t, c, "")
-		<-entered
+		select {
+		case <-entered:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no warm request reached the new worker")
+		}
 		g.Stop()
 		if n := g.waitEnded(t); n != 0 {
 			t.Fatalf("recorded %d after Stop, want 0", n)

@@ -143,15 +143,14 @@ func PlanWarm(p Policy, workerID string, cfg WarmConfig, now time.Time, routedBy
 		return nil
 	}
 	cfg = cfg.WithDefaults()
-	hot := w.HotPrefixes(radix.HotOptions{
-		Limit: cfg.Prefixes, Exclude: workerID, MinChars: minWarmChars, Since: now.Add(-warmHorizon),
-	})
+	opts := radix.HotOptions{Limit: cfg.Prefixes, Exclude: workerID, MinChars: minWarmChars, Since: now.Add(-warmHorizon)}
+	if routedBytes > 0 {
+		// The routing text is cut at a rune start at most 3 bytes before the limit.
+		opts.MaxBytes = max(routedBytes-utf8.UTFMax, 1)
+	}
 	var out []string
 	budget := cfg.MaxTokens
-	for _, h := range hot {
-		if routedBytes > 0 && len(h.Text) > routedBytes-utf8.UTFMax { // cut at a rune start up to the limit
-			continue
-		}
+	for _, h := range w.HotPrefixes(opts) {
 		if n := WarmTokens(h.Text); n <= budget {
 			out = append(out, h.Text)
 			budget -= n

@@ -21,6 +21,9 @@ type HotOptions struct {
 	MinChars int
 	// MaxChars cuts a longer prefix to its first MaxChars characters; 0 means no cut.
 	MaxChars int
+	// MaxBytes skips prefixes longer than MaxBytes bytes (before any cut), so that Limit counts
+	// only those the caller can use; 0 skips none.
+	MaxBytes int
 	// Since skips prefixes no tenant has touched since then; the zero time skips none.
 	Since time.Time
 }
@@ -44,6 +47,7 @@ type hotNode struct {
 	parent   int32 // index in the walk's slice; -1 for a child of the root
 	edge     string
 	chars    int // characters from the root to the end of the edge
+	bytes    int // and bytes
 	hits     uint32
 	maxChild uint32 // the most hits of one child
 	holders  int
@@ -77,7 +81,8 @@ func (t *Tree) Hot(opts HotOptions) []HotPrefix {
 	var cands []int32
 	for i := range nodes {
 		n := &nodes[i]
-		if n.hits < minHits || n.excluded || n.holders == 0 || n.chars < minChars || n.last < since {
+		if n.hits < minHits || n.excluded || n.holders == 0 || n.chars < minChars || n.last < since ||
+			(opts.MaxBytes > 0 && n.bytes > opts.MaxBytes) {
 			continue
 		}
 		if uint64(n.maxChild)*2 > uint64(n.hits) {
@@ -149,8 +154,10 @@ func (t *Tree) hotWalk(exclude string) []hotNode {
 			continue
 		}
 		h := hotNode{parent: it.parent, edge: n.edge, chars: int(n.chars), hits: n.hits}
+		h.bytes = len(n.edge)
 		if it.parent >= 0 {
 			h.chars += out[it.parent].chars
+			h.bytes += out[it.parent].bytes
 		}
 		for _, e := range n.tenants {
 			tn := tabTenant(t, &tab, e.idx)

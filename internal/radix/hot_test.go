@@ -87,6 +87,12 @@ func TestHotExcludeSinceAndCut(t *testing.T) {
 	if len(got) != 2 || got[0].Text != fresh[:7] || got[0].Chars != 100 {
 		t.Fatalf("MaxChars 7 = %+v, want 7-character texts of 100-character prefixes", got)
 	}
+	if got := tr.Hot(HotOptions{Limit: 1, Exclude: "new", MaxBytes: 99}); len(got) != 0 {
+		t.Fatalf("MaxBytes 99 = %q, want none", hotTexts(got))
+	}
+	if got := tr.Hot(HotOptions{Limit: 1, Exclude: "new", MaxBytes: 100}); len(got) != 1 {
+		t.Fatalf("MaxBytes 100 = %q, want one", hotTexts(got))
+	}
 	if got := tr.Hot(HotOptions{Limit: 10, MinChars: 101}); len(got) != 0 {
 		t.Fatalf("MinChars 101 = %q, want none", hotTexts(got))
 	}
@@ -157,7 +163,7 @@ func FuzzHot(f *testing.F) {
 				held[w] = append(held[w], s)
 			}
 		}
-		opts := HotOptions{Limit: int(limit % 6), MinHits: int(minHits % 4)}
+		opts := HotOptions{Limit: int(limit % 6), MinHits: int(minHits % 4), MaxBytes: int(minHits/4) % 12}
 		if exclude%4 < 3 {
 			opts.Exclude = tenants[exclude%4]
 		}
@@ -166,7 +172,7 @@ func FuzzHot(f *testing.F) {
 		}
 		qualifies := func(p string) bool {
 			h := naiveHits(texts, p)
-			if h < max(opts.MinHits, 2) || (opts.Exclude != "" && holds(opts.Exclude, p)) {
+			if h < max(opts.MinHits, 2) || (opts.MaxBytes > 0 && len(p) > opts.MaxBytes) || (opts.Exclude != "" && holds(opts.Exclude, p)) {
 				return false
 			}
 			other := false
