@@ -14,12 +14,12 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// Start runs the gateway's background work, the active health checks, until ctx ends or Stop
-// is called.
-func (s *Server) Start(ctx context.Context) { s.checker.Start(ctx) }
+// Start runs the gateway's background work, the active health checks and the warm-ups of
+// joining workers (warm.go), until ctx ends or Stop is called.
+func (s *Server) Start(ctx context.Context) { s.checker.Start(ctx); s.warm.start(ctx) }
 
 // Stop ends what Start began and waits for it to exit. It is idempotent.
-func (s *Server) Stop() { s.checker.Stop() }
+func (s *Server) Stop() { s.warm.stop(); s.checker.Stop() }
 
 // newChecker builds the health checker, reporting transitions to the metrics.
 func (s *Server) newChecker() *worker.Checker {
