@@ -155,6 +155,13 @@ type Summary struct {
 	// SpreadCV is the coefficient of variation over engines of the time-averaged backlog;
 	// simulated runs only.
 	SpreadCV float64 `json:"load_cv,omitempty"`
+	// Stall is the share of engine time by which decoding was held up behind prefill: steps with
+	// decoding requests that ran longer than their decode cost because of the prefill chunk
+	// they carried (engine.Load.DecodeStall), summed over engines ÷ (engines × run time).
+	// Batch is the mean number of running requests per engine, sampled at every poll round.
+	// Simulated runs only.
+	Stall float64 `json:"decode_stall_share,omitempty"`
+	Batch float64 `json:"mean_batch,omitempty"`
 	// Decisions counts the policy's decisions by branch (cache_hit, cache_miss, imbalanced, …),
 	// summed over gateways; simulated runs of policies that count them only.
 	Decisions map[string]uint64 `json:"decisions,omitempty"`
@@ -278,16 +285,16 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Rows) > 0 {
 		b.WriteByte('\n')
 		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tideal\t÷oracle\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\t")
+		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tideal\t÷oracle\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\tstall\tbatch\t")
 		for _, s := range r.Rows {
 			gw := "-"
 			if s.Gateways > 0 {
 				gw = fmt.Sprint(s.Gateways)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 				s.Label, gw, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate, fmtRatio(s.IdealHitRate), fmtRatio(s.HitVsOracle),
 				fmtMS(s.TTFTP50), fmtMS(s.TTFTP90), fmtMS(s.TTFTP99), fmtMS(s.ITLP50),
-				fmtMS(s.E2EP50), fmtMS(s.E2EP99), fmtSpread(s.Spread))
+				fmtMS(s.E2EP50), fmtMS(s.E2EP99), fmtSpread(s.Spread), fmtRatio(s.Stall), fmtBatch(s.Batch))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -336,6 +343,14 @@ func fmtRatio(v float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.3f", v)
+}
+
+// fmtBatch formats a mean batch size, "-" when unknown (zero).
+func fmtBatch(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 func fmtSpread(v float64) string {

@@ -333,3 +333,26 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeStall: a step lasts max(decode cost, prefill time); the time by which a prefill
+// chunk stretches a step that has decoding requests is counted as decode stall, once per step
+// however many decoding requests it holds up.
+func TestDecodeStall(t *testing.T) {
+	e := mustNew(t, Config{})
+	for i := range 2 {
+		mustSubmit(t, e, 0, Request{ID: uint64(i + 1), Text: text(fmt.Sprint(i), 8), MaxTokens: 200})
+	}
+	e.Advance(100*time.Millisecond, nil) // both decoding, nothing stretched
+	if l := e.Load(); l.DecodeStall != 0 {
+		t.Fatalf("stall %v before any long prefill", l.DecodeStall)
+	}
+	mustSubmit(t, e, 100*time.Millisecond, Request{ID: 3, Text: text("long", 1600), MaxTokens: 1})
+	drain(t, e, 10000)
+	// One step carries the 1,600-token prefill: 200 ms at 8,000 tokens/s against a decode cost of
+	// 6 + 2 × 0.35 ms, so the step runs 193.3 ms past its decode cost.
+	want := 200*time.Millisecond - 6700*time.Microsecond
+	l := e.Load()
+	if d := l.DecodeStall - want; d < -time.Millisecond || d > time.Millisecond {
+		t.Fatalf("decode stall %v, want %v", l.DecodeStall, want)
+	}
+}

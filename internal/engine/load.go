@@ -36,6 +36,11 @@ type Load struct {
 	GeneratedTokens int64
 	// Finished, Aborted and Preemptions count those events since start.
 	Finished, Aborted, Preemptions int64
+	// DecodeStall is the time since start by which steps with decoding requests ran longer than
+	// their decode cost because the prefill chunk they carried took longer (a step lasts
+	// max(decode cost, prefill time)): the time every decoding request waited for prefill. A
+	// simulator statistic: no engine reports it.
+	DecodeStall time.Duration
 }
 
 // Load returns the load at the engine's latest time (see Now).
@@ -55,6 +60,7 @@ func (e *Engine) Load() Load {
 		Finished:              e.stats.finished,
 		Aborted:               e.stats.aborted,
 		Preemptions:           e.stats.preempted,
+		DecodeStall:           e.stats.stall,
 	}
 	for _, r := range e.running {
 		l.PrefillTokens += int64(max(r.target-r.computed, 0))
@@ -74,6 +80,7 @@ func (e *Engine) Load() Load {
 type stats struct {
 	prompt, cached, generated    int64
 	finished, aborted, preempted int64
+	stall                        time.Duration // see Load.DecodeStall
 	gen                          decayed
 	// hits decays the cached tokens and the prompt tokens (the queries) together: they are
 	// always added at the same time, so one exponential serves both.

@@ -37,6 +37,10 @@ func (e *Engine) startStep(t time.Duration) {
 	}
 	d := e.cfg.DecodeBase + time.Duration(len(e.decoders))*e.cfg.DecodePerReq
 	if p := time.Duration(float64(prefill) / e.cfg.PrefillTPS * float64(time.Second)); p > d {
+		if len(e.decoders) > 0 {
+			// The step's prefill outlasts its decode: every decoding request waits for it.
+			e.stats.stall += p - d
+		}
 		d = p
 	}
 	e.busy, e.stepStart, e.stepDur, e.steps, e.done = true, t, max(d, 1), steps, 0

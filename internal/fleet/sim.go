@@ -118,6 +118,7 @@ type simEngine struct {
 	queued  bool          // an evEngine for ver is in the queue
 	queueAt time.Duration // and when
 	backlog float64       // sum of sampled backlogs, for the load spread
+	running float64       // sum of sampled running requests, for the mean batch
 }
 
 // sim is one run.
@@ -199,6 +200,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Policy, sum.Gateways, sum.Engines, sum.LoadMode = canon, cfg.Gateways, cfg.Engines, cfg.LoadMode.String()
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread, sum.SpreadCV = s.spread(), s.spreadCV()
+	sum.Stall, sum.Batch = s.stall(), s.batch()
 	sum.Decisions = s.decisions()
 	if len(cfg.Failover) > 0 {
 		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
@@ -439,8 +441,34 @@ func (s *sim) sample() {
 	for _, se := range s.engines {
 		l := se.e.Load()
 		se.backlog += float64(l.Running + l.Waiting)
+		se.running += float64(l.Running)
 	}
 	s.samples++
+}
+
+// stall returns the share of engine time by which decoding waited for prefill over the whole
+// run (bench.Summary.Stall), rounded to 3 decimals.
+func (s *sim) stall() float64 {
+	if s.now <= 0 || len(s.engines) == 0 {
+		return 0
+	}
+	var t time.Duration
+	for _, se := range s.engines {
+		t += se.e.Load().DecodeStall
+	}
+	return math.Round(float64(t)/float64(s.now)/float64(len(s.engines))*1000) / 1000
+}
+
+// batch returns the mean sampled running requests per engine, rounded to one decimal.
+func (s *sim) batch() float64 {
+	if s.samples == 0 || len(s.engines) == 0 {
+		return 0
+	}
+	var sum float64
+	for _, se := range s.engines {
+		sum += se.running
+	}
+	return math.Round(sum/float64(s.samples)/float64(len(s.engines))*10) / 10
 }
 
 // spreadCV returns the coefficient of variation (standard deviation ÷ mean) of the engines'

@@ -113,6 +113,10 @@ type CacheAware struct {
 	// available candidates, the least load among them, and how many leading characters of the
 	// text the tree holds for several workers); nil means the least loaded worker.
 	placeMiss func(av []cand, minLoad int64, text string, known int) *cand
+	// pickHolder, when set, chooses among the candidates holding the matched prefix (holders,
+	// by id) given the least load of the pool; nil means leastLoadedHolder. It returns nil when
+	// no candidate holds it.
+	pickHolder func(av []cand, holders []string, minLoad int64) *cand
 	// acceptHit, when set, says whether the least loaded holder of the prompt may take it given
 	// the least load of the pool; when it may not, the prompt is placed as a miss.
 	acceptHit func(av []cand, h *cand, minLoad int64) bool
@@ -236,7 +240,7 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	// loaded of them keeps the hit without queueing behind the first holder.
 	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
 		if m.Ratio() > p.cfg.CacheThreshold {
-			if h := leastLoadedHolder(av, m.Holders); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
+			if h := p.holder(av, m.Holders, av[minI].load); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
 				best, hit = h, true
 				predicted = p.predict(m, best.w.ID)
 				return best.w.ID
@@ -256,6 +260,14 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 		req.decide(BranchCacheMiss, predicted, true)
 	}
 	return best.w
+}
+
+// holder returns the candidate a hit goes to among the holders of the matched prefix.
+func (p *CacheAware) holder(av []cand, holders []string, minLoad int64) *cand {
+	if p.pickHolder != nil {
+		return p.pickHolder(av, holders, minLoad)
+	}
+	return leastLoadedHolder(av, holders)
 }
 
 // predict is the share of m's text that the tree says worker id holds: the whole match when id
@@ -320,23 +332,28 @@ func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand,
 // replicas).
 var idSeed = maphash.MakeSeed()
 
-// leastLoadedHolder returns the least loaded candidate whose id is among tenants, or nil. A
-// popular prefix can be held by most of a large pool, so instead of comparing every candidate
-// with every tenant it indexes the candidates by id hash in a small table on the stack.
+// leastLoadedHolder returns the least loaded candidate whose id is among tenants, or nil.
 func leastLoadedHolder(av []cand, tenants []string) *cand {
 	var best *cand
-	consider := func(c *cand) {
+	eachHolder(av, tenants, func(c *cand) {
 		if best == nil || lessLoaded(c, best) {
 			best = c
 		}
-	}
+	})
+	return best
+}
+
+// eachHolder calls consider for every candidate whose id is among tenants. A popular prefix can
+// be held by most of a large pool, so instead of comparing every candidate with every tenant it
+// indexes the candidates by id hash in a small table on the stack.
+func eachHolder(av []cand, tenants []string, consider func(*cand)) {
 	if len(av)*len(tenants) <= 64 || len(av) > 127 {
 		for i := range av {
 			if slices.Contains(tenants, av[i].w.ID) {
 				consider(&av[i])
 			}
 		}
-		return best
+		return
 	}
 	var tab [256]uint8 // av index + 1; 0 is empty. At most half full.
 	const mask = uint64(len(tab) - 1)
@@ -355,5 +372,4 @@ func leastLoadedHolder(av []cand, tenants []string) *cand {
 			}
 		}
 	}
-	return best
 }

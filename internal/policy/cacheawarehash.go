@@ -65,7 +65,8 @@ const (
 // is not usable.
 type CacheAwareHash struct {
 	*CacheAware
-	sent sentTokens // uncached tokens sent per worker since its poll (cacheawarewait.go)
+	sent   sentTokens // uncached tokens sent per worker since its poll (cacheawarewait.go)
+	recent picks      // this replica's last pick of each worker (cacheawarerotate.go)
 }
 
 var (
@@ -82,6 +83,7 @@ func NewCacheAwareHash(cfg Config) *CacheAwareHash {
 	p.placeMiss = func(av []cand, minLoad int64, text string, known int) *cand {
 		return p.place(av, minLoad, hashString(placementKey(text, known)), true)
 	}
+	p.pickHolder = p.rotateHolders
 	return p
 }
 
@@ -99,14 +101,11 @@ func (p *CacheAwareHash) anyQueued(av []cand) bool {
 	return false
 }
 
-// place returns the candidate with the highest rendezvous score for key among those that may
-// take a new prompt: within cache_aware's balance rule of the least loaded (Balance.Within) and
-// below max(⌈mean + slack·√mean⌉, least load + 1). The least loaded candidate always passes both,
-// so some candidate is returned; the fallback to it is only a guard.
-func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog bool) *cand {
-	var best *cand
-	var bestScore uint64
-	b := BalanceOf(p.cfg)
+// bound returns the load below which a candidate may take a new prompt (or, on a hit, join the
+// rotation among the holders): max(⌈mean + slack·√mean⌉, minLoad + 1), the mean counting the
+// request being placed, slack placeSlack or, while any candidate's engine queues,
+// placeSlackQueued.
+func (p *CacheAwareHash) bound(av []cand, minLoad int64) int64 {
 	var total int64
 	for i := range av {
 		total += av[i].load
@@ -116,7 +115,18 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 	if p.anyQueued(av) {
 		slack = placeSlackQueued
 	}
-	bound := max(int64(math.Ceil(mean+slack*math.Sqrt(mean))), minLoad+1)
+	return max(int64(math.Ceil(mean+slack*math.Sqrt(mean))), minLoad+1)
+}
+
+// place returns the candidate with the highest rendezvous score for key among those that may
+// take a new prompt: within cache_aware's balance rule of the least loaded (Balance.Within) and
+// below max(⌈mean + slack·√mean⌉, least load + 1). The least loaded candidate always passes both,
+// so some candidate is returned; the fallback to it is only a guard.
+func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog bool) *cand {
+	var best *cand
+	var bestScore uint64
+	b := BalanceOf(p.cfg)
+	bound := p.bound(av, minLoad)
 	var least *cand
 	var buf [64]float64
 	tok := buf[:0]
@@ -124,10 +134,14 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		tok = make([]float64, len(av))
 	}
 	tok = tok[:len(av)]
-	leastTok, prefillBound := 0.0, false
+	leastTok, prefillBound, rotate := 0.0, false, false
 	if byBacklog {
 		leastTok, prefillBound = p.backlogs(av, tok)
+		rotate = !prefillBound && p.rotating(av)
 	}
+	seq, gap := p.recent.window(len(av))
+	var fallback *cand // the best candidate when every one within the bounds is recent
+	var fallbackScore uint64
 	for i := range av {
 		c := &av[i]
 		if least == nil || lessLoaded(c, least) {
@@ -139,12 +153,22 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		if prefillBound && tok[i] > leastTok+spillTokens {
 			continue
 		}
-		if s := score(key, c.w.ID); best == nil || s > bestScore {
+		s := score(key, c.w.ID)
+		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) {
+			if fallback == nil || s > fallbackScore {
+				fallback, fallbackScore = c, s
+			}
+			continue
+		}
+		if best == nil || s > bestScore {
 			best, bestScore = c, s
 		}
 	}
-	if best == nil {
-		return least
+	switch {
+	case best != nil:
+		return best
+	case fallback != nil:
+		return fallback
 	}
-	return best
+	return least
 }

@@ -85,6 +85,7 @@ func (p *CacheAwareHash) Pick(candidates []*worker.Worker, req *Request) *worker
 	if w == nil || req == nil {
 		return w
 	}
+	p.recent.picked(w.ID)
 	if r, ok := p.loads.Report(w); ok && r.HasUncachedTokens {
 		p.sent.add(w.ID, r.PolledAt, uncachedTokens(req))
 	}
@@ -95,6 +96,7 @@ func (p *CacheAwareHash) Pick(candidates []*worker.Worker, req *Request) *worker
 func (p *CacheAwareHash) Forget(workerID string) {
 	p.CacheAware.Forget(workerID)
 	p.sent.forget(workerID)
+	p.recent.forget(workerID)
 }
 
 // backlogs fills tok with every candidate's prefill backlog in tokens (reported plus sent since
@@ -116,6 +118,25 @@ func (p *CacheAwareHash) backlogs(av []cand, tok []float64) (least float64, ok b
 		most = max(most, t)
 	}
 	return least, most-least > prefillGateTokens
+}
+
+// solo reports whether this replica judges itself the fleet's only gateway: some candidate has
+// a fresh report and every fresh report's replica estimate is below soloReplicas. Without any
+// report the replica cannot tell, and is taken as one of several (the rules that need agreement
+// between replicas stay on).
+func (p *CacheAwareHash) solo(av []cand) bool {
+	seen := false
+	for i := range av {
+		r, fresh := p.loads.Report(av[i].w)
+		if !fresh {
+			continue
+		}
+		if r.Replicas >= soloReplicas {
+			return false
+		}
+		seen = true
+	}
+	return seen
 }
 
 // uncachedTokens estimates the prompt tokens req sends its worker that miss the cache: the whole

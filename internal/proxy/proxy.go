@@ -96,10 +96,13 @@ func NewTransport() *http.Transport {
 
 // Forwarder sends requests to workers. Safe for concurrent use.
 type Forwarder struct {
-	cfg    Config
-	client *http.Client
-	obs    Observer
-	rand   func() float64
+	cfg Config
+	// transport is called directly, not through an http.Client: a proxy relays a worker's
+	// redirect rather than following it (as httputil.ReverseProxy does), and a client's
+	// per-request header copy (kept for redirects) would be work for nothing.
+	transport http.RoundTripper
+	obs       Observer
+	rand      func() float64
 }
 
 type nopObserver struct{}
@@ -133,10 +136,10 @@ func New(cfg Config) *Forwarder {
 		cfg.Transport = NewTransport()
 	}
 	return &Forwarder{
-		cfg:    cfg,
-		client: &http.Client{Transport: cfg.Transport},
-		obs:    cmp.Or[Observer](cfg.Observer, nopObserver{}),
-		rand:   cfg.Rand,
+		cfg:       cfg,
+		transport: cfg.Transport,
+		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
+		rand:      cfg.Rand,
 	}
 }
 
@@ -329,9 +332,11 @@ func (f *Forwarder) backoff(ctx context.Context, attempt int) bool {
 // method is the one place where the attempt's books are settled: body, context, timer, the
 // worker's lease (in-flight count and breaker) and the error metric.
 type attempt struct {
-	f      *Forwarder
-	w      *worker.Worker
-	lease  worker.Lease
+	f     *Forwarder
+	w     *worker.Worker
+	lease worker.Lease
+	// cancel and timer bound the attempt up to its response headers (Config.AttemptTimeout);
+	// both are nil when there is no such bound.
 	cancel context.CancelFunc
 	timer  *time.Timer
 	resp   *http.Response
@@ -352,12 +357,17 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		return nil, false
 	}
 	*a = attempt{f: f, w: w, lease: lease}
-	actx, cancel := context.WithCancel(ctx)
-	a.cancel = cancel
+	actx := ctx
 	if d := f.cfg.AttemptTimeout; d > 0 {
+		// Only a bound of its own needs a context of its own: without one, the request's
+		// context is the attempt's, and end has nothing to cancel (the response body's Close
+		// releases the connection).
+		var cancel context.CancelFunc
+		actx, cancel = context.WithCancel(ctx)
+		a.cancel = cancel
 		a.timer = time.AfterFunc(d, cancel)
 	}
-	u, err := http.NewRequestWithContext(actx, http.MethodPost, w.URL.String()+req.Path, nil)
+	u, err := newUpstreamRequest(actx, w.URL, req.Path, len(req.Header)+upstreamHeaders)
 	if err != nil {
 		// Only a malformed path can fail here; it is a gateway bug, not the worker's.
 		a.setFailure(KindTransport, worker.Abandoned)
@@ -379,14 +389,19 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 			u.Header.Set("X-Forwarded-For", req.ClientIP)
 		}
 	}
-	f.setCredentials(u.Header, w.Spec.APIKey)
-	setBody(u, req) // last: every caller sends u, and net/http closes (so releases) its body
+	f.setCredentials(u, w.Spec.APIKey)
+	// Last: every caller sends u, and net/http closes (so releases) its body.
+	if len(req.Body) <= smallBody {
+		setSmallBody(u, req.Body)
+	} else {
+		setBody(u, req)
+	}
 	return u, true
 }
 
 // send sends u and waits for the response headers; the attempt's timer covers only this part.
 func (a *attempt) send(ctx context.Context, u *http.Request) *Error {
-	resp, err := a.f.client.Do(u)
+	resp, err := a.f.transport.RoundTrip(u)
 	timedOut := a.timer != nil && !a.timer.Stop()
 	if err == nil && timedOut {
 		// The attempt timer fired just as the headers arrived: the body is already cancelled.
@@ -417,7 +432,9 @@ func (a *attempt) end() {
 	if a.timer != nil {
 		a.timer.Stop()
 	}
-	a.cancel()
+	if a.cancel != nil {
+		a.cancel()
+	}
 	a.lease.End(a.outcome)
 	if a.failed && (a.outcome == worker.Failed || a.kind == KindStatus) {
 		a.f.obs.UpstreamError(a.w, a.kind)
