@@ -344,6 +344,7 @@ type fleetFlags struct {
 	sticky       bool
 	stickyPlace  string
 	kvEvents     fleet.KVEvents
+	warm         policy.WarmConfig
 
 	sweep      bool
 	slo        time.Duration
@@ -384,6 +385,9 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
 	fs.DurationVar(&ff.kvEvents.TokenizeBase, "tokenize-base", time.Millisecond, "fleet precise_prefix: fixed cost of one tokenization (added to the request's TTFT)")
 	fs.Float64Var(&ff.kvEvents.TokenizeTPS, "tokenize-tps", 2e6, "fleet precise_prefix: tokenizer speed in tokens per second")
+	fs.IntVar(&ff.warm.Prefixes, "warm-prefixes", 0, "fleet: warm each engine --failover adds with up to this many hot prefixes, as kvgate serve --warm-prefixes does (0 = off)")
+	fs.IntVar(&ff.warm.MaxTokens, "warm-max-tokens", 0, "fleet: prompt tokens one warm-up may send (0 = the serve default)")
+	fs.IntVar(&ff.warm.Concurrency, "warm-concurrency", 0, "fleet: warm requests in flight at once (0 = the serve default)")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
@@ -407,7 +411,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
 		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
 		Failover: ff.failover, Timeline: ff.timeline,
-		KVEvents: ff.kvEvents,
+		KVEvents: ff.kvEvents, Warm: ff.warm,
 	}
 	if ff.engineMix != "" {
 		mix, err := fleet.ParseEngineMix(ff.engineMix)

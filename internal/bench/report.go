@@ -180,6 +180,8 @@ type Summary struct {
 	// Undisturbed is the timeline of the same simulated run without its worker changes, the
 	// reference of Recoveries (fleet failover runs).
 	Undisturbed []TimelinePoint `json:"undisturbed_timeline,omitempty"`
+	// Warm counts the warm-ups of added engines (fleet runs with warming on); nil when none.
+	Warm *WarmStats `json:"warm,omitempty"`
 }
 
 // Summarize turns the collected figures into a row labelled label.
@@ -390,6 +392,9 @@ func writeAccuracy(b *strings.Builder, rows []Summary) error {
 		for _, s := range rows {
 			for _, r := range s.Recoveries {
 				fmt.Fprintf(b, "%s: %s\n", s.Label, r)
+			}
+			if s.Warm != nil {
+				fmt.Fprintf(b, "%s: %s\n", s.Label, s.Warm)
 			}
 		}
 	}

@@ -119,6 +119,7 @@ func (s *sim) change(i int) {
 	for _, g := range s.gws {
 		g.addWorker(idx)
 	}
+	s.warmAdded(idx)
 }
 
 // addWorker gives this gateway a worker object for the new engine idx.

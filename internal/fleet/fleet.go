@@ -95,6 +95,9 @@ type Config struct {
 	Timeline time.Duration
 	// KVEvents configures the engines' KV-cache events that precise_prefix reads.
 	KVEvents KVEvents
+	// Warm warms each engine that Failover adds, as the gateway warms a worker that joins
+	// (warm.go); the zero value is off.
+	Warm policy.WarmConfig
 }
 
 // DefaultConfig returns the defaults: 8 engines, 1 gateway, cache_aware on effective load, 1 s
@@ -177,6 +180,9 @@ func (c Config) Validate() error {
 	if err := c.KVEvents.Validate(); err != nil {
 		return err
 	}
+	if err := c.Warm.Validate(); err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
 	return validateFailover(c)
 }
 
@@ -201,6 +207,9 @@ func (c Config) Label() string {
 		if c.PolicyConfig.Sticky.Placement == policy.PlacePolicy {
 			name += "(policy)"
 		}
+	}
+	if c.Warm.Enabled() {
+		name += "+warm"
 	}
 	if c.LoadMode != loadmon.ModeEffective {
 		name += "/" + c.LoadMode.String()

@@ -21,12 +21,13 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 type eventKind uint8
 
 const (
-	evArrival eventKind = iota // open loop: a new session arrives
-	evTurn                     // a session's next turn is due
-	evEngine                   // an engine's next event is due
-	evPoll                     // a gateway polls every engine
-	evEvict                    // a gateway trims its policy's trees
-	evWorker                   // a worker change of Config.Failover (idx: its index)
+	evArrival      eventKind = iota // open loop: a new session arrives
+	evTurn                          // a session's next turn is due
+	evEngine                        // an engine's next event is due
+	evPoll                          // a gateway polls every engine
+	evEvict                         // a gateway trims its policy's trees
+	evWorker                        // a worker change of Config.Failover (idx: its index)
+	evWarmDeadline                  // a warm-up's time is up (idx: its index in sim.warms)
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -109,6 +110,8 @@ type flight struct {
 	// extra is decision time the simulated engine did not see (tokenization), added to the
 	// request's latencies.
 	extra time.Duration
+	// warm is set for a warm-up request (warm.go), which is no client's: nil for the others.
+	warm *warmRun
 }
 
 // simEngine is one engine and its wake bookkeeping.
@@ -144,6 +147,9 @@ type sim struct {
 	ideal    *bench.Ideal
 	// kv is the engines' KV-cache event feed, when a policy reads it.
 	kv *kvFeed
+	// warms are the warm-ups of added engines (warm.go); warmStats counts them, nil if none.
+	warms     []*warmRun
+	warmStats *bench.WarmStats
 }
 
 var _ Truth = (*sim)(nil)
@@ -202,6 +208,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.Spread, sum.SpreadCV = s.spread(), s.spreadCV()
 	sum.Stall, sum.Batch = s.stall(), s.batch()
 	sum.Decisions = s.decisions()
+	sum.Warm = s.warmStats
 	if len(cfg.Failover) > 0 {
 		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
 	}
@@ -324,6 +331,8 @@ func (s *sim) dispatch(ev event) {
 		}
 	case evWorker:
 		s.change(ev.idx)
+	case evWarmDeadline:
+		s.warmDeadline(ev.idx)
 	}
 }
 
@@ -418,6 +427,10 @@ func (s *sim) finish(ev engine.Event) {
 		return
 	}
 	delete(s.flights, ev.ID)
+	if f.warm != nil {
+		s.warmFinished(f, ev)
+		return
+	}
 	f.release()
 	rec := bench.Record{
 		Sent: f.sent, TTFT: ev.TTFT + f.extra, E2E: ev.At - f.sent + f.extra,

@@ -285,10 +285,10 @@ func (a *auditWriter) observe(m *Metrics, model string) {
 	}
 	actual, ok := a.cachedShare()
 	if !ok {
-		m.predictionMissing.WithLabelValues(a.policy, model).Inc()
+		m.child(hotKey{metric: hotPredMissing, label: a.policy, model: model}).counter.Inc()
 		return
 	}
-	m.predictionError.WithLabelValues(a.policy, model).Observe(a.promptShare() - actual)
+	m.child(hotKey{metric: hotPredError, label: a.policy, model: model}).observer.Observe(a.promptShare() - actual)
 }
 
 // predictionErrorBuckets cover predicted − actual share in [−1, 1], finer near zero.

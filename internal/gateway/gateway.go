@@ -68,6 +68,9 @@ type Config struct {
 	Health worker.HealthConfig
 	// Proxy configures forwarding, timeouts and retries.
 	Proxy proxy.Config
+	// Warm warms each regular worker that joins a pool with the pool's hot prefixes
+	// (warm.go); the zero value is off.
+	Warm policy.WarmConfig
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -115,6 +118,8 @@ type Server struct {
 	addMu sync.Mutex
 	// probing holds the ids of workers whose registration probe is running.
 	probing map[string]bool
+	// warm warms joining workers between Start and Stop.
+	warm *warmer
 }
 
 // Validate reports a configuration that would expose the admin plane without a key, or an
@@ -122,6 +127,9 @@ type Server struct {
 func (c Config) Validate() error {
 	if c.AdminOnDataPlane && c.AdminKey == "" {
 		return errors.New("the admin routes may be served on the main port only with an admin key")
+	}
+	if err := c.Warm.Validate(); err != nil {
+		return err
 	}
 	_, err := parseHostRules(c.AllowedWorkerHosts)
 	return err
@@ -158,6 +166,8 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	s.fwd = proxy.New(cfg.Proxy)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout}
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events
+	s.warm = newWarmer(s, cfg.Warm)
+	reg.Subscribe(s.warm.onEvent) // after the router builds a joining worker's policy, before forgetting a leaving one
 	reg.Subscribe(func(e worker.Event) {
 		if !e.Removed {
 			return

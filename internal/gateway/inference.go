@@ -181,7 +181,7 @@ func containsWorker(ws []*worker.Worker, w *worker.Worker) bool {
 // finish writes the error for a request that never reached the client, and records metrics.
 func (s *Server) finish(w http.ResponseWriter, r *http.Request, res proxy.Result, model string, stream bool, id string) {
 	if stream && res.FirstByte > 0 && res.Status < 400 {
-		s.metrics.ttft.WithLabelValues(model).Observe(res.FirstByte.Seconds())
+		s.metrics.child(hotKey{metric: hotTTFT, model: model}).observer.Observe(res.FirstByte.Seconds())
 	}
 	if res.Err == nil {
 		return

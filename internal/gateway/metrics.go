@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +31,9 @@ type Metrics struct {
 
 	predictionError   *prometheus.HistogramVec
 	predictionMissing *prometheus.CounterVec
+
+	// hot caches the children of the metrics above that every routed request updates.
+	hot hotCache
 }
 
 var _ proxy.Observer = (*Metrics)(nil)
@@ -69,6 +71,7 @@ func newMetrics(reg *worker.Registry, router *policy.Router, loads policy.Loads)
 			Name: "kvgate_worker_circuit_transitions_total", Help: "Circuit-breaker state changes by worker and new state.",
 		}, []string{"worker", "to"}),
 	}
+	m.hot.children.Store(&map[hotKey]hotChild{})
 	m.predictionError, m.predictionMissing = auditMetrics()
 	m.reg.MustRegister(m.predictionError, m.predictionMissing, sessionCollector{router})
 	m.reg.MustRegister(m.requests, m.duration, m.ttft, m.selections, m.upstream, m.retries, m.exhausted, m.healthTo, m.circuitTo,
@@ -86,12 +89,12 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 func (m *Metrics) observeRequest(route, model string, status int, d time.Duration) {
-	m.requests.WithLabelValues(route, model, strconv.Itoa(status)).Inc()
-	m.duration.WithLabelValues(route, model).Observe(d.Seconds())
+	m.child(hotKey{metric: hotRequests, label: route, model: model, status: status}).counter.Inc()
+	m.child(hotKey{metric: hotDuration, label: route, model: model}).observer.Observe(d.Seconds())
 }
 
 func (m *Metrics) selected(pol, model string, w *worker.Worker) {
-	m.selections.WithLabelValues(pol, model, w.ID).Inc()
+	m.child(hotKey{metric: hotSelections, label: pol, model: model, worker: w.ID}).counter.Inc()
 }
 
 // UpstreamError implements proxy.Observer.

@@ -14,12 +14,12 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// Start runs the gateway's background work, the active health checks, until ctx ends or Stop
-// is called.
-func (s *Server) Start(ctx context.Context) { s.checker.Start(ctx) }
+// Start runs the gateway's background work, the active health checks and the warm-ups of
+// joining workers (warm.go), until ctx ends or Stop is called.
+func (s *Server) Start(ctx context.Context) { s.checker.Start(ctx); s.warm.start(ctx) }
 
 // Stop ends what Start began and waits for it to exit. It is idempotent.
-func (s *Server) Stop() { s.checker.Stop() }
+func (s *Server) Stop() { s.warm.stop(); s.checker.Stop() }
 
 // newChecker builds the health checker, reporting transitions to the metrics.
 func (s *Server) newChecker() *worker.Checker {
@@ -92,24 +92,28 @@ func (s *Server) unavailableMessage(model string, e *proxy.Error) string {
 	return b.String()
 }
 
-// forgetWorker drops a removed worker's transition series.
+// forgetWorker drops a removed worker's series.
 func (m *Metrics) forgetWorker(id string) {
 	l := prometheus.Labels{"worker": id}
-	m.healthTo.DeletePartialMatch(l)
-	m.circuitTo.DeletePartialMatch(l)
-	m.selections.DeletePartialMatch(l)
-	m.upstream.DeletePartialMatch(l)
+	m.forgetHot(func() {
+		m.healthTo.DeletePartialMatch(l)
+		m.circuitTo.DeletePartialMatch(l)
+		m.selections.DeletePartialMatch(l)
+		m.upstream.DeletePartialMatch(l)
+	}, func(k hotKey) bool { return k.worker == id })
 }
 
 // forgetModel drops the series of a model that no worker serves any more, so that a gateway that
 // has served many models over its life keeps series only for the current ones.
 func (m *Metrics) forgetModel(model string) {
 	l := prometheus.Labels{"model": model}
-	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
-		m.requests, m.duration, m.ttft, m.selections, m.predictionError, m.predictionMissing,
-	} {
-		v.DeletePartialMatch(l)
-	}
+	m.forgetHot(func() {
+		for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+			m.requests, m.duration, m.ttft, m.selections, m.predictionError, m.predictionMissing,
+		} {
+			v.DeletePartialMatch(l)
+		}
+	}, func(k hotKey) bool { return k.model == model })
 }
 
 // failureMessage tells a client why forwarding failed, from the classified error alone: never a

@@ -204,6 +204,11 @@ func (p *CacheAware) Decisions() map[string]uint64 { return p.dec.snapshot() }
 // TreeSizes returns worker id → characters the tree records for it.
 func (p *CacheAware) TreeSizes() map[string]int64 { return p.tree.Sizes() }
 
+// candBufs recycles Pick's candidate buffers. Pick hands its buffer to the placeMiss and
+// acceptHit hooks, func values through which any buffer escapes: a buffer on the stack would be
+// 1.5 KB allocated and zeroed on the heap per request.
+var candBufs = sync.Pool{New: func() any { return new([64]cand) }}
+
 // Pick gathers the available candidates, their loads and the least loaded in one pass. If the
 // pool is imbalanced it returns the least loaded worker (still recording the text for it).
 // Otherwise it matches the text against the tree: above CacheThreshold it returns the least
@@ -212,8 +217,12 @@ func (p *CacheAware) TreeSizes() map[string]int64 { return p.tree.Sizes() }
 // prefix that several workers hold), else the least loaded worker. The text is recorded for the
 // chosen worker in the same descent.
 func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
-	var buf [64]cand
+	buf := candBufs.Get().(*[64]cand)
 	av, minI, imbalanced := p.gather(buf[:0], candidates)
+	defer func() {
+		clear(buf[:min(len(av), len(buf))]) // hold no worker alive from the pool
+		candBufs.Put(buf)
+	}()
 	if len(av) == 0 {
 		return nil
 	}

@@ -35,7 +35,7 @@ func (f *Forwarder) setCredentials(u *http.Request, workerKey string) {
 		if prior := h.Values(HopHeader); len(prior) > 0 {
 			h.Set(HopHeader, strings.Join(prior, ", ")+", "+f.cfg.HopID)
 		} else {
-			h.Set(HopHeader, f.cfg.HopID)
+			h[HopHeader] = f.hop // shared: net/http only reads an outgoing request's header
 		}
 	}
 }

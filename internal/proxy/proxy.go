@@ -102,7 +102,9 @@ type Forwarder struct {
 	// per-request header copy (kept for redirects) would be work for nothing.
 	transport http.RoundTripper
 	obs       Observer
-	rand      func() float64
+	// hop is the HopHeader value of a request that crossed no other gateway.
+	hop  []string
+	rand func() float64
 }
 
 type nopObserver struct{}
@@ -138,6 +140,7 @@ func New(cfg Config) *Forwarder {
 	return &Forwarder{
 		cfg:       cfg,
 		transport: cfg.Transport,
+		hop:       []string{cfg.HopID},
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
 		rand:      cfg.Rand,
 	}

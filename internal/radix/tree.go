@@ -19,6 +19,7 @@ package radix
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -69,8 +70,11 @@ type node struct {
 	// apart so that a lookup binary-searches one small array instead of touching every child.
 	key int32
 	// chars is the number of characters in edge.
-	chars    int32
-	dead     bool
+	chars int32
+	dead  bool
+	// hits counts the recordings whose text runs through the whole of this node (saturating):
+	// how often its prefix was sent, which Hot ranks by.
+	hits     uint32
 	children []*node
 	keys     []int32
 	tenants  []entry
@@ -262,6 +266,7 @@ func (n *node) child(key int32) *node {
 func (n *node) addLeaf(text string, tn *tenant, stamp int64) {
 	c := &node{edge: text, key: unitKey(text), chars: int32(charCount(text))}
 	c.tenants = []entry{{idx: tn.idx, stamp: stamp}}
+	c.hits = 1
 	c.parent.Store(n)
 	tn.size.Add(int64(c.chars))
 	i, _ := slices.BinarySearch(n.keys, c.key)
@@ -277,6 +282,7 @@ func (n *node) split(k int) {
 	s := &node{edge: rest, key: unitKey(rest), chars: int32(charCount(rest))}
 	s.children, s.keys = n.children, n.keys
 	s.tenants = slices.Clone(n.tenants)
+	s.hits = n.hits // everything that ran through n ran through its lower part
 	s.parent.Store(n)
 	for _, c := range s.children {
 		c.parent.Store(s) // under n's lock: n was c's parent
@@ -286,8 +292,12 @@ func (n *node) split(k int) {
 	n.children, n.keys = []*node{s}, []int32{s.key}
 }
 
-// touch records tenant tn on n at stamp, counting n's characters if tn is new here. n is locked.
+// touch records tenant tn on n at stamp, counting n's characters if tn is new here, and counts
+// one more hit on n. n is locked.
 func (n *node) touch(tn *tenant, stamp int64) {
+	if n.hits < math.MaxUint32 {
+		n.hits++
+	}
 	for i := range n.tenants {
 		if n.tenants[i].idx == tn.idx {
 			n.tenants[i].stamp = max(n.tenants[i].stamp, stamp)

@@ -119,6 +119,7 @@ type Worker struct {
 	processed atomic.Int64
 	health    atomic.Int32
 	draining  atomic.Bool
+	warming   atomic.Bool
 	// runtime is the runtime learned after registration when Spec.Runtime is empty.
 	runtime atomic.Pointer[string]
 
@@ -205,9 +206,10 @@ func New(spec Spec, bc BreakerConfig) (*Worker, error) {
 	return w, nil
 }
 
-// Available reports whether a policy may pick w now: ready, not draining, circuit not open.
+// Available reports whether a policy may pick w now: ready, not draining, not warming, circuit
+// not open.
 func (w *Worker) Available() bool {
-	if Health(w.health.Load()) != Ready || w.draining.Load() {
+	if Health(w.health.Load()) != Ready || w.draining.Load() || w.warming.Load() {
 		return false
 	}
 	// Only an open or half-open circuit needs the time; a closed one (the common case) does not.
@@ -244,6 +246,13 @@ func (w *Worker) SetHealth(h Health) (changed bool) {
 
 // Draining reports whether w takes no new requests.
 func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// SetWarming holds w out of routing (true) while the gateway warms its cache, or returns it
+// (false). Requests sent to w directly (the warm-up's own) are not affected.
+func (w *Worker) SetWarming(on bool) { w.warming.Store(on) }
+
+// Warming reports whether w is held out of routing while its cache is warmed.
+func (w *Worker) Warming() bool { return w.warming.Load() }
 
 // Drain stops new requests to w; in-flight requests finish.
 func (w *Worker) Drain() { w.draining.Store(true) }

@@ -1,0 +1,147 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// TestHotMetricsFollowForgetting: a model that leaves with its only worker, and the same worker
+// (same id) registered again, are counted afresh in series that a scrape shows. The hot
+// metrics' cached children go with the series forgetModel and forgetWorker delete: a child
+// kept in the cache would count the second round into a series no scrape shows, and a series
+// kept would add the rounds up.
+func TestHotMetricsFollowForgetting(t *testing.T) {
+	srv := multiModelServer(t)
+	g := newTestGateway(t, Config{}, "cache_aware")
+	for round, n := range []int{2, 1} {
+		w, err := g.Register(context.Background(), AddWorkerRequest{URL: srv.URL + "/back"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			for _, stream := range []bool{false, true} {
+				body := `{"model":"back","stream":` + fmt.Sprint(stream) + `,"messages":[{"role":"user","content":"hello there"}]}`
+				resp := g.postBounded(t, "/v1/chat/completions", body)
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("round %d: status %d", round, resp.StatusCode)
+				}
+				g.waitDone(t, 1)
+			}
+		}
+		out := scrape(t, g)
+		for _, want := range []string{
+			fmt.Sprintf(`kvgate_requests_total{model="back",route="/v1/chat/completions",status="200"} %d`, 2*n),
+			fmt.Sprintf(`kvgate_request_duration_seconds_count{model="back",route="/v1/chat/completions"} %d`, 2*n),
+			fmt.Sprintf(`kvgate_ttft_seconds_count{model="back"} %d`, n),
+			fmt.Sprintf(`kvgate_policy_selections_total{model="back",policy="cache_aware",worker="%s"} %d`, w.ID, 2*n),
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("round %d: the scrape lacks %s", round, want)
+			}
+		}
+		if !strings.Contains(out, `kvgate_prefix_prediction`) {
+			t.Errorf("round %d: no prediction series", round)
+		}
+		if _, err := g.reg.Remove(w.ID); err != nil {
+			t.Fatal(err)
+		}
+		out = scrape(t, g)
+		for _, gone := range []string{`model="back"`, `worker="` + w.ID + `"`} {
+			if n := strings.Count(out, gone); n > 0 {
+				t.Errorf("round %d: %d series with %s after the worker and its model left", round, n, gone)
+			}
+		}
+	}
+}
+
+// TestHotMetricsConcurrent: children created and forgotten from many goroutines at once keep
+// every count of the series that stay (run under -race).
+func TestHotMetricsConcurrent(t *testing.T) {
+	m := newTestGateway(t, Config{}, "round_robin").metrics
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for range 500 {
+				m.observeRequest("/v1/completions", "stays", 200, 0)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for j := range 100 {
+				model := fmt.Sprintf("leaves-%d-%d", i, j)
+				m.observeRequest("/v1/completions", model, 200, 0)
+				m.forgetModel(model)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := testutilCount(t, m, "stays"); got != 2000 {
+		t.Errorf("%v requests counted for the model that stays, want 2000", got)
+	}
+}
+
+// testutilCount reads kvgate_requests_total for model on /v1/completions with status 200.
+func testutilCount(t *testing.T, m *Metrics, model string) float64 {
+	t.Helper()
+	var n float64
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "kvgate_requests_total" {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() == model {
+					n += s.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// BenchmarkHotMetrics is one routed request's metric updates (request count, duration,
+// selection), through the cache and, in the same run, through the vecs' label lookups.
+//
+//	go test -run XXX -bench HotMetrics -benchmem ./internal/gateway/
+func BenchmarkHotMetrics(b *testing.B) {
+	router, err := policy.NewRouter("round_robin", policy.DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer router.Close()
+	m := newMetrics(worker.NewRegistry(), router, nil)
+	w := &worker.Worker{ID: "cecfdd2348be"}
+	const route, model, pol = "/v1/chat/completions", "meta-llama/Llama-3.1-8B-Instruct", "cache_aware_hash"
+	b.Run("cached", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			m.observeRequest(route, model, 200, time.Millisecond)
+			m.selected(pol, model, w)
+		}
+	})
+	b.Run("vec", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			m.requests.WithLabelValues(route, model, strconv.Itoa(200)).Inc()
+			m.duration.WithLabelValues(route, model).Observe(time.Millisecond.Seconds())
+			m.selections.WithLabelValues(pol, model, w.ID).Inc()
+		}
+	})
+}
