@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"slices"
 	"strings"
 )
@@ -51,13 +52,71 @@ func copyRequestHeader(dst, src http.Header) {
 }
 
 // copyResponseHeader copies the worker's end-to-end headers into dst, keeping the gateway's own
-// X-Request-Id.
+// X-Request-Id. A worker's redirect is relayed, never followed (it could point past the hosts
+// workers may live on), and its Location or Content-Location is cut to a reference relative to
+// the gateway (relativeRef): an absolute URL there names the worker's internal address, which
+// clients must never see.
 func copyResponseHeader(dst, src http.Header) {
 	listed := connectionListed(src)
 	for k, vs := range src {
 		if isHop(k, listed) || k == "X-Request-Id" {
 			continue
 		}
+		if k == "Location" || k == "Content-Location" {
+			vs = relativeRefs(vs)
+		}
 		dst[k] = vs
 	}
+}
+
+// relativeRefs returns vs with every absolute URL (one with a scheme or a host) cut to its path,
+// query and fragment, "/" when the path is empty; a value that does not parse becomes "/". It
+// returns vs itself when nothing needed cutting (the common case: no such header at all).
+func relativeRefs(vs []string) []string {
+	var out []string
+	for i, v := range vs {
+		r := relativeRef(v)
+		if r == v && out == nil {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(vs[:i])
+		}
+		out = append(out, r)
+	}
+	if out == nil {
+		return vs
+	}
+	return out
+}
+
+func relativeRef(v string) string {
+	u, err := url.Parse(v)
+	if err != nil {
+		return "/"
+	}
+	if u.Scheme == "" && u.Host == "" && u.User == nil && u.Opaque == "" {
+		return oneLeadingSlash(v)
+	}
+	if u.Opaque != "" {
+		return "/"
+	}
+	rel := url.URL{Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery, Fragment: u.Fragment, RawFragment: u.RawFragment}
+	if rel.Path == "" || rel.Path[0] != '/' {
+		rel.Path, rel.RawPath = "/"+rel.Path, ""
+	}
+	return oneLeadingSlash(rel.String())
+}
+
+// oneLeadingSlash folds a leading run of slashes and backslashes into one slash: "//host/x" is
+// a reference to another host, and browsers read "/\host" the same way.
+func oneLeadingSlash(s string) string {
+	n := 0
+	for n < len(s) && (s[n] == '/' || s[n] == '\\') {
+		n++
+	}
+	if n < 2 {
+		return s
+	}
+	return "/" + s[n:]
 }

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 )
 
@@ -72,4 +74,47 @@ func BenchmarkCopyRequestHeader(b *testing.B) {
 		dst := make(http.Header, len(src)+upstreamHeaders)
 		copyRequestHeader(dst, src)
 	}
+}
+
+// TestRelativeRef: an absolute Location or Content-Location loses its scheme, credentials and
+// host; a relative one is kept as it is; nothing that does not parse is relayed.
+func TestRelativeRef(t *testing.T) {
+	for in, want := range map[string]string{
+		"/v1/completions?x=1":                   "/v1/completions?x=1",
+		"next":                                  "next",
+		"http://10.0.0.7:30000/v1/models":       "/v1/models",
+		"https://u:p@worker.internal/a%2Fb?q#f": "/a%2Fb?q#f",
+		"http://10.0.0.7:30000":                 "/",
+		"//10.0.0.7:30000/x":                    "/x",
+		"mailto:ops@internal":                   "/",
+		"http://[::1]:8000/v1/chat/completions": "/v1/chat/completions",
+		"http://bad host/%zz":                   "/",
+		"/\\evil.example/x":                     "/evil.example/x",
+		"http://h//evil.example/x":              "/evil.example/x",
+	} {
+		if got := relativeRef(in); got != want {
+			t.Errorf("relativeRef(%q) = %q, want %q", in, got, want)
+		}
+	}
+	out := http.Header{}
+	copyResponseHeader(out, http.Header{"Location": {"http://10.0.0.7:30000/a"}, "Content-Location": {"/b"}})
+	if out.Get("Location") != "/a" || out.Get("Content-Location") != "/b" {
+		t.Errorf("copied %v", out)
+	}
+}
+
+func FuzzRelativeRef(f *testing.F) {
+	for _, s := range []string{"/a", "http://h:1/p?q#f", "//h/x", "mailto:x", "http://[::1]/", "%zz"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r := relativeRef(s)
+		u, err := url.Parse(r)
+		if err != nil {
+			t.Fatalf("relativeRef(%q) = %q does not parse: %v", s, r, err)
+		}
+		if u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(r, "/\\") {
+			t.Fatalf("relativeRef(%q) = %q still names a host", s, r)
+		}
+	})
 }
