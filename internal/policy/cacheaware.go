@@ -117,6 +117,11 @@ type CacheAware struct {
 	// by id) given the least load of the pool; nil means leastLoadedHolder. It returns nil when
 	// no candidate holds it.
 	pickHolder func(av []cand, holders []string, minLoad int64) *cand
+	// keepHitChars, when positive: while the pool is imbalanced, a prompt of which at least
+	// keepHitChars characters match still goes to its least loaded holder among the candidates
+	// within the balance rule of the least loaded; any other prompt goes to the least loaded
+	// worker. Zero: the least loaded worker takes every request while the pool is imbalanced.
+	keepHitChars int
 	// acceptHit, when set, says whether the least loaded holder of the prompt may take it given
 	// the least load of the pool; when it may not, the prompt is placed as a miss.
 	acceptHit func(av []cand, h *cand, minLoad int64) bool
@@ -210,7 +215,8 @@ func (p *CacheAware) TreeSizes() map[string]int64 { return p.tree.Sizes() }
 var candBufs = sync.Pool{New: func() any { return new([64]cand) }}
 
 // Pick gathers the available candidates, their loads and the least loaded in one pass. If the
-// pool is imbalanced it returns the least loaded worker (still recording the text for it).
+// pool is imbalanced it returns the least loaded worker (still recording the text for it),
+// unless keepHitChars lets a long match keep its hit on a holder within the balance rule.
 // Otherwise it matches the text against the tree: above CacheThreshold it returns the least
 // loaded of the workers holding the matched prefix (the reference gateway takes whichever
 // holder the node last remembered; taking the least loaded keeps affinity and spreads a hot
@@ -226,9 +232,14 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	if len(av) == 0 {
 		return nil
 	}
+	// keep: imbalanced, but a hit on a holder within the balance rule is still taken.
+	keep := imbalanced && p.keepHitChars > 0 && req.Text != ""
+	if keep {
+		av, minI = withinBalance(av, minI, BalanceOf(p.cfg))
+	}
 	best := &av[minI]
 	switch {
-	case imbalanced:
+	case imbalanced && !keep:
 		p.dec.add(caImbalanced)
 		if req.Text == "" {
 			req.decide(BranchImbalanced, 0, false)
@@ -249,22 +260,32 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	// loaded of them keeps the hit without queueing behind the first holder.
 	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
 		if m.Ratio() > p.cfg.CacheThreshold {
-			if h := p.holder(av, m.Holders, av[minI].load); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
+			if keep {
+				if h := leastLoadedHolder(av, m.Holders); h != nil && m.Chars >= p.keepHitChars {
+					best, hit = h, true
+				}
+			} else if h := p.holder(av, m.Holders, av[minI].load); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
 				best, hit = h, true
+			}
+			if hit {
 				predicted = p.predict(m, best.w.ID)
 				return best.w.ID
 			}
 		}
-		if p.placeMiss != nil {
+		if p.placeMiss != nil && !keep {
 			best = p.placeMiss(av, av[minI].load, req.Text, m.Shared)
 		}
 		predicted = p.predict(m, best.w.ID)
 		return best.w.ID
 	})
-	if hit {
+	switch {
+	case hit:
 		p.dec.add(caHit)
 		req.decide(BranchCacheHit, predicted, true)
-	} else {
+	case keep:
+		p.dec.add(caImbalanced)
+		req.decide(BranchImbalanced, predicted, true)
+	default:
 		p.dec.add(caMiss)
 		req.decide(BranchCacheMiss, predicted, true)
 	}
@@ -381,4 +402,24 @@ func eachHolder(av []cand, tenants []string, consider func(i int)) {
 			}
 		}
 	}
+}
+
+// withinBalance compacts av to the candidates whose load keeps the pool balanced against the
+// least loaded one (Balance.Within), clearing the slots it frees, and returns them with the
+// index of the least loaded.
+func withinBalance(av []cand, minI int, b Balance) ([]cand, int) {
+	minLoad := av[minI].load
+	n := 0
+	for i := range av {
+		if !b.Within(av[i].load, minLoad) {
+			continue
+		}
+		if i == minI {
+			minI = n
+		}
+		av[n] = av[i]
+		n++
+	}
+	clear(av[n:])
+	return av[:n], minI
 }

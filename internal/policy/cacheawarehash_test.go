@@ -202,3 +202,49 @@ func TestPlacementKey(t *testing.T) {
 		t.Fatal("a chance match past the opening changed the key")
 	}
 }
+
+// TestCacheAwareHashKeepsLongHitsWhenImbalanced: while the pool is imbalanced (one worker 100
+// requests above the least), a prompt whose long context a worker within the balance rule holds
+// still goes to that holder, not to the least loaded worker, where it would be a miss of the
+// whole context. A short match, and a holder beyond the balance rule, give way to the least
+// loaded worker as cache_aware does.
+func TestCacheAwareHashKeepsLongHitsWhenImbalanced(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	loads := cahLoads{ws[0].ID: 120, ws[1].ID: 20, ws[2].ID: 25, ws[3].ID: 30}
+	long := strings.Repeat("the tenant's long shared context ", 128) // 4,224 characters
+	short := "You are a helpful assistant. "
+	for _, tc := range []struct {
+		name   string
+		text   string
+		holder *worker.Worker
+		want   *worker.Worker
+	}{
+		{"long context on a holder within balance: kept", long, ws[3], ws[3]},
+		{"short match: the least loaded", short + strings.Repeat("x", 20), ws[3], ws[1]},
+		{"long context on the overloaded worker: the least loaded", long, ws[0], ws[1]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newCAH(t, loads)
+			p.Record(&Request{Text: tc.text + " first question"}, tc.holder)
+			req := &Request{Text: tc.text + " second question"}
+			if got := p.Pick(ws, req); got != tc.want {
+				t.Fatalf("picked %s, want %s (branch %q)", got.ID, tc.want.ID, req.Decision.Branch)
+			}
+			if tc.want == tc.holder && req.Decision.Branch != BranchCacheHit {
+				t.Fatalf("kept on the holder but branch %q", req.Decision.Branch)
+			}
+			if tc.want != tc.holder && req.Decision.Branch != BranchImbalanced {
+				t.Fatalf("sent to the least loaded but branch %q", req.Decision.Branch)
+			}
+		})
+	}
+	// cache_aware itself is unchanged: imbalanced means the least loaded.
+	cfg := DefaultConfig()
+	cfg.Loads, cfg.NoBackground = loads, true
+	ca := NewCacheAware(cfg)
+	defer ca.Close()
+	ca.Record(&Request{Text: long + " first question"}, ws[3])
+	if got := ca.Pick(ws, &Request{Text: long + " second question"}); got != ws[1] {
+		t.Fatalf("cache_aware, imbalanced: picked %s, want the least loaded %s", got.ID, ws[1].ID)
+	}
+}
