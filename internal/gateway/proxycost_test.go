@@ -39,6 +39,10 @@ import (
 // ReverseProxy from the same rounds.
 //
 //	go test -run XXX -bench ProxyCost -benchtime 20x -count 3 ./internal/gateway/
+//
+// To compare two versions of kvgate in the same rounds, build the older test binary (go test -c
+// -o old.test) and name it in KVGATE_PROXYCOST_BASELINE: its kvgate child runs as a fourth path,
+// and base-cpu-us/req and vs-base-ratio (this kvgate's CPU over the older one's) are reported.
 func BenchmarkProxyCost(b *testing.B) {
 	for _, c := range []struct {
 		name   string
@@ -54,11 +58,18 @@ func BenchmarkProxyCost(b *testing.B) {
 		// One upstream and one child of each proxy per case, kept across the framework's calls
 		// of the sub-benchmark with growing b.N.
 		up := httptest.NewServer(http.HandlerFunc(zeroWork))
-		kv := startProxyChild(b, "kvgate", c.name, up.URL)
-		rp := startProxyChild(b, "reverseproxy", c.name, up.URL)
-		b.Run(c.name, func(b *testing.B) { benchProxyCost(b, up.URL, kv, rp, proxyCostBody(c.size, c.stream), c.per) })
+		kv := startProxyChild(b, "", "kvgate", c.name, up.URL)
+		rp := startProxyChild(b, "", "reverseproxy", c.name, up.URL)
+		var base *proxyChild
+		if exe := os.Getenv(proxyCostEnv + "_BASELINE"); exe != "" {
+			base = startProxyChild(b, exe, "kvgate", c.name, up.URL)
+		}
+		b.Run(c.name, func(b *testing.B) { benchProxyCost(b, up.URL, kv, rp, base, proxyCostBody(c.size, c.stream), c.per) })
 		stopProxyChild(kv)
 		stopProxyChild(rp)
+		if base != nil {
+			stopProxyChild(base)
+		}
 		up.Close()
 	}
 }
@@ -182,11 +193,14 @@ type proxyChild struct {
 	stdin io.WriteCloser
 }
 
-func startProxyChild(b *testing.B, kind, name, upstream string) *proxyChild {
+// startProxyChild runs the test binary exe (empty: this one) as a child serving kind.
+func startProxyChild(b *testing.B, exe, kind, name, upstream string) *proxyChild {
 	b.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			b.Fatal(err)
+		}
 	}
 	cmd := exec.Command(exe, "-test.run=^TestProxyCostChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), proxyCostEnv+"="+kind, proxyCostEnv+"_UPSTREAM="+upstream, proxyCostEnv+"_CASE="+name)
@@ -226,7 +240,7 @@ func (p *proxyChild) cpu(b *testing.B, c *http.Client) time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
-func benchProxyCost(b *testing.B, upstream string, kv, rp *proxyChild, body []byte, per int) {
+func benchProxyCost(b *testing.B, upstream string, kv, rp, base *proxyChild, body []byte, per int) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
 	type path struct {
 		url   string
@@ -237,6 +251,9 @@ func benchProxyCost(b *testing.B, upstream string, kv, rp *proxyChild, body []by
 		fails int
 	}
 	paths := []*path{{url: kv.url, child: kv}, {url: rp.url, child: rp}, {url: upstream}}
+	if base != nil {
+		paths = append(paths, &path{url: base.url, child: base})
+	}
 	send := func(p *path, n int) {
 		for range n {
 			t0 := time.Now()
@@ -285,6 +302,10 @@ func benchProxyCost(b *testing.B, upstream string, kv, rp *proxyChild, body []by
 	b.ReportMetric(cpuPer(kvp), "kvgate-cpu-us/req")
 	b.ReportMetric(cpuPer(rpp), "rp-cpu-us/req")
 	b.ReportMetric(cpuPer(kvp)/cpuPer(rpp), "cpu-ratio")
+	if base != nil {
+		b.ReportMetric(cpuPer(paths[3]), "base-cpu-us/req")
+		b.ReportMetric(cpuPer(kvp)/cpuPer(paths[3]), "vs-base-ratio")
+	}
 	d50, d99 := pct(direct.lat, 50), pct(direct.lat, 99)
 	for _, p := range []struct {
 		name string

@@ -344,22 +344,22 @@ var idSeed = maphash.MakeSeed()
 // leastLoadedHolder returns the least loaded candidate whose id is among tenants, or nil.
 func leastLoadedHolder(av []cand, tenants []string) *cand {
 	var best *cand
-	eachHolder(av, tenants, func(c *cand) {
-		if best == nil || lessLoaded(c, best) {
-			best = c
+	eachHolder(av, tenants, func(i int) {
+		if best == nil || lessLoaded(&av[i], best) {
+			best = &av[i]
 		}
 	})
 	return best
 }
 
-// eachHolder calls consider for every candidate whose id is among tenants. A popular prefix can
+// eachHolder calls consider with the index in av of every candidate whose id is among tenants. A popular prefix can
 // be held by most of a large pool, so instead of comparing every candidate with every tenant it
 // indexes the candidates by id hash in a small table on the stack.
-func eachHolder(av []cand, tenants []string, consider func(*cand)) {
+func eachHolder(av []cand, tenants []string, consider func(i int)) {
 	if len(av)*len(tenants) <= 64 || len(av) > 127 {
 		for i := range av {
 			if slices.Contains(tenants, av[i].w.ID) {
-				consider(&av[i])
+				consider(i)
 			}
 		}
 		return
@@ -375,8 +375,8 @@ func eachHolder(av []cand, tenants []string, consider func(*cand)) {
 	}
 	for _, name := range tenants {
 		for h := maphash.String(idSeed, name) & mask; tab[h] != 0; h = (h + 1) & mask {
-			if c := &av[tab[h]-1]; c.w.ID == name {
-				consider(c)
+			if i := int(tab[h]) - 1; av[i].w.ID == name {
+				consider(i)
 				break
 			}
 		}

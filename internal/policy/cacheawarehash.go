@@ -137,7 +137,7 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 	leastTok, prefillBound, rotate := 0.0, false, false
 	if byBacklog {
 		leastTok, prefillBound = p.backlogs(av, tok)
-		rotate = !prefillBound && p.rotating(av)
+		rotate = !prefillBound && p.solo(av) && p.decodeBound(av)
 	}
 	seq, gap := p.recent.window(len(av))
 	var fallback *cand // the best candidate when every one within the bounds is recent

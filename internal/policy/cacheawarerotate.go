@@ -1,6 +1,9 @@
 package policy
 
-import "sync"
+import (
+	"math"
+	"sync"
+)
 
 // Rotation on decode-bound traffic (docs/routing.md, "Decode-bound traffic: why request counts
 // herd"). cache_aware sends a hit to the least loaded holder by in-flight requests. When every
@@ -15,15 +18,16 @@ import "sync"
 // 124 and TTFT p99 4.3 s against 149 ms. Evenly spaced arrivals keep each step's prefill small
 // enough to hide behind its decode.
 //
-// So while one gateway (solo) fronts a decode-bound fleet (rotating), cache_aware_hash spaces
-// its picks: a hit goes to the least loaded holder that this replica has not picked within the
-// last round (one pick per candidate), among those below the placement bound; a new prompt to
-// the first such worker in its rendezvous order. When every eligible worker was picked within
-// the round, the least recently picked holder (or the best-placed new-prompt candidate) takes
-// it. With several gateways each replica's picks are a fraction of the traffic, and a new
-// prompt's owner must not depend on what one replica picked lately (its later turns reach other
-// replicas, whose trees do not hold it), so there the rules of cacheawarehash.go apply
-// unchanged.
+// So while the fleet is decode-bound (decodeBound) cache_aware_hash spaces its picks: a hit
+// goes to the least loaded holder that this replica has not picked within the last round (one
+// pick per candidate), among those below the placement bound; when every such holder was picked
+// within the round, to the least recently picked. Which holder takes a hit does not affect the
+// agreement between replicas. Behind one gateway (solo) a new prompt also skips the workers
+// picked within the round, taking the first other one in its rendezvous order. With several
+// gateways it does not: a new prompt's owner must not depend on what one replica picked lately,
+// because its later turns reach other replicas, whose trees do not hold it and which place it
+// by its hash (measured on multi-turn at 24 conversations/s and 8 gateways, decode-bound: hit
+// rate 0.643 → 0.273 and TTFT p99 2.6 s → 19 s when new prompts skipped recent picks there).
 
 // picks remembers, per worker id, the sequence number of this replica's last pick of it. It holds
 // one entry per worker ever picked; forget removes one.
@@ -78,7 +82,7 @@ func recent(last, seq, gap uint64) bool { return last != 0 && last+gap > seq }
 // holder was picked within the round, the least recently picked; when no holder is below the
 // bound, the least loaded holder. nil when no candidate holds the prefix.
 func (p *CacheAwareHash) rotateHolders(av []cand, holders []string, minLoad int64) *cand {
-	if !p.rotating(av) {
+	if !p.decodeBound(av) {
 		return leastLoadedHolder(av, holders)
 	}
 	b := BalanceOf(p.cfg)
@@ -86,7 +90,8 @@ func (p *CacheAwareHash) rotateHolders(av []cand, holders []string, minLoad int6
 	seq, gap := p.recent.window(len(av))
 	var best, least, oldest *cand
 	var oldestLast uint64
-	eachHolder(av, holders, func(c *cand) {
+	eachHolder(av, holders, func(i int) {
+		c := &av[i]
 		if least == nil || lessLoaded(c, least) {
 			least = c
 		}
@@ -113,23 +118,44 @@ func (p *CacheAwareHash) rotateHolders(av []cand, holders []string, minLoad int6
 	return least
 }
 
-// rotating reports whether the rotation applies: this replica judges itself alone (solo) and the
-// fleet is decode-bound, its engines running on average at least rotateBatch requests by their
-// fresh reports.
-func (p *CacheAwareHash) rotating(av []cand) bool {
-	if !p.solo(av) {
-		return false
-	}
+// decodeBound reports whether the rotation applies: the fleet is decode-bound (its engines run
+// on average at least rotateBatch requests by their fresh reports) and its engines decode at a
+// similar pace (the slowest reported time per token per running request, Running ÷
+// GenThroughput, within rotatePace times the fastest). Round robin is the right balancer for
+// identical servers only: on a fleet where some engines are slower it gives them an equal share
+// (docs/routing.md §9: round_robin's spread 26–131 on a mixed fleet).
+func (p *CacheAwareHash) decodeBound(av []cand) bool {
 	var running int64
 	n := 0
+	fast, slow := math.Inf(1), 0.0
 	for i := range av {
-		if r, fresh := p.loads.Report(av[i].w); fresh {
-			running += r.Running
-			n++
+		r, fresh := p.loads.Report(av[i].w)
+		if !fresh {
+			continue
+		}
+		running += r.Running
+		n++
+		if r.Running > 0 && r.GenThroughput > 0 {
+			itl := float64(r.Running) / r.GenThroughput
+			fast, slow = min(fast, itl), max(slow, itl)
 		}
 	}
-	return n > 0 && float64(running) >= rotateBatch*float64(n)
+	if n == 0 || float64(running) < rotateBatch*float64(n) {
+		return false
+	}
+	return slow <= rotatePace*fast || slow == 0
 }
+
+// rotatePace is how much slower per token than the fastest the slowest engine may decode for the
+// fleet to count as uniform. The reported pace also grows with the batch (a step costs 6 ms +
+// 0.35 ms per running request in the simulator), so a uniform fleet near saturation, whose
+// batches differ by tens of requests, shows ratios well above 1: measured on shared-prefix
+// (8 identical engines) a 1.4 gate switched the rotation off now and then (TTFT p99 191–216 ms
+// at 300 req/s against 164–174 ms) and 1.6 cost one sweep step of goodput (318.75 against
+// 321.88 req/s). With two of eight engines half as fast the ratio stays above 2, which keeps
+// that fleet at the previous default's figures (TTFT p99 487 / 592 / 601 ms over three seeds;
+// rotating there gave 416 / 759 / 734 ms, and a 2.5 gate 556 / 712 / 589 ms).
+const rotatePace = 2
 
 // rotateBatch is the mean running requests per engine from which the fleet counts as
 // decode-bound for the rotation. A step lasts max(decode cost, prefill time); with the

@@ -10,16 +10,22 @@ import (
 )
 
 // rotLoads gives each worker a fixed request load and a fresh report of `running` requests from
-// a poll round that estimated `replicas` gateways.
+// a poll round that estimated `replicas` gateways, generating 1,000 tokens/s, or 400 for the
+// workers in slow.
 type rotLoads struct {
 	load     map[string]int64
 	running  int64
 	replicas float64
+	slow     map[string]bool
 }
 
 func (l rotLoads) Load(w *worker.Worker) int64 { return l.load[w.ID] }
-func (l rotLoads) Report(*worker.Worker) (loadmon.Report, bool) {
-	return loadmon.Report{Running: l.running, PolledAt: backlogPoll, Replicas: l.replicas}, true
+func (l rotLoads) Report(w *worker.Worker) (loadmon.Report, bool) {
+	gen := 1000.0
+	if l.slow[w.ID] {
+		gen = 400
+	}
+	return loadmon.Report{Running: l.running, GenThroughput: gen, HasTokenData: true, PolledAt: backlogPoll, Replicas: l.replicas}, true
 }
 
 // hotPrompt is a system prompt every worker holds, with a short unique question: a hit on all.
@@ -34,11 +40,12 @@ func warmAll(p *CacheAwareHash, ws []*worker.Worker) {
 	}
 }
 
-// TestCacheAwareHashRotatesHotHolders: a prompt every worker holds goes, on a decode-bound fleet
-// behind one gateway, round the holders instead of to the least loaded one each time. Least
-// loaded would send a whole run of arrivals to the worker that just finished a cohort (here: 10
-// requests below the others), whose prefills would then share its steps and stall its batch.
-// With several gateways, or small batches, the least loaded holder takes it, as before.
+// TestCacheAwareHashRotatesHotHolders: a prompt every worker holds goes, on a decode-bound fleet,
+// round the holders instead of to the least loaded one each time. Least loaded would send a
+// whole run of arrivals to the worker that just finished a cohort (here: 10 requests below the
+// others), whose prefills would then share its steps and stall its batch. With small batches,
+// or engines of different speeds (round robin is for identical servers), the least loaded
+// holder takes it, as before.
 func TestCacheAwareHashRotatesHotHolders(t *testing.T) {
 	ws := cahWorkers(t, 8)
 	load := map[string]int64{}
@@ -51,9 +58,11 @@ func TestCacheAwareHashRotatesHotHolders(t *testing.T) {
 		loads   rotLoads
 		rotates bool
 	}{
-		{"one gateway, decode-bound: rotation", rotLoads{load, 64, 1}, true},
-		{"eight gateways: least loaded", rotLoads{load, 64, 8}, false},
-		{"one gateway, small batches: least loaded", rotLoads{load, 2, 1}, false},
+		{"one gateway, decode-bound: rotation", rotLoads{load, 64, 1, nil}, true},
+		{"eight gateways, decode-bound: rotation (hits do not move owners)", rotLoads{load, 64, 8, nil}, true},
+		{"one gateway, small batches: least loaded", rotLoads{load, 2, 1, nil}, false},
+		{"eight gateways, small batches: least loaded", rotLoads{load, 2, 8, nil}, false},
+		{"one engine decodes at 40 % of the pace: least loaded", rotLoads{load, 64, 1, map[string]bool{ws[5].ID: true}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newCAH(t, tc.loads)
@@ -83,7 +92,7 @@ func TestCacheAwareHashRotatesHotHolders(t *testing.T) {
 func TestCacheAwareHashRotationBound(t *testing.T) {
 	ws := cahWorkers(t, 4)
 	load := map[string]int64{ws[0].ID: 100, ws[1].ID: 40, ws[2].ID: 40, ws[3].ID: 40}
-	p := newCAH(t, rotLoads{load, 64, 1})
+	p := newCAH(t, rotLoads{load, 64, 1, nil})
 	warmAll(p, ws)
 	for i := range 12 {
 		if w := p.Pick(ws, &Request{Text: hotPrompt(i)}); w == ws[0] {
@@ -91,7 +100,7 @@ func TestCacheAwareHashRotationBound(t *testing.T) {
 		}
 	}
 	// One holder only, far above the bound: it still takes its hit.
-	only := newCAH(t, rotLoads{load, 64, 1})
+	only := newCAH(t, rotLoads{load, 64, 1, nil})
 	only.Record(&Request{Text: hotPrompt(-1)}, ws[0])
 	if w := only.Pick(ws, &Request{Text: hotPrompt(1)}); w != ws[0] {
 		t.Fatalf("the only holder was passed over for %s", w.ID)
@@ -108,7 +117,7 @@ func TestCacheAwareHashRotatesNewPrompts(t *testing.T) {
 	for _, w := range ws {
 		load[w.ID] = 60
 	}
-	solo := newCAH(t, rotLoads{load, 64, 1})
+	solo := newCAH(t, rotLoads{load, 64, 1, nil})
 	got := map[string]int{}
 	for i := range len(ws) {
 		got[solo.Pick(ws, &Request{Text: prompt(i, "q")}).ID]++
@@ -123,7 +132,7 @@ func TestCacheAwareHashRotatesNewPrompts(t *testing.T) {
 
 	// Eight replicas: each new prompt goes to its owner at every replica, whatever each replica
 	// picked before it.
-	a, b := newCAH(t, rotLoads{load, 64, 8}), newCAH(t, rotLoads{load, 64, 8})
+	a, b := newCAH(t, rotLoads{load, 64, 8, nil}), newCAH(t, rotLoads{load, 64, 8, nil})
 	for i := range 3 * len(ws) {
 		b.Pick(ws, &Request{Text: prompt(1000+i, "other traffic at replica b")})
 	}
