@@ -388,13 +388,15 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 	if _, ok := u.Header["X-Idempotency-Key"]; !ok {
 		u.Header["X-Idempotency-Key"] = nil
 	}
-	u.Header.Set("X-Request-Id", req.RequestID)
+	// The request id and X-Forwarded-For share one backing array, each a full slice of its
+	// own (net/http only reads an outgoing request's header).
+	vals := []string{req.RequestID, req.ClientIP}
+	u.Header["X-Request-Id"] = vals[0:1:1]
 	if req.ClientIP != "" {
 		if prior := req.Header.Values("X-Forwarded-For"); len(prior) > 0 {
-			u.Header.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+req.ClientIP)
-		} else {
-			u.Header.Set("X-Forwarded-For", req.ClientIP)
+			vals[1] = strings.Join(prior, ", ") + ", " + req.ClientIP
 		}
+		u.Header["X-Forwarded-For"] = vals[1:2:2]
 	}
 	f.setCredentials(u, w.Spec.APIKey)
 	// Last: every caller sends u, and net/http closes (so releases) its body.
