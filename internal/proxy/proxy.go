@@ -215,7 +215,6 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			}
 			return f.fail(&res, noWorker(last, res.Attempts))
 		}
-		tried = append(tried, w)
 		final := attempt >= f.cfg.Retry.MaxAttempts
 		e, admitted := f.try(ctx, rw, req, w, attempt, final, start, &res)
 		if !admitted {
@@ -224,6 +223,8 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			if skips++; skips > maxSkips {
 				return f.fail(&res, noWorker(last, res.Attempts))
 			}
+			// Only a next pick reads tried: a request served at its first pick allocates none.
+			tried = append(tried, w)
 			continue
 		}
 		res.Worker, res.Attempts = w, attempt
@@ -265,6 +266,7 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			kind, _ := classify(ctx, ctx.Err(), false, false)
 			return f.fail(&res, &Error{Kind: kind, Worker: w.ID, Attempts: attempt, LastStatus: e.LastStatus, Err: ctx.Err()})
 		}
+		tried = append(tried, w)
 		attempt++
 	}
 }
