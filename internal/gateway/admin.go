@@ -207,6 +207,7 @@ type WorkerInfo struct {
 	Health        string            `json:"health"`
 	Circuit       string            `json:"circuit"`
 	Draining      bool              `json:"draining"`
+	Warming       bool              `json:"warming,omitempty"` // held out of routing while its cache is warmed
 	Inflight      int64             `json:"inflight"`
 	Processed     int64             `json:"processed"`
 }
@@ -216,7 +217,7 @@ func infoOf(w *worker.Worker) WorkerInfo {
 		ID: w.ID, URL: w.Spec.URL, Models: w.Spec.Models, WorkerType: w.Spec.Type.String(),
 		BootstrapPort: w.Spec.BootstrapPort, Labels: w.Spec.Labels, Runtime: w.Runtime(), Source: w.Spec.Source,
 		Health: w.Health().String(), Circuit: w.Breaker.State(time.Now()).String(),
-		Draining: w.Draining(), Inflight: w.Inflight(), Processed: w.Processed(),
+		Draining: w.Draining(), Warming: w.Warming(), Inflight: w.Inflight(), Processed: w.Processed(),
 	}
 }
 

@@ -231,6 +231,15 @@ func TestWarmBoundedAndCancelledOnDelete(t *testing.T) {
 	if w := g.reg.View().Get(id); w == nil || !w.Warming() || w.Available() {
 		t.Fatal("a worker being warmed is offered to the policies")
 	}
+	shown, err := http.Get(g.admin.URL + "/workers/" + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info WorkerInfo
+	if err := json.NewDecoder(shown.Body).Decode(&info); err != nil || !info.Warming {
+		t.Fatalf("GET /workers/{id} while warming: warming %v, %v", info.Warming, err)
+	}
+	shown.Body.Close()
 	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"a prompt nobody sent before"}`)
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
@@ -239,7 +248,7 @@ func TestWarmBoundedAndCancelledOnDelete(t *testing.T) {
 		t.Fatal("a client request went to the worker being warmed")
 	}
 	req, _ := http.NewRequest(http.MethodDelete, g.admin.URL+"/workers/"+id, nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

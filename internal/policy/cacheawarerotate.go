@@ -147,12 +147,15 @@ func (p *CacheAwareHash) decodeBound(av []cand) bool {
 }
 
 // rotatePace is how much slower per token than the fastest the slowest engine may decode for the
-// fleet to count as uniform. Measured on shared-prefix (8 identical engines, 300 req/s) the
-// ratio stays below it while the batches differ by tens of requests (a 1.4 gate switched the
-// rotation off now and then: TTFT p99 191–216 ms against 164–174 ms), and with two engines half
-// as fast it always exceeds it, which keeps the mixed fleet at the previous default's figures
-// (TTFT p99 487 / 592 / 601 ms over three seeds; rotating there gave 416 / 759 / 734 ms).
-const rotatePace = 1.6
+// fleet to count as uniform. The reported pace also grows with the batch (a step costs 6 ms +
+// 0.35 ms per running request in the simulator), so a uniform fleet near saturation, whose
+// batches differ by tens of requests, shows ratios well above 1: measured on shared-prefix
+// (8 identical engines) a 1.4 gate switched the rotation off now and then (TTFT p99 191–216 ms
+// at 300 req/s against 164–174 ms) and 1.6 cost one sweep step of goodput (318.75 against
+// 321.88 req/s). With two of eight engines half as fast the ratio stays above 2, which keeps
+// that fleet at the previous default's figures (TTFT p99 487 / 592 / 601 ms over three seeds;
+// rotating there gave 416 / 759 / 734 ms, and a 2.5 gate 556 / 712 / 589 ms).
+const rotatePace = 2
 
 // rotateBatch is the mean running requests per engine from which the fleet counts as
 // decode-bound for the rotation. A step lasts max(decode cost, prefill time); with the

@@ -10,7 +10,7 @@ import (
 )
 
 // rotLoads gives each worker a fixed request load and a fresh report of `running` requests from
-// a poll round that estimated `replicas` gateways, generating 1,000 tokens/s, or 500 for the
+// a poll round that estimated `replicas` gateways, generating 1,000 tokens/s, or 400 for the
 // workers in slow.
 type rotLoads struct {
 	load     map[string]int64
@@ -23,7 +23,7 @@ func (l rotLoads) Load(w *worker.Worker) int64 { return l.load[w.ID] }
 func (l rotLoads) Report(w *worker.Worker) (loadmon.Report, bool) {
 	gen := 1000.0
 	if l.slow[w.ID] {
-		gen = 500
+		gen = 400
 	}
 	return loadmon.Report{Running: l.running, GenThroughput: gen, HasTokenData: true, PolledAt: backlogPoll, Replicas: l.replicas}, true
 }
@@ -62,7 +62,7 @@ func TestCacheAwareHashRotatesHotHolders(t *testing.T) {
 		{"eight gateways, decode-bound: rotation (hits do not move owners)", rotLoads{load, 64, 8, nil}, true},
 		{"one gateway, small batches: least loaded", rotLoads{load, 2, 1, nil}, false},
 		{"eight gateways, small batches: least loaded", rotLoads{load, 2, 8, nil}, false},
-		{"one engine decodes at half the pace: least loaded", rotLoads{load, 64, 1, map[string]bool{ws[5].ID: true}}, false},
+		{"one engine decodes at 40 % of the pace: least loaded", rotLoads{load, 64, 1, map[string]bool{ws[5].ID: true}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newCAH(t, tc.loads)

@@ -65,18 +65,24 @@ func newUpstreamRequest(ctx context.Context, base *url.URL, path string, n int) 
 	if !strings.HasPrefix(route, "/") || strings.ContainsAny(route, "%#") {
 		return nil, fmt.Errorf("proxy: invalid upstream path %q", route)
 	}
-	u, err := http.NewRequestWithContext(ctx, http.MethodPost, "", nil)
-	if err != nil {
-		return nil, err
+	target := *base
+	target.Path = base.Path + route
+	target.RawQuery = query
+	target.ForceQuery = hasQuery && query == ""
+	target.Host = strings.TrimSuffix(base.Host, ":") // an empty port, as printing drops it
+	// The fields http.NewRequestWithContext would set, without parsing an empty URL only to
+	// overwrite it and allocating a header map only to replace it. WithContext copies the
+	// request to the heap once; this one stays on the stack.
+	r := http.Request{
+		Method:     http.MethodPost,
+		URL:        &target,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     make(http.Header, n),
+		Host:       target.Host,
 	}
-	*u.URL = *base // reuses the URL the empty parse allocated
-	u.URL.Path = base.Path + route
-	u.URL.RawQuery = query
-	u.URL.ForceQuery = hasQuery && query == ""
-	u.URL.Host = strings.TrimSuffix(base.Host, ":") // an empty port, as printing drops it
-	u.Host = u.URL.Host
-	u.Header = make(http.Header, n)
-	return u, nil
+	return r.WithContext(ctx), nil
 }
 
 // smallBody is the largest request body sent from a copy of its own (setSmallBody) rather than

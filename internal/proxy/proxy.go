@@ -102,6 +102,8 @@ type Forwarder struct {
 	// per-request header copy (kept for redirects) would be work for nothing.
 	transport http.RoundTripper
 	obs       Observer
+	// deadlines bounds each request by RequestTimeout.
+	deadlines *deadlines
 	// hop is the HopHeader value of a request that crossed no other gateway.
 	hop  []string
 	rand func() float64
@@ -139,6 +141,7 @@ func New(cfg Config) *Forwarder {
 	}
 	return &Forwarder{
 		cfg:       cfg,
+		deadlines: &deadlines{d: cfg.RequestTimeout},
 		transport: cfg.Transport,
 		hop:       []string{cfg.HopID},
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
@@ -195,8 +198,9 @@ type Result struct {
 // Committed false, nothing was written and the caller writes the error for Err.
 func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Request, pick Picker) Result {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
-	defer cancel()
+	bounded := f.deadlines.bound(ctx)
+	defer f.deadlines.release(bounded)
+	ctx = bounded
 	var (
 		tried []*worker.Worker
 		res   Result
@@ -632,8 +636,9 @@ func quoteJSON(s string) []byte {
 // exact. It serves the prefill half of a disaggregated request, under the same time bounds as
 // Forward: RequestTimeout in all, AttemptTimeout up to the response headers.
 func (f *Forwarder) Discard(ctx context.Context, w *worker.Worker, req *Request) error {
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
-	defer cancel()
+	bounded := f.deadlines.bound(ctx)
+	defer f.deadlines.release(bounded)
+	ctx = bounded
 	var a attempt
 	u, ok := f.begin(ctx, w, req, &a)
 	if !ok {
