@@ -50,14 +50,16 @@ type auditWriter struct {
 
 	status  int
 	sse     bool
-	keep    []byte // non-streaming: the body so far; streaming: its tail
-	dropped bool   // non-streaming body over auditBodyMax: not read
+	keep    []byte  // non-streaming: the body so far; streaming: its tail
+	keepBuf *[]byte // the pooled slice keep came from, handed back by finish
+	dropped bool    // non-streaming body over auditBodyMax: not read
 }
 
 // newAuditWriter wraps w for req, whose routing text is textBytes long in the body, routed by
-// the policy named policy.
-func newAuditWriter(w http.ResponseWriter, req *policy.Request, textBytes int, policy string, headers bool) *auditWriter {
-	return &auditWriter{ResponseWriter: w, req: req, textBytes: textBytes, policy: policy, headers: headers}
+// the policy named policy. It is returned as a value for the caller to place (route keeps it
+// with the rest of the request).
+func newAuditWriter(w http.ResponseWriter, req *policy.Request, textBytes int, policy string, headers bool) auditWriter {
+	return auditWriter{ResponseWriter: w, req: req, textBytes: textBytes, policy: policy, headers: headers}
 }
 
 // WriteHeader adds the audit headers (when on) from the decision of the last pick.
@@ -91,7 +93,8 @@ func (a *auditWriter) Write(b []byte) (int, error) {
 		a.WriteHeader(http.StatusOK)
 	}
 	if a.keep == nil {
-		a.keep = (*auditBufs.Get().(*[]byte))[:0]
+		a.keepBuf = auditBufs.Get().(*[]byte)
+		a.keep = (*a.keepBuf)[:0]
 	}
 	switch {
 	case a.sse:
@@ -270,10 +273,10 @@ func (a *auditWriter) finish(m *Metrics, model string, ok bool) {
 		a.observe(m, model)
 	}
 	if a.keep != nil && cap(a.keep) <= 4*auditTailMax {
-		b := a.keep[:0]
-		auditBufs.Put(&b)
+		*a.keepBuf = a.keep[:0]
+		auditBufs.Put(a.keepBuf)
 	}
-	a.keep = nil
+	a.keep, a.keepBuf = nil, nil
 }
 
 // observe compares the decision's prediction with what the worker reported, once the response

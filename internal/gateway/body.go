@@ -23,6 +23,12 @@ const (
 	// growth bounds how much larger each buffer may be than the one it replaces: memory held for
 	// a body is never more than growth times the bytes that have arrived (plus minClass).
 	growth = 4
+	// A body whose declared length is at most preallocMax gets a buffer of that length at
+	// once, without growth copies, while the bytes so taken ahead of their arrival stay within
+	// preallocBudget across every body still arriving; past the budget (clients declaring
+	// bodies and sending them slowly, or never), bodies grow as their bytes arrive.
+	preallocMax    = 4 << 20
+	preallocBudget = 64 << 20
 )
 
 // bodyPool holds the free buffers of each size class. The zero value is ready to use.
@@ -31,7 +37,27 @@ type bodyPool struct {
 	// scribble overwrites every buffer returned to the pool, so a test sees at once a buffer
 	// recycled while something still reads it.
 	scribble bool
+	// ahead is the size of the buffers taken at a body's declared length, before its bytes
+	// arrived, by bodies still being read: at most budget (zero: preallocBudget).
+	ahead  atomic.Int64
+	budget int64
 }
+
+// reserve takes n bytes of the budget for a buffer given ahead of its bytes, and reports
+// whether it could; the caller gives them back with unreserve once the body is read.
+func (p *bodyPool) reserve(n int64) bool {
+	budget := p.budget
+	if budget == 0 {
+		budget = preallocBudget
+	}
+	if p.ahead.Add(n) > budget {
+		p.ahead.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (p *bodyPool) unreserve(n int64) { p.ahead.Add(-n) }
 
 // classOf returns the smallest class holding n bytes, or -1 when n is above maxClass.
 func classOf(n int) int {
@@ -130,12 +156,23 @@ var errEmptyBody = errors.New("the request body is empty")
 
 // readBody reads the whole request body into a pooled Body, which the caller must Release. It
 // answers 413 as soon as more than max bytes arrive (or are declared), 400 for an empty or
-// broken body, and 499 when the client left.
+// broken body, and 499 when the client left. A body starts in the smallest buffer and grows as
+// its bytes arrive, except that one declared at up to preallocMax bytes gets its full buffer at
+// once while the pool's budget for buffers given ahead of their bytes lasts.
 func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 	if r.ContentLength > max {
 		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)
 	}
-	b := p.newBody(1 << minClassShift)
+	first := 1 << minClassShift
+	if n := r.ContentLength; n > int64(first) && n <= preallocMax {
+		// Growth would copy the body's first bytes into ever larger buffers (for 100 KB, 80 KB
+		// copied, and shorter reads at each step): take the declared length at once.
+		if size := int64(1) << (classOf(int(n)) + minClassShift); p.reserve(size) {
+			defer p.unreserve(size)
+			first = int(n)
+		}
+	}
+	b := p.newBody(first)
 	var scratch [1]byte
 	for {
 		dst, probe := (*b.buf)[b.n:], false

@@ -73,6 +73,88 @@ func TestReadBodyDeclaredHuge(t *testing.T) {
 	}
 }
 
+// firstRead records the size of the buffer offered to its first Read.
+type firstRead struct {
+	r    io.Reader
+	size chan int // buffered; gets one value
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	select {
+	case f.size <- len(p):
+	default:
+	}
+	return f.r.Read(p)
+}
+
+func newFirstRead(r io.Reader) *firstRead { return &firstRead{r: r, size: make(chan int, 1)} }
+
+// TestReadBodyDeclaredAtOnce: a body declared at up to preallocMax bytes is read into a buffer
+// of its full length from the first read (no growth copies), while the budget for buffers
+// taken ahead of their bytes lasts; past it, a body grows as its bytes arrive, and the budget
+// comes back when a body has been read.
+func TestReadBodyDeclaredAtOnce(t *testing.T) {
+	pool := bodyPool{budget: 256 << 10}
+	read := func(r *http.Request) {
+		t.Helper()
+		b, status, err := pool.readBody(r, 1<<20)
+		if err != nil {
+			t.Errorf("status %d: %v", status, err)
+			return
+		}
+		b.Release()
+	}
+	declared := func(body io.Reader, n int) (*http.Request, *firstRead) {
+		f := newFirstRead(body)
+		r := httptest.NewRequest(http.MethodPost, "/", f)
+		r.ContentLength = int64(n)
+		return r, f
+	}
+
+	// A slow client holds 256 KiB of the budget while its body has not arrived.
+	pr, pw := io.Pipe()
+	slow, slowFirst := declared(pr, 200_000)
+	done := make(chan struct{})
+	go func() { defer close(done); read(slow) }()
+	t.Cleanup(func() { pw.CloseWithError(io.ErrUnexpectedEOF); <-done })
+	if got := <-slowFirst.size; got < 200_000 {
+		t.Fatalf("a 200,000-byte body was offered %d bytes to read first, want its full length", got)
+	}
+	if got := pool.ahead.Load(); got != 256<<10 {
+		t.Fatalf("%d bytes of the budget taken, want 256 KiB", got)
+	}
+
+	// Meanwhile another body finds the budget spent: it grows from the smallest buffer.
+	want := bytes.Repeat([]byte("x"), 100_000)
+	r, first := declared(iotest.HalfReader(bytes.NewReader(want)), len(want))
+	read(r)
+	if got := <-first.size; got != 1<<minClassShift {
+		t.Errorf("with the budget spent, the first read was offered %d bytes, want %d", got, 1<<minClassShift)
+	}
+
+	// The slow body arrives; its share of the budget comes back, and the next body is read
+	// at its full length at once again.
+	go func() { pw.Write(make([]byte, 200_000)); pw.Close() }()
+	<-done
+	if got := pool.ahead.Load(); got != 0 {
+		t.Fatalf("%d bytes of the budget still taken after every body was read", got)
+	}
+	r, first = declared(bytes.NewReader(want), len(want))
+	read(r)
+	if got := <-first.size; got < len(want) {
+		t.Errorf("the first read was offered %d bytes of a %d-byte body", got, len(want))
+	}
+
+	// A body that fails half-way gives its share back too.
+	r, _ = declared(io.MultiReader(bytes.NewReader(want[:10]), iotest.ErrReader(io.ErrUnexpectedEOF)), len(want))
+	if _, status, _ := pool.readBody(r, 1<<20); status != http.StatusBadRequest {
+		t.Errorf("status %d for a broken body, want 400", status)
+	}
+	if got := pool.ahead.Load(); got != 0 {
+		t.Fatalf("%d bytes of the budget still taken after a failed body", got)
+	}
+}
+
 func TestReadBodyLimits(t *testing.T) {
 	var pool bodyPool
 	for _, tc := range []struct {

@@ -56,7 +56,14 @@ func withFallback(mux *http.ServeMux) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, pattern := mux.Handler(r)
 		if pattern != "" {
-			mux.ServeHTTP(w, r)
+			if r.RequestURI == "*" || strings.Contains(pattern, "{") {
+				// The mux answers "*" itself and sets a wildcard's path values on r.
+				mux.ServeHTTP(w, r)
+				return
+			}
+			// What mux.ServeHTTP would do, without looking the route up a second time.
+			r.Pattern = pattern
+			h.ServeHTTP(w, r)
 			return
 		}
 		// The mux's own answer for an unmatched request is 404, or 405 with Allow: learn

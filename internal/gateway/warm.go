@@ -117,6 +117,7 @@ func (wm *warmer) onEvent(e worker.Event) {
 	go func() {
 		defer wm.wg.Done()
 		defer cancel()
+		defer wm.forget(w)
 		defer w.SetWarming(false)
 		wm.warm(ctx, w)
 	}()
@@ -163,12 +164,10 @@ func (wm *warmer) warm(ctx context.Context, w *worker.Worker) {
 	}
 	if total == 0 {
 		wm.s.log.Debug("worker not warmed: its pools hold no hot prefix", "worker", w.ID)
-		wm.forget(w)
 		return
 	}
 	if w.Health() != worker.Ready || w.Draining() {
 		wm.s.log.Info("worker not warmed: not ready when it joined", "worker", w.ID, "prefixes", total)
-		wm.forget(w)
 		return
 	}
 	ok := wm.send(ctx, w, plans)
@@ -262,7 +261,6 @@ func (wm *warmer) record(ctx context.Context, w *worker.Worker, plans []warmPlan
 	if _, live := wm.runs[w]; !live || wm.ctx == nil || errors.Is(ctx.Err(), context.Canceled) {
 		return 0
 	}
-	delete(wm.runs, w)
 	n, i := 0, 0
 	for _, p := range plans {
 		for _, t := range p.texts {
@@ -278,7 +276,7 @@ func (wm *warmer) record(ctx context.Context, w *worker.Worker, plans []warmPlan
 	return n
 }
 
-// forget drops w's warm-up from the table if it is still the one running.
+// forget drops w's warm-up from the table once it has ended (a removal may have dropped it).
 func (wm *warmer) forget(w *worker.Worker) {
 	wm.mu.Lock()
 	delete(wm.runs, w)

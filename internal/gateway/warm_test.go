@@ -356,3 +356,17 @@ func TestWarmOffAndNothingHot(t *testing.T) {
 	default:
 	}
 }
+
+// TestWarmTableEmptiesAfterWarmUps: every ended warm-up leaves the table, whatever its end.
+func TestWarmTableEmptiesAfterWarmUps(t *testing.T) {
+	a, c := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8}, 2, a)
+	g.addWorker(t, c, "")
+	g.waitEnded(t)
+	g.Stop() // waits for the warm-up goroutine, which forgets its run as it exits
+	g.warm.mu.Lock()
+	defer g.warm.mu.Unlock()
+	if n := len(g.warm.runs); n != 0 {
+		t.Fatalf("%d warm-ups left in the table", n)
+	}
+}

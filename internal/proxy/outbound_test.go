@@ -99,6 +99,38 @@ func TestUpstreamTargetOnTheWire(t *testing.T) {
 	}
 }
 
+// TestForwardedFields: the worker sees the gateway's request id (not the client's) and the
+// client's address appended to any X-Forwarded-For chain it came with, or alone.
+func TestForwardedFields(t *testing.T) {
+	for _, c := range []struct {
+		prior []string
+		want  string
+	}{
+		{nil, "127.0.0.9"},
+		{[]string{"10.0.0.1"}, "10.0.0.1, 127.0.0.9"},
+		{[]string{"10.0.0.1, 10.0.0.2", "10.0.0.3"}, "10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.9"},
+	} {
+		got := make(chan http.Header, 1)
+		a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { got <- r.Header })
+		h := http.Header{"X-Request-Id": {"client-id"}}
+		if c.prior != nil {
+			h["X-Forwarded-For"] = c.prior
+		}
+		res := newForwarder(nil, 1).Forward(context.Background(), httptest.NewRecorder(),
+			&Request{Path: "/x", Body: []byte(`{}`), Header: h, RequestID: "gw-id", ClientIP: "127.0.0.9"}, inOrder(a))
+		if res.Err != nil {
+			t.Fatal(res.Err)
+		}
+		seen := <-got
+		if v := seen.Values("X-Forwarded-For"); len(v) != 1 || v[0] != c.want {
+			t.Errorf("prior %q: worker saw X-Forwarded-For %q, want %q", c.prior, v, c.want)
+		}
+		if v := seen.Values("X-Request-Id"); len(v) != 1 || v[0] != "gw-id" {
+			t.Errorf("worker saw X-Request-Id %q, want the gateway's", v)
+		}
+	}
+}
+
 // TestRedirectRelayed: a worker's redirect reaches the client, its Location cut to a reference
 // relative to the gateway (an absolute one names an internal address); the gateway follows it
 // nowhere (a redirect could point anywhere, past the hosts workers may live on).
@@ -189,5 +221,43 @@ func TestSmallBodyOneWrite(t *testing.T) {
 			t.Errorf("%d-byte body: the worker did not get it whole", size)
 		}
 		up.mu.Unlock()
+	}
+}
+
+// BenchmarkUpstreamRequest builds an attempt's upstream request (URL, headers, credentials, a
+// 1 KB body) for the headers of two clients: Go's http.Client, and the OpenAI Python SDK
+// (httpx), which sends more of them.
+//
+//	go test -run XXX -bench UpstreamRequest -benchmem ./internal/proxy/
+func BenchmarkUpstreamRequest(b *testing.B) {
+	w, err := worker.New(worker.Spec{URL: "http://127.0.0.1:30000", Models: []string{"m"}}, worker.BreakerConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	w.SetHealth(worker.Ready)
+	f := New(Config{HopID: "gw1"})
+	body := []byte(strings.Repeat("x", 1000))
+	for _, c := range []struct {
+		name   string
+		header http.Header
+	}{
+		{"go", http.Header{"User-Agent": {"Go-http-client/1.1"}, "Content-Length": {"1000"}, "Content-Type": {"application/json"}, "Accept-Encoding": {"gzip"}}},
+		{"openai-python", http.Header{
+			"Accept": {"application/json"}, "Accept-Encoding": {"gzip, deflate"}, "Connection": {"keep-alive"},
+			"User-Agent": {"OpenAI/Python 1.54.0"}, "Content-Type": {"application/json"}, "Content-Length": {"1000"},
+			"Authorization": {"Bearer k"}, "X-Stainless-Lang": {"python"}, "X-Stainless-Os": {"Linux"},
+		}},
+	} {
+		req := &Request{Path: "/v1/chat/completions", Header: c.header, Body: body, RequestID: "r1", ClientIP: "127.0.0.1"}
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				var a attempt
+				if _, ok := f.begin(context.Background(), w, req, &a); !ok {
+					b.Fatal("not admitted")
+				}
+				a.end()
+			}
+		})
 	}
 }

@@ -102,6 +102,8 @@ type Forwarder struct {
 	// per-request header copy (kept for redirects) would be work for nothing.
 	transport http.RoundTripper
 	obs       Observer
+	// deadlines bounds each request by RequestTimeout.
+	deadlines *deadlines
 	// hop is the HopHeader value of a request that crossed no other gateway.
 	hop  []string
 	rand func() float64
@@ -139,6 +141,7 @@ func New(cfg Config) *Forwarder {
 	}
 	return &Forwarder{
 		cfg:       cfg,
+		deadlines: &deadlines{d: cfg.RequestTimeout},
 		transport: cfg.Transport,
 		hop:       []string{cfg.HopID},
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
@@ -195,8 +198,9 @@ type Result struct {
 // Committed false, nothing was written and the caller writes the error for Err.
 func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Request, pick Picker) Result {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
-	defer cancel()
+	bounded := f.deadlines.bound(ctx)
+	defer f.deadlines.release(bounded)
+	ctx = bounded
 	var (
 		tried []*worker.Worker
 		res   Result
@@ -211,7 +215,6 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			}
 			return f.fail(&res, noWorker(last, res.Attempts))
 		}
-		tried = append(tried, w)
 		final := attempt >= f.cfg.Retry.MaxAttempts
 		e, admitted := f.try(ctx, rw, req, w, attempt, final, start, &res)
 		if !admitted {
@@ -220,6 +223,8 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			if skips++; skips > maxSkips {
 				return f.fail(&res, noWorker(last, res.Attempts))
 			}
+			// Only a next pick reads tried: a request served at its first pick allocates none.
+			tried = append(tried, w)
 			continue
 		}
 		res.Worker, res.Attempts = w, attempt
@@ -261,6 +266,7 @@ func (f *Forwarder) Forward(ctx context.Context, rw http.ResponseWriter, req *Re
 			kind, _ := classify(ctx, ctx.Err(), false, false)
 			return f.fail(&res, &Error{Kind: kind, Worker: w.ID, Attempts: attempt, LastStatus: e.LastStatus, Err: ctx.Err()})
 		}
+		tried = append(tried, w)
 		attempt++
 	}
 }
@@ -384,13 +390,15 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 	if _, ok := u.Header["X-Idempotency-Key"]; !ok {
 		u.Header["X-Idempotency-Key"] = nil
 	}
-	u.Header.Set("X-Request-Id", req.RequestID)
+	// The request id and X-Forwarded-For share one backing array, each a full slice of its
+	// own (net/http only reads an outgoing request's header).
+	vals := []string{req.RequestID, req.ClientIP}
+	u.Header["X-Request-Id"] = vals[0:1:1]
 	if req.ClientIP != "" {
 		if prior := req.Header.Values("X-Forwarded-For"); len(prior) > 0 {
-			u.Header.Set("X-Forwarded-For", strings.Join(prior, ", ")+", "+req.ClientIP)
-		} else {
-			u.Header.Set("X-Forwarded-For", req.ClientIP)
+			vals[1] = strings.Join(prior, ", ") + ", " + req.ClientIP
 		}
+		u.Header["X-Forwarded-For"] = vals[1:2:2]
 	}
 	f.setCredentials(u, w.Spec.APIKey)
 	// Last: every caller sends u, and net/http closes (so releases) its body.
@@ -632,8 +640,9 @@ func quoteJSON(s string) []byte {
 // exact. It serves the prefill half of a disaggregated request, under the same time bounds as
 // Forward: RequestTimeout in all, AttemptTimeout up to the response headers.
 func (f *Forwarder) Discard(ctx context.Context, w *worker.Worker, req *Request) error {
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
-	defer cancel()
+	bounded := f.deadlines.bound(ctx)
+	defer f.deadlines.release(bounded)
+	ctx = bounded
 	var a attempt
 	u, ok := f.begin(ctx, w, req, &a)
 	if !ok {

@@ -291,9 +291,12 @@ func TestStreamingPace(t *testing.T) {
 	if ttft := first.Sub(start); ttft < 100*time.Millisecond {
 		t.Errorf("TTFT %v, want at least the 100 ms prefill", ttft)
 	}
-	// Wake-up jitter may delay the first token more than the last: allow 10 %.
-	if d, want := last.Sub(first), 29*6350*time.Microsecond*9/10; d < want {
-		t.Errorf("29 inter-token gaps took %v, want at least %v", d, want)
+	// A late read of the first token (a wake-up delayed on a loaded machine, after which the
+	// next tokens are already buffered) shortens the gaps measured after it (seen once under
+	// load: 160.7 ms for 29 gaps), so only the total from the send is bounded below: the prefill
+	// and 29 decode steps of at least 6.35 ms each, less 10 % for the clock's granularity.
+	if d, want := last.Sub(start), (100*time.Millisecond+29*6350*time.Microsecond)*9/10; d < want {
+		t.Errorf("the 30 tokens ended %v after the send, want at least %v (first token at %v)", d, want, first.Sub(start))
 	}
 }
 
