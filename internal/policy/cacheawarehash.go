@@ -47,7 +47,7 @@ const (
 // that is a miss of thousands of tokens on the least loaded engine, whose prefill then delays
 // everything behind it. Measured on long-context (docs/routing.md §8.4): at 34 req/s the
 // imbalanced branch took 706 requests, most of them 6,000-token misses, and TTFT p99 was 21.5 s
-// (hit 0.954); keeping the hits on holders within the balance rule gives 14 ms (hit 0.996), and
+// (hit 0.954); keeping the hits on holders within the balance rule gives 14.1 ms (hit 0.996), and
 // goodput under a 2 s SLO rises from 31.5 to 39.5 req/s. Short matches (a hot system prompt that
 // every engine holds anyway) keep going to the least loaded worker: keeping those too made
 // shared-prefix at 8 gateways worse (TTFT p99 270 → 303 ms).
