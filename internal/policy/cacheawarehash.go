@@ -66,6 +66,12 @@ const keepHitChars = 2048
 //   - The slack tightens while any engine queues (reports waiting requests): an engine queues
 //     only once its batch or its KV cache is full, so this judges saturation against each
 //     engine's own capacity, where the request-count thresholds assume large batches.
+//   - On a decode-bound, uniform fleet a hit goes round the holders below the bound instead of
+//     to the least loaded one, and behind one gateway a new prompt skips the workers picked
+//     within the last round (cacheawarerotate.go): least loaded herds arrivals into cohorts
+//     whose prefills stall whole batches.
+//   - While the pool is imbalanced, a match of at least keepHitChars characters keeps its hit on
+//     a holder within the balance rule instead of becoming a miss on the least loaded worker.
 //
 // Why the hash: with several gateway replicas each tree sees only the requests that reached its
 // replica, so under cache_aware the first request of a prefix at each replica is a miss that
