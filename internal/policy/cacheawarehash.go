@@ -86,6 +86,7 @@ type CacheAwareHash struct {
 	*CacheAware
 	sent   sentTokens // uncached tokens sent per worker since its poll (cacheawarewait.go)
 	recent picks      // this replica's last pick of each worker (cacheawarerotate.go)
+	unpred unpredicted // cached share the engines reported beyond the prediction (cacheawarefirst.go)
 }
 
 var (
@@ -154,10 +155,13 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		tok = make([]float64, len(av))
 	}
 	tok = tok[:len(av)]
-	leastTok, prefillBound, rotate := 0.0, false, false
+	leastTok, prefillBound, rotate, passPrefilling := 0.0, false, false, false
 	if byBacklog {
 		leastTok, prefillBound = p.backlogs(av, tok)
-		rotate = !prefillBound && p.solo(av) && p.decodeBound(av)
+		if !prefillBound && p.decodeBound(av) {
+			rotate = p.solo(av)
+			passPrefilling = !rotate && !p.othersPlace()
+		}
 	}
 	seq, gap := p.recent.window(len(av))
 	var fallback *cand // the best candidate when every one within the bounds is recent
@@ -174,7 +178,7 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 			continue
 		}
 		s := score(key, c.w.ID)
-		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) {
+		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) || passPrefilling && prefilling(c) {
 			if fallback == nil || s > fallbackScore {
 				fallback, fallbackScore = c, s
 			}
