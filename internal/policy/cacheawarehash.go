@@ -84,8 +84,8 @@ const keepHitChars = 2048
 // is not usable.
 type CacheAwareHash struct {
 	*CacheAware
-	sent   sentTokens // uncached tokens sent per worker since its poll (cacheawarewait.go)
-	recent picks      // this replica's last pick of each worker (cacheawarerotate.go)
+	sent   sentTokens  // uncached tokens sent per worker since its poll (cacheawarewait.go)
+	recent picks       // this replica's last pick of each worker (cacheawarerotate.go)
 	unpred unpredicted // cached share the engines reported beyond the prediction (cacheawarefirst.go)
 }
 
