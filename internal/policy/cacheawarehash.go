@@ -70,6 +70,9 @@ const keepHitChars = 2048
 //     to the least loaded one, and behind one gateway a new prompt skips the workers picked
 //     within the last round (cacheawarerotate.go): least loaded herds arrivals into cohorts
 //     whose prefills stall whole batches.
+//   - On a decode-bound fleet behind several gateways a new prompt passes over a worker that is
+//     still prefilling a request of this replica (no first byte yet), unless the engines report
+//     much more cached than this replica predicted (cacheawarefirst.go).
 //   - While the pool is imbalanced, a match of at least keepHitChars characters keeps its hit on
 //     a holder within the balance rule instead of becoming a miss on the least loaded worker.
 //
