@@ -75,6 +75,9 @@ const keepHitChars = 2048
 //     much more cached than this replica predicted (cacheawarefirst.go).
 //   - While the pool is imbalanced, a match of at least keepHitChars characters keeps its hit on
 //     a holder within the balance rule instead of becoming a miss on the least loaded worker.
+//   - Behind one gateway, on a fleet whose engines prefill at measured rates a factor of two or
+//     more apart, a new prompt's rendezvous order is weighted by speed and the prefill backlog
+//     is judged as expected wait (cacheawarespeed.go).
 //
 // Why the hash: with several gateway replicas each tree sees only the requests that reached its
 // replica, so under cache_aware the first request of a prefix at each replica is a miss that
@@ -152,20 +155,25 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 	b := BalanceOf(p.cfg)
 	bound := p.bound(av, minLoad)
 	var least *cand
-	var buf [64]float64
-	tok := buf[:0]
+	var buf, wbuf [64]float64
+	tok, weight := buf[:0], wbuf[:0]
 	if len(av) > len(buf) {
-		tok = make([]float64, len(av))
+		tok, weight = make([]float64, len(av)), make([]float64, len(av))
 	}
-	tok = tok[:len(av)]
-	leastTok, prefillBound, rotate, passPrefilling := 0.0, false, false, false
+	tok, weight = tok[:len(av)], weight[:len(av)]
+	leastTok, prefillBound, rotate, mixed, passPrefilling := 0.0, false, false, false, false
 	if byBacklog {
-		leastTok, prefillBound = p.backlogs(av, tok)
+		mixed = p.weights(av, weight)
+		if !mixed {
+			weight = nil
+		}
+		leastTok, prefillBound = p.backlogs(av, tok, weight)
 		if !prefillBound && p.decodeBound(av) {
 			rotate = p.solo(av)
 			passPrefilling = !rotate && !p.othersPlace()
 		}
 	}
+	var bestW float64 // the best weighted score, on a mixed fleet
 	seq, gap := p.recent.window(len(av))
 	var fallback *cand // the best candidate when every one within the bounds is recent
 	var fallbackScore uint64
@@ -184,6 +192,12 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) || passPrefilling && prefilling(c) {
 			if fallback == nil || s > fallbackScore {
 				fallback, fallbackScore = c, s
+			}
+			continue
+		}
+		if mixed {
+			if ws := weightedScore(s, weight[i]); best == nil || ws > bestW {
+				best, bestW = c, ws
 			}
 			continue
 		}

@@ -43,22 +43,25 @@ type sentTokens struct {
 }
 
 type sentEntry struct {
-	polled time.Time // the PolledAt of the report the count follows
-	tokens float64
+	polled  time.Time // the PolledAt of the report the count follows
+	backlog float64   // the backlog that report gave, in tokens
+	tokens  float64
+	rate    float64 // measured prefill rate, tokens per second (cacheawarespeed.go)
+	samples int     // busy intervals the rate was measured over
 }
 
-// add counts tokens sent to id after the poll at polled; a newer poll restarts the count.
-func (s *sentTokens) add(id string, polled time.Time, tokens float64) {
+// add counts tokens sent to id after the poll at polled, whose report gave a backlog of
+// reported tokens; a newer poll restarts the count (and measures the rate, sentEntry.roll).
+func (s *sentTokens) add(id string, polled time.Time, reported, tokens float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
 		s.m = make(map[string]sentEntry)
 	}
-	e := s.m[id]
-	if !e.polled.Equal(polled) {
-		e = sentEntry{polled: polled}
+	e := s.m[id].roll(polled, reported)
+	if e.polled.Equal(polled) {
+		e.tokens += tokens
 	}
-	e.tokens += tokens
 	s.m[id] = e
 }
 
@@ -87,7 +90,7 @@ func (p *CacheAwareHash) Pick(candidates []*worker.Worker, req *Request) *worker
 	}
 	p.recent.picked(w.ID)
 	if r, ok := p.loads.Report(w); ok && r.HasUncachedTokens {
-		p.sent.add(w.ID, r.PolledAt, uncachedTokens(req))
+		p.sent.add(w.ID, r.PolledAt, float64(r.WaitingUncachedTokens), uncachedTokens(req))
 	}
 	return w
 }
@@ -103,14 +106,21 @@ func (p *CacheAwareHash) Forget(workerID string) {
 // the poll) and returns the least, ok false when the rule does not apply: some candidate has no
 // fresh report of its queued tokens, a replica estimate says several gateways share the fleet,
 // or the fleet is not prefill-bound.
-func (p *CacheAwareHash) backlogs(av []cand, tok []float64) (least float64, ok bool) {
+//
+// Each backlog is divided by its worker's speed weight (weight, nil for all 1): the expected
+// wait in tokens of a median engine (cacheawarespeed.go).
+func (p *CacheAwareHash) backlogs(av []cand, tok, weight []float64) (least float64, ok bool) {
 	var most float64
 	for i := range av {
 		r, fresh := p.loads.Report(av[i].w)
 		if !fresh || !r.HasUncachedTokens || r.Replicas >= soloReplicas {
 			return 0, false
 		}
+		p.sent.observe(av[i].w.ID, r.PolledAt, float64(r.WaitingUncachedTokens))
 		t := float64(r.WaitingUncachedTokens) + p.sent.since(av[i].w.ID, r.PolledAt)
+		if weight != nil {
+			t /= weight[i]
+		}
 		tok[i] = t
 		if i == 0 || t < least {
 			least = t
