@@ -15,15 +15,23 @@ import (
 // the interval are its prefill rate. Shorter backlogs give a lower bound, which counts only when
 // it exceeds the estimate.
 //
+// With several gateways a replica sees only its own sends, but the fall of a backlog between two
+// polls is a lower bound on the drain whatever anyone sent, and equals it over an interval in
+// which nothing arrived. So each worker also keeps the decaying peak of that fall per second,
+// over intervals that start with at least a second of prefill queued (prefillGateTokens) and end
+// with some left: the engine prefilled throughout. Small backlogs (decode-bound traffic) are not
+// sampled, since their falls say more about arrivals and cache hits than about speed.
+//
 // cache_aware_hash turns the rates into weights relative to the fleet's median rate, rounded to
-// a power of two (speedWeight), and uses them in two places behind one gateway: a new prompt's
-// rendezvous order is weighted (an engine half as fast as the median owns half as many keys),
-// and the prefill-backlog rule of cacheawarewait.go judges each backlog divided by its weight,
-// in tokens of a median engine: expected wait, not tokens. The rounding keeps the engines of a
-// uniform fleet, whose measured rates differ by noise, at equal weights and so, nearly always,
-// at the unweighted decisions. Measured on the Mooncake twin with two of eight engines half as
-// fast, one gateway (docs/routing.md §9): load spread 1.95 / 2.51 → 1.63 / 1.39 over two seeds,
-// TTFT p99 4.11 / 4.20 s → 4.10 / 4.02 s.
+// a power of two (speedWeight), and uses them in two places: a new prompt's rendezvous order is
+// weighted (an engine half as fast as the median owns half as many keys), and, behind one
+// gateway, the prefill-backlog rule of cacheawarewait.go judges each backlog divided by its
+// weight, in tokens of a median engine: expected wait, not tokens. The rounding keeps the
+// engines of a uniform fleet, whose measured rates differ by noise, at equal weights and so,
+// nearly always, at the unweighted decisions. Measured on the Mooncake twin with two of eight
+// engines half as fast (docs/routing.md §9.1), seeds 1 / 2: one gateway, load spread 1.95 /
+// 2.51 → 1.63 / 1.39 and TTFT p99 4.11 / 4.20 s → 4.10 / 4.02 s; 8 gateways, spread 3.00 /
+// 2.78 → 1.44 / 1.44 and p99 11.5 / 9.37 s → 7.13 / 8.42 s.
 
 // rateAlpha is the weight of a new sample in a worker's exponential moving average of its
 // prefill rate: about the last ten busy poll intervals.
@@ -32,6 +40,17 @@ const rateAlpha = 0.1
 // rateSamples is how many samples a worker's rate needs before it weighs: a single interval's
 // estimate carries the error of the since-poll token estimate.
 const rateSamples = 4
+
+// peakDecay is how much a worker's peak drain decays per measured interval, so that an engine
+// that slows down (a degraded GPU, a changed deployment behind the same address) is seen as
+// slower after some tens of intervals.
+const peakDecay = 0.01
+
+// peakSamples is how many intervals a worker's peak drain needs before it weighs. Measured at 8
+// gateways: after 4 a uniform engine's peak now and then still sat below 0.71 of the median, and
+// the replicas' differing weights cost agreement (Mooncake twin, bursty, TTFT p99 7,184 →
+// 7,593 ms); after 8 uniform fleets keep their decisions.
+const peakSamples = 2 * rateSamples
 
 // observe records the report of worker id polled at polled with reported backlog tokens, first
 // turning the previous interval (if this report is newer) into a rate sample.
@@ -66,6 +85,12 @@ func (e sentEntry) roll(polled time.Time, reported float64) sentEntry {
 			e.rate += rateAlpha * (drained - e.rate)
 		}
 	}
+	if dt := polled.Sub(e.polled).Seconds(); !e.polled.IsZero() && dt > 0 &&
+		e.backlog >= prefillGateTokens && reported > 0 && reported < e.backlog {
+		// Whatever any replica sent, the engine drained at least the fall of its backlog.
+		e.peak = max((e.backlog-reported)/dt, e.peak*(1-peakDecay))
+		e.peaks++
+	}
 	e.polled, e.backlog, e.tokens = polled, reported, 0
 	return e
 }
@@ -77,6 +102,17 @@ func (s *sentTokens) rateOf(id string) float64 {
 	defer s.mu.Unlock()
 	if e := s.m[id]; e.samples >= rateSamples {
 		return e.rate
+	}
+	return 0
+}
+
+// peakOf returns the decaying peak drain of id in tokens per second, 0 until peakSamples
+// intervals measured it.
+func (s *sentTokens) peakOf(id string) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.m[id]; e.peaks >= peakSamples {
+		return e.peak
 	}
 	return 0
 }
@@ -93,20 +129,27 @@ func speedWeight(rate, median float64) float64 {
 	return math.Exp2(math.Round(math.Log2(rate / median)))
 }
 
-// weights fills w with each candidate's speed weight and reports whether any differs from 1.
-// Only a replica that judges itself alone measures rates (another replica's sends would read as
-// a slower drain), so with several replicas every weight is 1.
+// weights fills w with each candidate's speed weight and reports whether any differs from 1. A
+// replica that judges itself alone weighs by the rates it measured (rateOf). With several
+// replicas another replica's sends would read as a slower drain, so each weighs by the peak drain
+// (peakOf) instead, which reads from the reports alone and so approaches the same true rate at
+// every replica: their weights, rounded, agree.
 func (p *CacheAwareHash) weights(av []cand, w []float64) bool {
 	for i := range w {
 		w[i] = 1
 	}
-	if !p.solo(av) {
-		return false
-	}
+	solo := p.solo(av)
 	var buf [64]float64
 	rates := buf[:0]
 	for i := range av {
-		w[i] = p.sent.rateOf(av[i].w.ID)
+		if solo {
+			w[i] = p.sent.rateOf(av[i].w.ID)
+		} else {
+			if r, ok := p.loads.Report(av[i].w); ok && r.HasUncachedTokens {
+				p.sent.observe(av[i].w.ID, r.PolledAt, float64(r.WaitingUncachedTokens))
+			}
+			w[i] = p.sent.peakOf(av[i].w.ID)
+		}
 		if w[i] > 0 {
 			rates = append(rates, w[i])
 		}

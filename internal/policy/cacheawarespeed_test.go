@@ -46,6 +46,25 @@ func TestSentEntryRollMeasuresRate(t *testing.T) {
 	if e := s.m["w"]; e.rate != rate {
 		t.Fatalf("a low lower bound lowered the rate: %v → %v", rate, e.rate)
 	}
+	// The peak drain, for several replicas: the fall of the backlog per second over intervals
+	// that start with at least prefillGateTokens queued and end with some left, whatever was
+	// sent; it needs peakSamples such intervals.
+	var q sentTokens
+	at := func(k int) time.Time { return t0.Add(time.Duration(k) * time.Second) }
+	q.observe("w", at(0), 30000)
+	q.add("w", at(0), 30000, 50000) // another replica's sends are invisible anyway: not counted
+	q.observe("w", at(1), 24000)    // fell 6,000
+	q.observe("w", at(2), 20000)    // fell 4,000: the peak stays near 6,000
+	q.observe("w", at(3), 21000)    // rose: no sample
+	q.observe("w", at(4), 0)        // ran dry: no sample
+	q.observe("w", at(5), 5000)
+	q.observe("w", at(6), 1000) // started below prefillGateTokens: no sample
+	if e := q.m["w"]; e.peaks != 2 || e.peak < 5900 || e.peak > 6000 {
+		t.Fatalf("peak drain %+v, want about 6,000 from 2 intervals", e)
+	}
+	if q.peakOf("w") != 0 {
+		t.Fatal("peakOf before peakSamples intervals is not 0")
+	}
 	s.forget("w")
 	if s.rateOf("w") != 0 {
 		t.Fatal("forget left the rate")
@@ -70,7 +89,7 @@ func TestSpeedWeight(t *testing.T) {
 }
 
 // rateLoads reports, per worker id, a backlog that drains at that worker's rate between polls a
-// second apart, down to end at poll rateSamples: end + (rateSamples − k)·rate at poll k. Request
+// second apart, down to end at poll peakSamples: end + (peakSamples − k)·rate at poll k. Request
 // loads are zero.
 type rateLoads struct {
 	rate     map[string]float64
@@ -81,7 +100,7 @@ type rateLoads struct {
 
 func (rateLoads) Load(*worker.Worker) int64 { return 0 }
 func (l rateLoads) Report(w *worker.Worker) (loadmon.Report, bool) {
-	b := l.end + float64(rateSamples-*l.poll)*l.rate[w.ID]
+	b := l.end + float64(peakSamples-*l.poll)*l.rate[w.ID]
 	return loadmon.Report{WaitingUncachedTokens: int64(b), HasUncachedTokens: true, HasTokenData: true,
 		PolledAt: backlogPoll.Add(time.Duration(*l.poll) * time.Second), Replicas: l.replicas}, true
 }
@@ -95,10 +114,12 @@ func measured(t *testing.T, ws []*worker.Worker, rate map[string]float64, end, r
 	p := newCAH(t, rateLoads{rate: rate, end: end, poll: &poll, replicas: replicas})
 	av := candsOf(ws)
 	tok := make([]float64, len(ws))
-	for poll = 0; poll <= rateSamples; poll++ {
+	w := make([]float64, len(ws))
+	for poll = 0; poll <= peakSamples; poll++ {
 		p.backlogs(av, tok, nil)
+		p.weights(av, w)
 	}
-	poll = rateSamples // keep later reports at the last poll
+	poll = peakSamples // keep later reports at the last poll
 	return p
 }
 
@@ -137,11 +158,25 @@ func TestCacheAwareHashWeighsBySpeed(t *testing.T) {
 		t.Fatalf("mixed fleet: the two slow engines took %.3f of new prompts (fast %d, slow %d), want about 1/7", got, fast, slow)
 	}
 
+	// At 8 gateways the replica weighs by the peak fall of the reported backlogs, which needs
+	// backlogs of at least prefillGateTokens: the slow pair again takes about 1/7.
+	n = count(measured(t, ws, rate, prefillGateTokens, 8))
+	slow = n[ws[6].ID] + n[ws[7].ID]
+	if got := float64(slow) / prompts; got < 0.11 || got > 0.18 {
+		t.Fatalf("mixed fleet, 8 replicas: the two slow engines took %.3f of new prompts, want about 1/7", got)
+	}
+
 	plain := count(newCAH(t, cahLoads{}))
+	small := map[string]float64{} // the same speeds, but backlogs too small to sample at 8 replicas
+	for id, r := range rate {
+		small[id] = r / 16
+	}
 	for name, p := range map[string]*CacheAwareHash{
-		"equal speeds":        measured(t, ws, map[string]float64{}, 100, 1),
-		"mixed, 8 replicas":   measured(t, ws, rate, 100, 8),
-		"uniform within 20 %": measured(t, ws, map[string]float64{ws[0].ID: 7000, ws[1].ID: 9500}, 100, 1),
+		"equal speeds":                 measured(t, ws, map[string]float64{}, 100, 1),
+		"equal speeds, 8 replicas":     measured(t, ws, map[string]float64{}, prefillGateTokens, 8),
+		"small backlogs, 8 replicas":   measured(t, ws, small, 100, 8),
+		"uniform within 20 %":          measured(t, ws, map[string]float64{ws[0].ID: 7000, ws[1].ID: 9500}, 100, 1),
+		"uniform within 20 %, 8 repl.": measured(t, ws, map[string]float64{ws[0].ID: 7000, ws[1].ID: 9500}, prefillGateTokens, 8),
 	} {
 		if got := count(p); !equalCounts(got, plain) {
 			t.Errorf("%s: placement %v differs from the unweighted %v", name, got, plain)

@@ -48,6 +48,8 @@ type sentEntry struct {
 	tokens  float64
 	rate    float64 // measured prefill rate, tokens per second (cacheawarespeed.go)
 	samples int     // busy intervals the rate was measured over
+	peak    float64 // decaying peak of the report-only drain, tokens per second
+	peaks   int     // intervals the peak was measured over
 }
 
 // add counts tokens sent to id after the poll at polled, whose report gave a backlog of
