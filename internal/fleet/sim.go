@@ -104,6 +104,7 @@ type flight struct {
 	sess    *active
 	gw      int
 	release func()
+	first   func() // the first token arrived (worker.Worker.Awaiting)
 	sent    time.Duration
 	eng     int
 	dec     policy.Decision // Predicted made a share of the whole prompt
@@ -362,7 +363,8 @@ func (s *sim) sendTurn(a *active) {
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, release: w.Acquire(), sent: s.now, eng: idx, dec: gw.req.Decision}
+	f := &flight{sess: a, gw: g, sent: s.now, eng: idx, dec: gw.req.Decision}
+	f.first, f.release = w.Track()
 	if gw.kv != nil {
 		// precise_prefix tokenized the prompt, and pays for that.
 		f.extra = gw.kv.takeCost()
@@ -413,7 +415,13 @@ func (s *sim) syncEngine(i int) {
 	se := s.engines[i]
 	s.evs = se.e.Advance(s.now, s.evs[:0])
 	for _, ev := range s.evs {
-		if ev.Kind == engine.Finished {
+		switch ev.Kind {
+		case engine.FirstToken:
+			// The gateway sees the first byte of the streamed answer.
+			if f, ok := s.flights[ev.ID]; ok && f.first != nil {
+				f.first()
+			}
+		case engine.Finished:
 			s.finish(ev)
 		}
 	}
@@ -441,6 +449,10 @@ func (s *sim) finish(ev engine.Event) {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)
 	}
 	s.coll.Add(rec)
+	if o, ok := s.gws[f.gw].pol.(policy.CacheObserver); ok && f.dec.HasPrediction && ev.PromptTokens > 0 {
+		// The gateway compares the same two shares once the answer's usage arrives.
+		o.Observed(f.dec.Predicted, float64(ev.CachedTokens)/float64(ev.PromptTokens))
+	}
 	a := f.sess
 	if a.next >= len(a.s.Turns) {
 		s.endSession()

@@ -47,6 +47,8 @@ type auditWriter struct {
 	textBytes int // the whole routing text's length in the body
 	policy    string
 	headers   bool
+	// observer, when the policy is one, hears the predicted and the reported share.
+	observer policy.CacheObserver
 
 	status  int
 	sse     bool
@@ -291,7 +293,11 @@ func (a *auditWriter) observe(m *Metrics, model string) {
 		m.child(hotKey{metric: hotPredMissing, label: a.policy, model: model}).counter.Inc()
 		return
 	}
-	m.child(hotKey{metric: hotPredError, label: a.policy, model: model}).observer.Observe(a.promptShare() - actual)
+	predicted := a.promptShare()
+	m.child(hotKey{metric: hotPredError, label: a.policy, model: model}).observer.Observe(predicted - actual)
+	if a.observer != nil {
+		a.observer.Observed(predicted, actual)
+	}
 }
 
 // predictionErrorBuckets cover predicted − actual share in [−1, 1], finer near zero.

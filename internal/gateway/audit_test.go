@@ -383,3 +383,33 @@ func BenchmarkLastIndexUsage(b *testing.B) {
 		})
 	}
 }
+
+// TestPolicyHearsReportedCache: the gateway hands the policy (cache_aware_hash, a
+// policy.CacheObserver) the share it predicted and the share the worker reported. A prompt the
+// worker already holds from a request that did not pass this gateway is predicted uncached and
+// reported cached: the policy's unpredicted share rises by one answer's weight.
+func TestPolicyHearsReportedCache(t *testing.T) {
+	g, ws := newAuditGateway(t, Config{}, "cache_aware_hash", policy.DefaultConfig(), 1)
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("sent by another gateway ", 20) + `"}]}`
+	resp, err := http.Post(ws[0].URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	resp = g.post(t, "/v1/chat/completions", body)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	g.waitDone(t, 1)
+	pol, err := g.router.For("m", worker.Regular)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cah, ok := pol.(*policy.CacheAwareHash)
+	if !ok {
+		t.Fatalf("policy %T", pol)
+	}
+	if u := cah.Unpredicted(); u < 0.003 || u > 0.005 { // 1 ÷ 256 of a difference of 1
+		t.Fatalf("unpredicted share %v after one fully cached answer predicted uncached", u)
+	}
+}

@@ -125,6 +125,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
 	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	aw.observer, _ = pol.(policy.CacheObserver)
 	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)
 	rq.forward = proxy.Request{

@@ -70,6 +70,9 @@ const keepHitChars = 2048
 //     to the least loaded one, and behind one gateway a new prompt skips the workers picked
 //     within the last round (cacheawarerotate.go): least loaded herds arrivals into cohorts
 //     whose prefills stall whole batches.
+//   - On a decode-bound fleet behind several gateways a new prompt passes over a worker that is
+//     still prefilling a request of this replica (no first byte yet), unless the engines report
+//     much more cached than this replica predicted (cacheawarefirst.go).
 //   - While the pool is imbalanced, a match of at least keepHitChars characters keeps its hit on
 //     a holder within the balance rule instead of becoming a miss on the least loaded worker.
 //   - Behind one gateway, on a fleet whose engines prefill at measured rates a factor of two or
@@ -87,8 +90,9 @@ const keepHitChars = 2048
 // is not usable.
 type CacheAwareHash struct {
 	*CacheAware
-	sent   sentTokens // uncached tokens sent per worker since its poll (cacheawarewait.go)
-	recent picks      // this replica's last pick of each worker (cacheawarerotate.go)
+	sent   sentTokens  // uncached tokens sent per worker since its poll (cacheawarewait.go)
+	recent picks       // this replica's last pick of each worker (cacheawarerotate.go)
+	unpred unpredicted // cached share the engines reported beyond the prediction (cacheawarefirst.go)
 }
 
 var (
@@ -157,14 +161,17 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		tok, weight = make([]float64, len(av)), make([]float64, len(av))
 	}
 	tok, weight = tok[:len(av)], weight[:len(av)]
-	leastTok, prefillBound, rotate, mixed := 0.0, false, false, false
+	leastTok, prefillBound, rotate, mixed, passPrefilling := 0.0, false, false, false, false
 	if byBacklog {
 		mixed = p.weights(av, weight)
 		if !mixed {
 			weight = nil
 		}
 		leastTok, prefillBound = p.backlogs(av, tok, weight)
-		rotate = !prefillBound && p.solo(av) && p.decodeBound(av)
+		if !prefillBound && p.decodeBound(av) {
+			rotate = p.solo(av)
+			passPrefilling = !rotate && !p.othersPlace()
+		}
 	}
 	var bestW float64 // the best weighted score, on a mixed fleet
 	seq, gap := p.recent.window(len(av))
@@ -182,7 +189,7 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 			continue
 		}
 		s := score(key, c.w.ID)
-		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) {
+		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) || passPrefilling && prefilling(c) {
 			if fallback == nil || s > fallbackScore {
 				fallback, fallbackScore = c, s
 			}

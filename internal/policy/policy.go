@@ -78,6 +78,14 @@ type Forgetter interface {
 	Forget(workerID string)
 }
 
+// CacheObserver is implemented by policies that learn from what workers report cached. Once a
+// request's answer shows its usage, the gateway calls Observed with the share of the whole
+// prompt that the Decision predicted cached (PromptShare of it) and the share the worker
+// reported (cached_tokens ÷ prompt_tokens), both in [0,1]. Only for decisions with a prediction.
+type CacheObserver interface {
+	Observed(predicted, reported float64)
+}
+
 // Loads is how a policy reads load. Load is the worker's effective load in requests (running plus
 // waiting); Report is its last fresh self-reported load, ok false when there is none (never
 // polled, poll failed, or stale).

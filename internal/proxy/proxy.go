@@ -514,6 +514,9 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 	var readErr error
 	for {
 		n, err := u.Body.Read(buf[held:])
+		if n > 0 {
+			a.lease.FirstByte() // the worker is past its prefill (Worker.Awaiting)
+		}
 		end := held + n
 		out := end
 		if events && err != io.EOF {

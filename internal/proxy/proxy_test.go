@@ -426,3 +426,71 @@ func isKind(err error, k Kind) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Kind == k
 }
+
+// TestAwaitingFirstByte: a streamed request counts in the worker's Awaiting from its send until
+// the first byte of the answer's body reaches the gateway (the engine finished its prefill), and
+// in Inflight until its end; both are zero afterwards, and after an answer with no body at all.
+func TestAwaitingFirstByte(t *testing.T) {
+	prefilled, sent, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush() // headers alone are not a token
+		<-prefilled
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		close(sent)
+		<-done
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	rw := newSignalWriter()
+	fin := make(chan Result)
+	go func() {
+		fin <- newForwarder(nil, 1).Forward(context.Background(), rw, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, Stream: true}, inOrder(a))
+	}()
+	<-rw.header // the worker answered its headers; its first token is still to come
+	if a.w.Awaiting() != 1 || a.w.Inflight() != 1 {
+		t.Fatalf("before the first byte: awaiting %d, in flight %d; want 1 and 1", a.w.Awaiting(), a.w.Inflight())
+	}
+	close(prefilled)
+	<-sent
+	<-rw.body // the gateway relayed the first event
+	if a.w.Awaiting() != 0 || a.w.Inflight() != 1 {
+		t.Fatalf("after the first byte: awaiting %d, in flight %d; want 0 and 1", a.w.Awaiting(), a.w.Inflight())
+	}
+	close(done)
+	if res := <-fin; res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if a.w.Awaiting() != 0 || a.w.Inflight() != 0 {
+		t.Fatalf("after the end: awaiting %d, in flight %d", a.w.Awaiting(), a.w.Inflight())
+	}
+
+	empty := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
+	newForwarder(nil, 1).Forward(context.Background(), httptest.NewRecorder(), &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(empty))
+	if empty.w.Awaiting() != 0 || empty.w.Inflight() != 0 {
+		t.Fatalf("after a bodiless answer: awaiting %d, in flight %d", empty.w.Awaiting(), empty.w.Inflight())
+	}
+}
+
+// signalWriter is a ResponseWriter that signals its header and its first body write.
+type signalWriter struct {
+	*httptest.ResponseRecorder
+	header, body chan struct{}
+	once         [2]sync.Once
+}
+
+func newSignalWriter() *signalWriter {
+	return &signalWriter{ResponseRecorder: httptest.NewRecorder(), header: make(chan struct{}), body: make(chan struct{})}
+}
+
+func (s *signalWriter) Flush() {
+	s.ResponseRecorder.Flush()
+	s.once[0].Do(func() { close(s.header) })
+}
+
+func (s *signalWriter) Write(b []byte) (int, error) {
+	n, err := s.ResponseRecorder.Write(b)
+	s.once[1].Do(func() { close(s.body) })
+	return n, err
+}

@@ -36,6 +36,8 @@ func (o Outcome) String() string {
 type Lease struct {
 	w      *Worker
 	ticket ticket
+	// answered: the first byte of the answer arrived, and Awaiting no longer counts the attempt.
+	answered bool
 }
 
 // Begin admits one attempt on w: the breaker must allow it and w must not be draining. On
@@ -52,7 +54,18 @@ func (w *Worker) Begin(now time.Time) (l Lease, admitted bool) {
 		w.Breaker.settle(t, false, false)
 		return Lease{}, false
 	}
+	w.awaiting.Add(1)
 	return Lease{w: w, ticket: t}, true
+}
+
+// FirstByte records that the first byte of the answer's body arrived: the attempt no longer
+// counts in the worker's Awaiting. Later calls, and calls after End, do nothing.
+func (l *Lease) FirstByte() {
+	if l.w == nil || l.answered {
+		return
+	}
+	l.answered = true
+	l.w.awaiting.Add(-1)
 }
 
 // End settles the lease: the in-flight slot is returned, the request counted as processed, and
@@ -61,6 +74,9 @@ func (l *Lease) End(o Outcome) {
 	w := l.w
 	if w == nil {
 		return
+	}
+	if !l.answered {
+		w.awaiting.Add(-1)
 	}
 	l.w = nil
 	w.inflight.Add(-1)

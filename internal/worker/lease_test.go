@@ -55,3 +55,33 @@ func TestLeaseSettlesOnce(t *testing.T) {
 		t.Fatal("a draining worker admitted an attempt")
 	}
 }
+
+// TestAwaitingCounts: Begin and Track count a request as awaiting its first byte until FirstByte
+// (or first) or the end, whichever comes first, exactly once.
+func TestAwaitingCounts(t *testing.T) {
+	w, err := New(Spec{URL: "http://127.0.0.1:1"}, BreakerConfig{Disabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l1, _ := w.Begin(time.Now())
+	l2, _ := w.Begin(time.Now())
+	first, release := w.Track()
+	if w.Awaiting() != 3 || w.Inflight() != 3 {
+		t.Fatalf("awaiting %d, in flight %d; want 3 and 3", w.Awaiting(), w.Inflight())
+	}
+	l1.FirstByte()
+	l1.FirstByte()
+	first()
+	first()
+	if w.Awaiting() != 1 {
+		t.Fatalf("after two first bytes: awaiting %d, want 1", w.Awaiting())
+	}
+	l1.End(Succeeded)
+	l1.FirstByte() // after End: nothing
+	l2.End(Failed) // ends without a first byte
+	release()
+	release()
+	if w.Awaiting() != 0 || w.Inflight() != 0 {
+		t.Fatalf("after the ends: awaiting %d, in flight %d", w.Awaiting(), w.Inflight())
+	}
+}

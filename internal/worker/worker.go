@@ -116,6 +116,7 @@ type Worker struct {
 	URL *url.URL
 
 	inflight  atomic.Int64
+	awaiting  atomic.Int64
 	processed atomic.Int64
 	health    atomic.Int32
 	draining  atomic.Bool
@@ -219,6 +220,11 @@ func (w *Worker) Available() bool {
 // Inflight returns the number of requests this gateway has in flight to w.
 func (w *Worker) Inflight() int64 { return w.inflight.Load() }
 
+// Awaiting returns the number of this gateway's requests in flight to w that have not yet had
+// the first byte of their response body: on a streamed request, those whose engine has not yet
+// produced the first token (waiting for, or in, their prefill). It is part of Inflight.
+func (w *Worker) Awaiting() int64 { return w.awaiting.Load() }
+
 // Processed returns the number of requests this gateway has finished on w (any outcome).
 func (w *Worker) Processed() int64 { return w.processed.Load() }
 
@@ -226,10 +232,25 @@ func (w *Worker) Processed() int64 { return w.processed.Load() }
 // breaker to settle. The request path uses Begin, whose lease settles both. Call it just before
 // the request is sent and call the returned release (idempotent) when it ends for any reason.
 func (w *Worker) Acquire() (release func()) {
+	_, release = w.Track()
+	return release
+}
+
+// Track is Acquire that also counts the request as awaiting its first byte (Awaiting) until
+// first or release is called, whichever comes first. Both are idempotent and safe to call from
+// different goroutines.
+func (w *Worker) Track() (first, release func()) {
 	w.inflight.Add(1)
-	var done atomic.Bool
-	return func() {
+	w.awaiting.Add(1)
+	var answered, done atomic.Bool
+	first = func() {
+		if answered.CompareAndSwap(false, true) {
+			w.awaiting.Add(-1)
+		}
+	}
+	return first, func() {
 		if done.CompareAndSwap(false, true) {
+			first()
 			w.inflight.Add(-1)
 			w.processed.Add(1)
 		}
