@@ -95,23 +95,16 @@ func (e sentEntry) roll(polled time.Time, reported float64) sentEntry {
 	return e
 }
 
-// rateOf returns the measured prefill rate of id in tokens per second, 0 until it has
-// rateSamples busy intervals.
-func (s *sentTokens) rateOf(id string) float64 {
+// speedOf returns the prefill rate of id in tokens per second: with peak false the rate measured
+// from this replica's sends (0 until rateSamples busy intervals), with peak true the decaying
+// peak drain (0 until peakSamples intervals).
+func (s *sentTokens) speedOf(id string, peak bool) float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e := s.m[id]; e.samples >= rateSamples {
+	switch e := s.m[id]; {
+	case !peak && e.samples >= rateSamples:
 		return e.rate
-	}
-	return 0
-}
-
-// peakOf returns the decaying peak drain of id in tokens per second, 0 until peakSamples
-// intervals measured it.
-func (s *sentTokens) peakOf(id string) float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e := s.m[id]; e.peaks >= peakSamples {
+	case peak && e.peaks >= peakSamples:
 		return e.peak
 	}
 	return 0
@@ -130,9 +123,9 @@ func speedWeight(rate, median float64) float64 {
 }
 
 // weights fills w with each candidate's speed weight and reports whether any differs from 1. A
-// replica that judges itself alone weighs by the rates it measured (rateOf). With several
+// replica that judges itself alone weighs by the rates it measured (speedOf). With several
 // replicas another replica's sends would read as a slower drain, so each weighs by the peak drain
-// (peakOf) instead, which reads from the reports alone and so approaches the same true rate at
+// (speedOf with peak) instead, which reads from the reports alone and so approaches the same true rate at
 // every replica: their weights, rounded, agree.
 func (p *CacheAwareHash) weights(av []cand, w []float64) bool {
 	for i := range w {
@@ -142,14 +135,12 @@ func (p *CacheAwareHash) weights(av []cand, w []float64) bool {
 	var buf [64]float64
 	rates := buf[:0]
 	for i := range av {
-		if solo {
-			w[i] = p.sent.rateOf(av[i].w.ID)
-		} else {
+		if !solo {
 			if r, ok := p.loads.Report(av[i].w); ok && r.HasUncachedTokens {
 				p.sent.observe(av[i].w.ID, r.PolledAt, float64(r.WaitingUncachedTokens))
 			}
-			w[i] = p.sent.peakOf(av[i].w.ID)
 		}
+		w[i] = p.sent.speedOf(av[i].w.ID, !solo)
 		if w[i] > 0 {
 			rates = append(rates, w[i])
 		}

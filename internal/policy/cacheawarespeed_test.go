@@ -21,8 +21,8 @@ func TestSentEntryRollMeasuresRate(t *testing.T) {
 	if e := s.m["w"]; e.rate != 8000 || e.samples != 1 || e.tokens != 0 || e.backlog != 16000 {
 		t.Fatalf("after a busy interval: %+v, want rate 8000 from 1 sample, count restarted at backlog 16000", e)
 	}
-	if r := s.rateOf("w"); r != 0 {
-		t.Fatalf("rateOf after 1 sample = %v, want 0 (below rateSamples)", r)
+	if r := s.speedOf("w", false); r != 0 {
+		t.Fatalf("speedOf after 1 sample = %v, want 0 (below rateSamples)", r)
 	}
 	s.observe("w", t0.Add(time.Second), 1) // the same poll again: no change
 	s.observe("w", t0, 1)                  // an older poll: no change
@@ -62,11 +62,11 @@ func TestSentEntryRollMeasuresRate(t *testing.T) {
 	if e := q.m["w"]; e.peaks != 2 || e.peak < 5900 || e.peak > 6000 {
 		t.Fatalf("peak drain %+v, want about 6,000 from 2 intervals", e)
 	}
-	if q.peakOf("w") != 0 {
-		t.Fatal("peakOf before peakSamples intervals is not 0")
+	if q.speedOf("w", true) != 0 {
+		t.Fatal("speedOf(peak) before peakSamples intervals is not 0")
 	}
 	s.forget("w")
-	if s.rateOf("w") != 0 {
+	if s.speedOf("w", false) != 0 {
 		t.Fatal("forget left the rate")
 	}
 }
