@@ -366,6 +366,11 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		return nil, false
 	}
 	*a = attempt{f: f, w: w, lease: lease}
+	if !req.Stream {
+		// A whole answer's first byte comes at its end: it says nothing of the prefill, so the
+		// attempt does not count in Worker.Awaiting.
+		a.lease.FirstByte()
+	}
 	actx := ctx
 	if d := f.cfg.AttemptTimeout; d > 0 {
 		// Only a bound of its own needs a context of its own: without one, the request's

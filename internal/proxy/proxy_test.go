@@ -430,6 +430,7 @@ func isKind(err error, k Kind) bool {
 // TestAwaitingFirstByte: a streamed request counts in the worker's Awaiting from its send until
 // the first byte of the answer's body reaches the gateway (the engine finished its prefill), and
 // in Inflight until its end; both are zero afterwards, and after an answer with no body at all.
+// A request that is not streamed counts only in Inflight.
 func TestAwaitingFirstByte(t *testing.T) {
 	prefilled, sent, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
@@ -467,10 +468,27 @@ func TestAwaitingFirstByte(t *testing.T) {
 	}
 
 	empty := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
-	newForwarder(nil, 1).Forward(context.Background(), httptest.NewRecorder(), &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(empty))
+	newForwarder(nil, 1).Forward(context.Background(), httptest.NewRecorder(), &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}, Stream: true}, inOrder(empty))
 	if empty.w.Awaiting() != 0 || empty.w.Inflight() != 0 {
 		t.Fatalf("after a bodiless answer: awaiting %d, in flight %d", empty.w.Awaiting(), empty.w.Inflight())
 	}
+
+	// A request that is not streamed never counts: its first byte comes with its end.
+	arrived, release := make(chan struct{}), make(chan struct{})
+	whole := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+		io.WriteString(w, `{"ok":true}`)
+	})
+	go func() {
+		fin <- newForwarder(nil, 1).Forward(context.Background(), httptest.NewRecorder(), &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(whole))
+	}()
+	<-arrived
+	if whole.w.Awaiting() != 0 || whole.w.Inflight() != 1 {
+		t.Fatalf("a whole answer in flight: awaiting %d, in flight %d; want 0 and 1", whole.w.Awaiting(), whole.w.Inflight())
+	}
+	close(release)
+	<-fin
 }
 
 // signalWriter is a ResponseWriter that signals its header and its first body write.

@@ -220,9 +220,10 @@ func (w *Worker) Available() bool {
 // Inflight returns the number of requests this gateway has in flight to w.
 func (w *Worker) Inflight() int64 { return w.inflight.Load() }
 
-// Awaiting returns the number of this gateway's requests in flight to w that have not yet had
-// the first byte of their response body: on a streamed request, those whose engine has not yet
-// produced the first token (waiting for, or in, their prefill). It is part of Inflight.
+// Awaiting returns the number of this gateway's streamed requests in flight to w that have not
+// yet had the first byte of their response body: those whose engine has not yet produced the
+// first token (waiting for, or in, their prefill). It is part of Inflight; the proxy does not
+// count a request that is not streamed (its first byte is its end).
 func (w *Worker) Awaiting() int64 { return w.awaiting.Load() }
 
 // Processed returns the number of requests this gateway has finished on w (any outcome).
