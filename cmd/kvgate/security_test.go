@@ -9,9 +9,10 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 func TestSecurityFlags(t *testing.T) {
@@ -104,7 +105,7 @@ func TestServeAdminPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	addrs, stop := startServe(t, o, slog.New(slog.NewTextHandler(&logs, nil)))
 	defer stop()
 	get := func(url string) int {
@@ -130,22 +131,4 @@ func TestServeAdminPlane(t *testing.T) {
 	if strings.Contains(text, "data-secret") {
 		t.Error("the log shows a key")
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

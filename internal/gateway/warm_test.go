@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,13 +9,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -25,36 +24,18 @@ func warmContext(i int) string {
 	return fmt.Sprintf("Tenant %d contract. ", i) + strings.Repeat(fmt.Sprintf("clause %d of tenant %d applies. ", i, i), 20)
 }
 
-// syncBuffer is a log sink the warm-up's goroutines may write to while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // warmGateway is a started gateway with warming on in front of worker a, which has served
 // tenants' requests (three each), so the pool's tree holds their contexts. ended receives each
 // warm-up's recorded count.
 type warmGateway struct {
 	*testGateway
-	log   *syncBuffer
+	log   *testutil.SyncBuffer
 	ended chan int
 }
 
 func newWarmGateway(t *testing.T, warm policy.WarmConfig, tenants int, a *fakeWorker) *warmGateway {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &testutil.SyncBuffer{}
 	cfg := Config{Warm: warm, AuditHeaders: true, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 1}
 	cfg.Proxy.RequestTimeout = 10 * time.Second
