@@ -75,6 +75,9 @@ const keepHitChars = 2048
 //     much more cached than this replica predicted (cacheawarefirst.go).
 //   - While the pool is imbalanced, a match of at least keepHitChars characters keeps its hit on
 //     a holder within the balance rule instead of becoming a miss on the least loaded worker.
+//   - Behind one gateway, on a uniform fleet that queues but is neither prefill- nor
+//     decode-bound, a new prompt goes to the least loaded worker within the bounds
+//     (cacheawarequeue.go).
 //   - Behind one gateway, on a fleet whose engines prefill at measured rates a factor of two or
 //     more apart, a new prompt's rendezvous order is weighted by speed and the prefill backlog
 //     is judged as expected wait (cacheawarespeed.go).
@@ -173,6 +176,7 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 			passPrefilling = !rotate && !p.othersPlace()
 		}
 	}
+	leastFirst := byBacklog && !rotate && !prefillBound && !mixed && p.leastOnQueue(av)
 	var bestW float64 // the best weighted score, on a mixed fleet
 	seq, gap := p.recent.window(len(av))
 	var fallback *cand // the best candidate when every one within the bounds is recent
@@ -192,6 +196,12 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) || passPrefilling && prefilling(c) {
 			if fallback == nil || s > fallbackScore {
 				fallback, fallbackScore = c, s
+			}
+			continue
+		}
+		if leastFirst {
+			if best == nil || lessLoaded(c, best) {
+				best = c
 			}
 			continue
 		}

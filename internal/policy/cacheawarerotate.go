@@ -127,21 +127,29 @@ func (p *CacheAwareHash) rotateHolders(av []cand, holders []string, minLoad int6
 func (p *CacheAwareHash) decodeBound(av []cand) bool {
 	var running int64
 	n := 0
-	fast, slow := math.Inf(1), 0.0
 	for i := range av {
-		r, fresh := p.loads.Report(av[i].w)
-		if !fresh {
-			continue
-		}
-		running += r.Running
-		n++
-		if r.Running > 0 && r.GenThroughput > 0 {
-			itl := float64(r.Running) / r.GenThroughput
-			fast, slow = min(fast, itl), max(slow, itl)
+		if r, fresh := p.loads.Report(av[i].w); fresh {
+			running += r.Running
+			n++
 		}
 	}
 	if n == 0 || float64(running) < rotateBatch*float64(n) {
 		return false
+	}
+	return p.uniformPace(av)
+}
+
+// uniformPace reports whether the engines decode at a similar pace: the slowest reported time
+// per token per running request (Running ÷ GenThroughput) among the fresh reports is within
+// rotatePace times the fastest, or no report gives a pace.
+func (p *CacheAwareHash) uniformPace(av []cand) bool {
+	fast, slow := math.Inf(1), 0.0
+	for i := range av {
+		r, fresh := p.loads.Report(av[i].w)
+		if fresh && r.Running > 0 && r.GenThroughput > 0 {
+			itl := float64(r.Running) / r.GenThroughput
+			fast, slow = min(fast, itl), max(slow, itl)
+		}
 	}
 	return slow <= rotatePace*fast || slow == 0
 }
