@@ -153,7 +153,14 @@ func (g *testGateway) waitDone(t *testing.T, n int) {
 
 func (g *testGateway) post(t *testing.T, path, body string, hdr ...string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, g.srv.URL+path, strings.NewReader(body))
+	return g.postFrom(t, path, strings.NewReader(body), hdr...)
+}
+
+// postFrom is post with the body read from body (its length declared when net/http can tell it,
+// chunked otherwise), and header name/value pairs in hdr.
+func (g *testGateway) postFrom(t *testing.T, path string, body io.Reader, hdr ...string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, g.srv.URL+path, body)
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])

@@ -188,15 +188,7 @@ func TestHostileRequests(t *testing.T) {
 	f := newFakeWorker(t, "m")
 	g := newTestGateway(t, Config{MaxPayloadSize: 1 << 20}, "round_robin", f)
 	post := func(body io.Reader, hdr ...string) *http.Response {
-		req, _ := http.NewRequest(http.MethodPost, g.srv.URL+"/v1/completions", body)
-		req.Header.Set("Content-Type", "application/json")
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := g.postFrom(t, "/v1/completions", body, hdr...)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp
