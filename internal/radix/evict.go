@@ -39,12 +39,13 @@ func (t *Tree) Evict(maxChars int64) int {
 		return 0
 	}
 	var cands []candidate
-	empty := t.walk(func(n *node, depth int) {
+	empty := t.walk(func(n *node, depth int, _ int32) int32 {
 		for _, e := range n.tenants {
 			if over[e.idx] {
 				cands = append(cands, candidate{n: n, stamp: e.stamp, depth: depth, idx: e.idx})
 			}
 		}
+		return -1
 	})
 	slices.SortFunc(cands, func(a, b candidate) int {
 		if c := cmp.Compare(a.stamp, b.stamp); c != 0 {
@@ -88,17 +89,21 @@ func (t *Tree) drop(c candidate, tn *tenant) bool {
 	return true
 }
 
-// walk visits every node below the root once, each under its own lock, and purges the records of
-// retired tenants on the way. It returns the nodes it found empty (no tenants, no children).
-func (t *Tree) walk(visit func(n *node, depth int)) (empty []*node) {
+// walk visits every node below the root once, parents before children, each under its own
+// lock, and purges the records of retired tenants on the way. visit gets the node, the
+// characters from the root to the end of its edge, and what visit returned for its parent (-1
+// for a child of the root), which is what its children get in turn. It returns the nodes it
+// found empty (no tenants, no children).
+func (t *Tree) walk(visit func(n *node, depth int, up int32) int32) (empty []*node) {
 	type item struct {
 		n     *node
 		depth int
+		up    int32
 	}
 	t.root.mu.Lock()
 	stack := make([]item, 0, len(t.root.children))
 	for _, c := range t.root.children {
-		stack = append(stack, item{c, 0})
+		stack = append(stack, item{c, 0, -1})
 	}
 	t.root.mu.Unlock()
 	tab := t.tenants.Load()
@@ -115,11 +120,12 @@ func (t *Tree) walk(visit func(n *node, depth int)) (empty []*node) {
 		n.tenants = slices.DeleteFunc(n.tenants, func(e entry) bool {
 			return tabTenant(t, &tab, e.idx).retired.Load()
 		})
+		up := int32(-1)
 		if visit != nil {
-			visit(n, depth)
+			up = visit(n, depth, it.up)
 		}
 		for _, c := range n.children {
-			stack = append(stack, item{c, depth})
+			stack = append(stack, item{c, depth, up})
 		}
 		if len(n.tenants) == 0 && len(n.children) == 0 {
 			empty = append(empty, n)

@@ -132,37 +132,19 @@ func (t *Tree) Hot(opts HotOptions) []HotPrefix {
 
 // hotWalk copies every node below the root with its ranking data, parents before children.
 func (t *Tree) hotWalk(exclude string) []hotNode {
-	type item struct {
-		n      *node
-		parent int32
-	}
-	t.root.mu.Lock()
-	stack := make([]item, 0, len(t.root.children))
-	for _, c := range t.root.children {
-		stack = append(stack, item{c, -1})
-	}
-	t.root.mu.Unlock()
 	var out []hotNode
 	tab := t.tenants.Load()
-	for len(stack) > 0 {
-		it := stack[len(stack)-1]
-		stack = stack[:len(stack)-1]
-		n := it.n
-		n.mu.Lock()
-		if n.dead {
-			n.mu.Unlock()
-			continue
-		}
-		h := hotNode{parent: it.parent, edge: n.edge, chars: int(n.chars), hits: n.hits}
+	t.walk(func(n *node, _ int, parent int32) int32 {
+		h := hotNode{parent: parent, edge: n.edge, chars: int(n.chars), hits: n.hits}
 		h.bytes = len(n.edge)
-		if it.parent >= 0 {
-			h.chars += out[it.parent].chars
-			h.bytes += out[it.parent].bytes
+		if parent >= 0 {
+			h.chars += out[parent].chars
+			h.bytes += out[parent].bytes
 		}
 		for _, e := range n.tenants {
 			tn := tabTenant(t, &tab, e.idx)
 			switch {
-			case tn.retired.Load():
+			case tn.retired.Load(): // retired since walk purged this node's records
 				continue
 			case tn.name == exclude:
 				h.excluded = true
@@ -171,17 +153,13 @@ func (t *Tree) hotWalk(exclude string) []hotNode {
 			}
 			h.last = max(h.last, e.stamp)
 		}
-		me := int32(len(out))
-		for _, c := range n.children {
-			stack = append(stack, item{c, me})
-		}
-		n.mu.Unlock()
 		out = append(out, h)
-		if it.parent >= 0 {
-			p := &out[it.parent]
+		if parent >= 0 {
+			p := &out[parent]
 			p.maxChild = max(p.maxChild, h.hits)
 		}
-	}
+		return int32(len(out) - 1)
+	})
 	return out
 }
 
