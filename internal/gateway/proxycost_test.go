@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,19 +32,28 @@ import (
 
 // BenchmarkProxyCost tells proxies apart by what they cost per request: kvgate (its real handler:
 // parsing, the default cache_aware_hash policy, metrics, the proxy) and a minimal
-// httputil.ReverseProxy, each in a child process of its own so that its CPU time (getrusage,
-// read between rounds) is its own, in front of one zero-work upstream on loopback. A client sends
-// requests one at a time (c=1) and times them; the same requests go straight to the upstream for
-// the added latency. Each b.N iteration is one round of every path, in an order that alternates,
-// so that a shared machine's noise falls on all of them alike; the ratios are kvgate over
-// ReverseProxy from the same rounds.
+// httputil.ReverseProxy, each in child processes of its own so that their CPU time (getrusage,
+// read around each path's share of a round) is their own, in front of one zero-work upstream on
+// loopback. A client sends requests one at a time (c=1) and times them; the same requests go
+// straight to the upstream for the added latency. Each b.N iteration is one round of every path,
+// in an order that alternates, so that a shared machine's noise falls on all of them alike.
+//
+// Each proxy runs as several children (KVGATE_PROXYCOST_CHILDREN, default 3), started once per
+// case; a path's requests go to its children in turn, so that every child sees the same rounds.
+// One child process keeps a bias of its own for its whole life (up to ±0.2 in the ratio, from
+// where its heap and threads happen to land), which more children average out: cpu-ratio is
+// kvgate's summed CPU over its summed requests, over the same for ReverseProxy, and
+// cpu-ratio-min and cpu-ratio-max are the lowest and highest ratio of one kvgate child to one
+// ReverseProxy child, the spread that runs with one child per proxy would have shown.
 //
 //	go test -run XXX -bench ProxyCost -benchtime 20x -count 3 ./internal/gateway/
 //
 // To compare two versions of kvgate in the same rounds, build the older test binary (go test -c
-// -o old.test) and name it in KVGATE_PROXYCOST_BASELINE: its kvgate child runs as a fourth path,
-// and base-cpu-us/req and vs-base-ratio (this kvgate's CPU over the older one's) are reported.
+// -o old.test) and name it in KVGATE_PROXYCOST_CHILD_BASELINE: its kvgate children run as a
+// fourth path, and base-cpu-us/req and vs-base-ratio (this kvgate's CPU over the older one's,
+// with vs-base-ratio-min and -max) are reported.
 func BenchmarkProxyCost(b *testing.B) {
+	children := proxyCostChildren(b)
 	for _, c := range []struct {
 		name   string
 		size   int
@@ -55,23 +65,39 @@ func BenchmarkProxyCost(b *testing.B) {
 		{"1MB", 1_000_000, false, 20},
 		{"SSE10", 1_000, true, 200},
 	} {
-		// One upstream and one child of each proxy per case, kept across the framework's calls
-		// of the sub-benchmark with growing b.N.
-		up := httptest.NewServer(http.HandlerFunc(zeroWork))
-		kv := startProxyChild(b, "", "kvgate", c.name, up.URL)
-		rp := startProxyChild(b, "", "reverseproxy", c.name, up.URL)
-		var base *proxyChild
-		if exe := os.Getenv(proxyCostEnv + "_BASELINE"); exe != "" {
-			base = startProxyChild(b, exe, "kvgate", c.name, up.URL)
+		var kv, rp, base []*proxyChild
+		b.Run(c.name, func(b *testing.B) {
+			// One upstream and the children of each proxy per case, started only for the
+			// cases that run; a benchmark using b.Loop is called once, and b.Loop starts the
+			// timer after this.
+			up := httptest.NewServer(http.HandlerFunc(zeroWork))
+			b.Cleanup(up.Close) // after the children's, which run first
+			kv = startProxyChildren(b, children, "", "kvgate", c.name, up.URL)
+			rp = startProxyChildren(b, children, "", "reverseproxy", c.name, up.URL)
+			if exe := os.Getenv(proxyCostEnv + "_BASELINE"); exe != "" {
+				base = startProxyChildren(b, children, exe, "kvgate", c.name+"-base", up.URL)
+			}
+			benchProxyCost(b, up.URL, kv, rp, base, proxyCostBody(c.size, c.stream), c.per)
+		})
+		// Only now, the case's result line printed, what the children wrote to stderr.
+		for _, p := range slices.Concat(kv, rp, base) {
+			p.printLog()
 		}
-		b.Run(c.name, func(b *testing.B) { benchProxyCost(b, up.URL, kv, rp, base, proxyCostBody(c.size, c.stream), c.per) })
-		stopProxyChild(kv)
-		stopProxyChild(rp)
-		if base != nil {
-			stopProxyChild(base)
-		}
-		up.Close()
 	}
+}
+
+// proxyCostChildren returns how many children each proxy runs as: KVGATE_PROXYCOST_CHILDREN,
+// from 1 to 8 (so that even the 1 MB case's 20 requests a round reach every child), default 3.
+func proxyCostChildren(b *testing.B) int {
+	v := os.Getenv("KVGATE_PROXYCOST_CHILDREN")
+	if v == "" {
+		return 3
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 8 {
+		b.Fatalf("KVGATE_PROXYCOST_CHILDREN=%q: want a whole number from 1 to 8", v)
+	}
+	return n
 }
 
 // proxyCostBody returns a chat request of size bytes whose user message is prose with a newline
@@ -160,7 +186,9 @@ func TestProxyCostChild(t *testing.T) {
 	})}
 	if dir := os.Getenv(proxyCostEnv + "_PROFILE"); dir != "" {
 		// A CPU profile of the whole run, to see where a proxy spends: set the variable to a
-		// directory when running the benchmark.
+		// directory when running the benchmark. The case's name carries the child's index
+		// (kvgate-1KB-0.pprof, reverseproxy-1KB-2.pprof, kvgate-1KB-base-1.pprof), so that
+		// each child writes a file of its own, older baselines' children included.
 		f, err := os.Create(filepath.Join(dir, kind+"-"+os.Getenv(proxyCostEnv+"_CASE")+".pprof"))
 		if err != nil {
 			t.Fatal(err)
@@ -188,12 +216,26 @@ func cpuMicros() int64 {
 
 // proxyChild is a proxy running in a child process.
 type proxyChild struct {
+	name  string // kind, case and index, for its log
 	url   string
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
+	log   childLog
 }
 
-// startProxyChild runs the test binary exe (empty: this one) as a child serving kind.
+// startProxyChildren runs n children serving kind, one after the other; see startProxyChild.
+func startProxyChildren(b *testing.B, n int, exe, kind, name, upstream string) []*proxyChild {
+	b.Helper()
+	cs := make([]*proxyChild, n)
+	for i := range cs {
+		cs[i] = startProxyChild(b, exe, kind, name+"-"+strconv.Itoa(i), upstream)
+		b.Cleanup(func() { stopProxyChild(cs[i]) })
+	}
+	return cs
+}
+
+// startProxyChild runs the test binary exe (empty: this one) as a child serving kind; name (the
+// case and the child's index) names its CPU profile.
 func startProxyChild(b *testing.B, exe, kind, name, upstream string) *proxyChild {
 	b.Helper()
 	if exe == "" {
@@ -204,16 +246,18 @@ func startProxyChild(b *testing.B, exe, kind, name, upstream string) *proxyChild
 	}
 	cmd := exec.Command(exe, "-test.run=^TestProxyCostChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), proxyCostEnv+"="+kind, proxyCostEnv+"_UPSTREAM="+upstream, proxyCostEnv+"_CASE="+name)
-	cmd.Stderr = os.Stderr
+	p := &proxyChild{name: kind + "-" + name, cmd: cmd}
+	cmd.Stderr = &p.log
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	p := &proxyChild{cmd: cmd, stdin: stdin}
+	p.stdin = stdin
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		b.Fatalf("%s child: %v", kind, err)
+		stopProxyChild(p)
+		b.Fatalf("%s child: %v; its stderr:\n%s", p.name, err, p.log.buf)
 	}
 	p.url = "http://" + strings.TrimSpace(line)
 	return p
@@ -223,6 +267,32 @@ func startProxyChild(b *testing.B, exe, kind, name, upstream string) *proxyChild
 func stopProxyChild(p *proxyChild) {
 	p.stdin.Close()
 	p.cmd.Wait()
+}
+
+// printLog prints what the stopped child wrote to stderr, if anything.
+func (p *proxyChild) printLog() {
+	if len(p.log.buf) == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "%s child's stderr:\n%s", p.name, p.log.buf)
+	if p.log.dropped > 0 {
+		fmt.Fprintf(os.Stderr, "... and %d bytes more\n", p.log.dropped)
+	}
+}
+
+// childLog keeps the first 8 KB a child writes to stderr, printed after its case so that its
+// log lines (ReverseProxy's on relays cut short) cannot break the benchmark's result lines.
+// Only the exec package's copying goroutine writes it, and cmd.Wait waits for that goroutine.
+type childLog struct {
+	buf     []byte
+	dropped int
+}
+
+func (l *childLog) Write(p []byte) (int, error) {
+	n := min(len(p), 8<<10-len(l.buf))
+	l.buf = append(l.buf, p[:n]...)
+	l.dropped += len(p) - n
+	return len(p), nil
 }
 
 // cpu asks the child for its CPU time so far.
@@ -240,42 +310,104 @@ func (p *proxyChild) cpu(b *testing.B, c *http.Client) time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
-func benchProxyCost(b *testing.B, upstream string, kv, rp, base *proxyChild, body []byte, per int) {
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
-	type path struct {
-		url   string
-		child *proxyChild
-		cpu   time.Duration
-		n     int
-		lat   []time.Duration
-		fails int
-	}
-	paths := []*path{{url: kv.url, child: kv}, {url: rp.url, child: rp}, {url: upstream}}
-	if base != nil {
-		paths = append(paths, &path{url: base.url, child: base})
-	}
-	send := func(p *path, n int) {
-		for range n {
-			t0 := time.Now()
-			resp, err := client.Post(p.url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
-			if err != nil {
-				b.Fatal(err)
-			}
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				b.Fatalf("%s: status %d", p.url, resp.StatusCode)
-			}
-			if err != nil { // a relay cut short: counted, and left out of the latencies
-				p.fails++
-				continue
-			}
-			p.lat = append(p.lat, time.Since(t0))
+// costPath is one way to the upstream: through a proxy's children, or straight (no children).
+type costPath struct {
+	url      string // the upstream, when there are no children
+	children []*proxyChild
+	cpu      []time.Duration // per child, over the rounds
+	n        []int           // requests per child, over the rounds
+	next     int             // the child the next request goes to
+	lat      []time.Duration
+	fails    int
+}
+
+func newCostPath(url string, children []*proxyChild) *costPath {
+	return &costPath{url: url, children: children, cpu: make([]time.Duration, len(children)), n: make([]int, len(children))}
+}
+
+// send sends n requests, to the path's children in turn, timing each.
+func (p *costPath) send(b *testing.B, client *http.Client, body []byte, n int) {
+	for range n {
+		url := p.url
+		if len(p.children) > 0 {
+			url = p.children[p.next].url
+			p.n[p.next]++
+			p.next = (p.next + 1) % len(p.children)
 		}
+		t0 := time.Now()
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("%s: status %d", url, resp.StatusCode)
+		}
+		if err != nil { // a relay cut short: counted, and left out of the latencies
+			p.fails++
+			continue
+		}
+		p.lat = append(p.lat, time.Since(t0))
 	}
-	for _, p := range paths { // warm connections, pools and the prefix tree
-		send(p, min(per, 50))
-		p.lat = p.lat[:0]
+}
+
+// round sends the path's n requests of one round and adds each child's CPU time meanwhile.
+func (p *costPath) round(b *testing.B, client *http.Client, body []byte, n int) {
+	c0 := make([]time.Duration, len(p.children))
+	for i, c := range p.children {
+		c0[i] = c.cpu(b, client)
+	}
+	p.send(b, client, body, n)
+	for i, c := range p.children {
+		p.cpu[i] += c.cpu(b, client) - c0[i]
+	}
+}
+
+// cpuPerReq returns the path's CPU per request in µs: its children's CPU summed over their
+// requests summed.
+func (p *costPath) cpuPerReq() float64 {
+	var cpu time.Duration
+	var n int
+	for i := range p.children {
+		cpu += p.cpu[i]
+		n += p.n[i]
+	}
+	return float64(cpu.Microseconds()) / float64(n)
+}
+
+// childCPUPerReq returns the lowest and highest CPU per request in µs of one of the path's
+// children.
+func (p *costPath) childCPUPerReq() (lo, hi float64) {
+	lo, hi = math.Inf(1), 0
+	for i := range p.children {
+		c := float64(p.cpu[i].Microseconds()) / float64(p.n[i])
+		lo, hi = min(lo, c), max(hi, c)
+	}
+	return lo, hi
+}
+
+// reportRatio reports a's CPU per request over b's as name, and the lowest and highest ratio of
+// one of a's children to one of b's as name-min and name-max.
+func reportRatio(bm *testing.B, name string, a, b *costPath) {
+	bm.ReportMetric(a.cpuPerReq()/b.cpuPerReq(), name)
+	alo, ahi := a.childCPUPerReq()
+	blo, bhi := b.childCPUPerReq()
+	bm.ReportMetric(alo/bhi, name+"-min")
+	bm.ReportMetric(ahi/blo, name+"-max")
+}
+
+func benchProxyCost(b *testing.B, upstream string, kv, rp, base []*proxyChild, body []byte, per int) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4, DisableCompression: true}}
+	kvp, rpp, direct := newCostPath("", kv), newCostPath("", rp), newCostPath(upstream, nil)
+	paths := []*costPath{kvp, rpp, direct}
+	if base != nil {
+		paths = append(paths, newCostPath("", base))
+	}
+	for _, p := range paths { // warm connections, pools and the prefix tree, in every child
+		p.send(b, client, body, max(min(per, 50), 10*len(p.children)))
+		p.lat, p.fails = p.lat[:0], 0
+		clear(p.n)
 	}
 	round := 0
 	for b.Loop() {
@@ -285,26 +417,16 @@ func benchProxyCost(b *testing.B, upstream string, kv, rp, base *proxyChild, bod
 		}
 		round++
 		for _, p := range order {
-			var c0 time.Duration
-			if p.child != nil {
-				c0 = p.child.cpu(b, client)
-			}
-			send(p, per)
-			if p.child != nil {
-				p.cpu += p.child.cpu(b, client) - c0
-				p.n += per
-			}
+			p.round(b, client, body, per)
 		}
 	}
 	b.StopTimer()
-	kvp, rpp, direct := paths[0], paths[1], paths[2]
-	cpuPer := func(p *path) float64 { return float64(p.cpu.Microseconds()) / float64(p.n) }
-	b.ReportMetric(cpuPer(kvp), "kvgate-cpu-us/req")
-	b.ReportMetric(cpuPer(rpp), "rp-cpu-us/req")
-	b.ReportMetric(cpuPer(kvp)/cpuPer(rpp), "cpu-ratio")
+	b.ReportMetric(kvp.cpuPerReq(), "kvgate-cpu-us/req")
+	b.ReportMetric(rpp.cpuPerReq(), "rp-cpu-us/req")
+	reportRatio(b, "cpu-ratio", kvp, rpp)
 	if base != nil {
-		b.ReportMetric(cpuPer(paths[3]), "base-cpu-us/req")
-		b.ReportMetric(cpuPer(kvp)/cpuPer(paths[3]), "vs-base-ratio")
+		b.ReportMetric(paths[3].cpuPerReq(), "base-cpu-us/req")
+		reportRatio(b, "vs-base-ratio", kvp, paths[3])
 	}
 	d50, d99 := pct(direct.lat, 50), pct(direct.lat, 99)
 	for _, p := range []struct {
