@@ -89,7 +89,8 @@ var aLongTimeAgo = time.Unix(1, 0)
 // RoundTrip implements http.RoundTripper.
 func (t *H1) RoundTrip(req *http.Request) (*http.Response, error) {
 	hasBody := req.Body != nil && req.Body != http.NoBody
-	if req.URL.Scheme != "http" || (hasBody && req.ContentLength < 0) {
+	// A body with a length of 0 or less is of unknown length (as net/http reads it): chunked.
+	if req.URL.Scheme != "http" || (hasBody && req.ContentLength <= 0) {
 		if t.Fallback == nil {
 			closeRequestBody(req)
 			return nil, fmt.Errorf("proxy: no transport for scheme %q", req.URL.Scheme)
@@ -142,11 +143,14 @@ func closeRequestBody(req *http.Request) {
 
 // hostPort is host with the default http port when it names none.
 func hostPort(host string) string {
-	if _, _, err := net.SplitHostPort(host); err == nil {
+	if _, port, err := net.SplitHostPort(host); err == nil {
+		if port == "" {
+			return host + "80"
+		}
 		return host
 	}
-	if len(host) > 0 && host[len(host)-1] == ':' {
-		return host + "80"
+	if len(host) > 1 && host[0] == '[' && host[len(host)-1] == ']' {
+		return host + ":80" // an IPv6 literal
 	}
 	return net.JoinHostPort(host, "80")
 }
@@ -435,6 +439,7 @@ type h1Body struct {
 	stop func() bool
 	keep bool
 	done atomic.Bool // the connection was given back or closed
+	eof  bool        // the body was read to its end
 }
 
 // errBodyClosed is a read after Close.
@@ -442,11 +447,15 @@ var errBodyClosed = errors.New("proxy: read on a closed response body")
 
 func (b *h1Body) Read(p []byte) (int, error) {
 	if b.done.Load() {
+		if b.eof {
+			return 0, io.EOF
+		}
 		return 0, errBodyClosed
 	}
 	n, err := b.rc.Read(p)
 	switch {
 	case err == io.EOF:
+		b.eof = true
 		b.finish(b.keep)
 	case err != nil:
 		b.finish(false)

@@ -523,3 +523,48 @@ func FuzzH1RequestHeader(f *testing.F) {
 		}
 	})
 }
+
+func TestH1HostPort(t *testing.T) {
+	for in, want := range map[string]string{
+		"worker":         "worker:80",
+		"worker:8000":    "worker:8000",
+		"worker:":        "worker:80",
+		"10.0.0.1":       "10.0.0.1:80",
+		"[::1]":          "[::1]:80",
+		"[::1]:8000":     "[::1]:8000",
+		"[fe80::1%eth0]": "[fe80::1%eth0]:80",
+	} {
+		if got := hostPort(in); got != want {
+			t.Errorf("hostPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// recordingTransport answers every request with 200 and remembers that it was asked.
+type recordingTransport struct{ asked atomic.Int32 }
+
+func (r *recordingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	r.asked.Add(1)
+	closeRequestBody(req)
+	return &http.Response{StatusCode: 200, Body: http.NoBody, Request: req}, nil
+}
+
+func TestH1LeavesBodiesOfUnknownLengthToItsFallback(t *testing.T) {
+	fb := &recordingTransport{}
+	tr := &H1{Fallback: fb}
+	for _, n := range []int64{-1, 0} {
+		req, err := http.NewRequest(http.MethodPost, "http://127.0.0.1:1/", io.NopCloser(strings.NewReader("streamed")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = n
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("length %d: %v", n, err)
+		}
+		resp.Body.Close()
+	}
+	if fb.asked.Load() != 2 {
+		t.Fatalf("the fallback was asked %d times, want 2", fb.asked.Load())
+	}
+}
