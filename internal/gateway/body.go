@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/internal/proxy"
 )
 
@@ -29,6 +30,9 @@ const (
 	// bodies and sending them slowly, or never), bodies grow as their bytes arrive.
 	preallocMax    = 4 << 20
 	preallocBudget = 64 << 20
+	// A body that reaches indexFrom bytes has its quotes indexed as its bytes arrive
+	// (jsonscan.Quotes): below that the parser's own search reads memory still in the cache.
+	indexFrom = 32 << 10
 )
 
 // bodyPool holds the free buffers of each size class. The zero value is ready to use.
@@ -41,6 +45,8 @@ type bodyPool struct {
 	// arrived, by bodies still being read: at most budget (zero: preallocBudget).
 	ahead  atomic.Int64
 	budget int64
+	// quotes holds free quote indexes (*jsonscan.Quotes).
+	quotes sync.Pool
 }
 
 // reserve takes n bytes of the budget for a buffer given ahead of its bytes, and reports
@@ -109,6 +115,8 @@ type Body struct {
 	buf  *[]byte
 	n    int
 	refs atomic.Int32
+	// quotes indexes the body's quotes once it is indexFrom bytes long (nil before).
+	quotes *jsonscan.Quotes
 }
 
 var _ proxy.BodyRef = (*Body)(nil)
@@ -132,6 +140,11 @@ func (b *Body) Release() {
 	case n == 0:
 		b.pool.put(b.buf)
 		b.buf = nil
+		if q := b.quotes; q != nil {
+			q.Reset()
+			b.pool.quotes.Put(q)
+			b.quotes = nil
+		}
 	case n < 0:
 		panic("gateway: request body released more often than retained")
 	}
@@ -149,6 +162,19 @@ func (b *Body) grow(want, limit int64) {
 	copy(*nb, (*b.buf)[:b.n])
 	b.pool.put(b.buf)
 	b.buf = nb
+}
+
+// index adds the bytes that arrived since its last call to the body's quote index, while they
+// are still in the cache.
+func (b *Body) index() {
+	if b.quotes == nil {
+		q, _ := b.pool.quotes.Get().(*jsonscan.Quotes)
+		if q == nil {
+			q = &jsonscan.Quotes{}
+		}
+		b.quotes = q
+	}
+	b.quotes.Add((*b.buf)[:b.n])
 }
 
 // errEmptyBody is readBody's error for a request without a body.
@@ -193,6 +219,9 @@ func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 			(*b.buf)[b.n] = scratch[0]
 		}
 		b.n += n
+		if b.n >= indexFrom {
+			b.index()
+		}
 		if int64(b.n) > max {
 			b.Release()
 			return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body exceeds the limit of %d bytes", max)

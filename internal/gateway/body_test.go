@@ -32,7 +32,7 @@ func TestReadBody(t *testing.T) {
 	for _, size := range []int{1, 100, 16 << 10, 16<<10 + 1, 100_000, 1 << 20, 1<<20 + 7} {
 		for _, declared := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%d/declared=%v", size, declared), func(t *testing.T) {
-				want := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz"), size/36+1)[:size]
+				want := bytes.Repeat([]byte(`0123456789abcdefghijklmnopqrstuvwxyz"`), size/37+1)[:size]
 				r := httptest.NewRequest(http.MethodPost, "/", iotest.HalfReader(bytes.NewReader(want)))
 				r.ContentLength = -1
 				if declared {
@@ -51,6 +51,14 @@ func TestReadBody(t *testing.T) {
 				}
 				if declared && len(*b.buf) != 1<<(classOf(size)+minClassShift) {
 					t.Errorf("declared body of %d in a buffer of %d, want its own class", size, len(*b.buf))
+				}
+				// A long body's quotes were indexed as it arrived: all of them, or the
+				// index's capacity (every 37th byte is a quote).
+				switch {
+				case size < indexFrom && b.quotes != nil:
+					t.Errorf("a body of %d bytes was indexed", size)
+				case size >= indexFrom && (b.quotes == nil || (b.quotes.Covered() != size && b.quotes.Covered() != 4096*37+36)):
+					t.Errorf("a body of %d bytes has an index covering %v", size, b.quotes)
 				}
 			})
 		}

@@ -160,7 +160,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	if cfg.Proxy.Transport == nil {
 		t := proxy.NewTransport()
 		t.MaxResponseHeaderBytes = cfg.Limits.MaxUpstreamHeaderBytes
-		cfg.Proxy.Transport = t
+		cfg.Proxy.Transport = proxy.NewH1(t)
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)

@@ -88,7 +88,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	}
 	defer rb.Release()
 	body := rb.Bytes()
-	p, err := parseBody(body, kind, s.cfg.RoutingPrefixBytes)
+	p, err := parseBody(body, rb.quotes, kind, s.cfg.RoutingPrefixBytes)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest, "", nil

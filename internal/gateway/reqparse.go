@@ -61,9 +61,14 @@ const (
 // with its own 400. So a body encoding/json.Valid accepts is always accepted, with the same
 // fields; and a body it rejects is forwarded only when its sole faults lie inside strings the
 // gateway never decodes. FuzzParseBody and jsonscan's FuzzShallow hold this to encoding/json.
-func parseBody(body []byte, kind routeKind, limit int) (Parsed, error) {
+// quotes, when not nil, is an index of body's quotes (Body.index), which the parse reads
+// instead of searching the body again; jsonscan's FuzzQuotes holds the parse to the same result.
+func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) (Parsed, error) {
 	var p Parsed
 	s := jsonscan.NewShallow(body)
+	if quotes != nil {
+		s.UseQuotes(quotes)
+	}
 	text := textBuf{limit: limit + utf8.UTFMax, want: limit, size: min(limit+utf8.UTFMax, len(body))}
 	var shape error
 	bad := func(msg string) {

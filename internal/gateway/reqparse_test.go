@@ -3,9 +3,12 @@ package gateway
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/internal/jsonscan"
 )
 
 func TestParseBody(t *testing.T) {
@@ -47,7 +50,7 @@ func TestParseBody(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := parseBody([]byte(tc.body), tc.kind, 1024)
+			p, err := parseBody([]byte(tc.body), nil, tc.kind, 1024)
 			if tc.bad {
 				if !errors.Is(err, errBadBody) {
 					t.Fatalf("err = %v, want a bad-body error", err)
@@ -66,7 +69,7 @@ func TestParseBody(t *testing.T) {
 
 func TestParseBodyTruncatesAtRuneBoundary(t *testing.T) {
 	body := `{"messages":[{"content":"` + strings.Repeat("é", 100) + `"}]}`
-	p, err := parseBody([]byte(body), kindChat, 9)
+	p, err := parseBody([]byte(body), nil, kindChat, 9)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +155,16 @@ func FuzzParseBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte, k uint8, limit uint16) {
 		kind := routeKind(k % 4)
 		lim := int(limit%2048) + 1
-		p, err := parseBody(body, kind, lim)
+		p, err := parseBody(body, nil, kind, lim)
+		// Read through an index of the body's quotes built as its bytes arrive: the same parse.
+		var q jsonscan.Quotes
+		for n := 0; n < len(body); {
+			n = min(n+7, len(body))
+			q.Add(body[:n])
+		}
+		if pq, qerr := parseBody(body, &q, kind, lim); fmt.Sprint(pq, qerr) != fmt.Sprint(p, err) {
+			t.Fatalf("%q: with a quote index %v, %v; without %v, %v", body, pq, qerr, p, err)
+		}
 		if err != nil {
 			if json.Valid(body) && strings.Contains(err.Error(), "malformed JSON") {
 				t.Fatalf("%q: %v, but encoding/json accepts it", body, err)

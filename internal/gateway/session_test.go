@@ -10,7 +10,7 @@ import (
 // only, and measures the whole routing text even when it keeps a prefix of it.
 func TestSessionKey(t *testing.T) {
 	body := `{"model":"m","messages":[{"content":"` + strings.Repeat("a", 100) + `","user":"not-this"}],"user":"alice"}`
-	p, err := parseBody([]byte(body), kindChat, 10)
+	p, err := parseBody([]byte(body), nil, kindChat, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestSessionKey(t *testing.T) {
 	if k := sessionKey(h, &p); k != "r1" {
 		t.Fatalf("key %q, want the routing-key header", k)
 	}
-	p, err = parseBody([]byte(`{"user":42,"messages":[]}`), kindChat, 10)
+	p, err = parseBody([]byte(`{"user":42,"messages":[]}`), nil, kindChat, 10)
 	if err != nil || p.User != "" {
 		t.Fatalf("a non-string user: %+v, %v; want it ignored", p, err)
 	}

@@ -44,6 +44,10 @@ type Scanner struct {
 	// shallow: the contents of strings read raw (Str(false), and strings inside skipped values)
 	// are searched for their end only.
 	shallow bool
+	// quotes, when set, lists where the document's quotes are (UseQuotes); qi is the first of
+	// them not before the position last asked about.
+	quotes *Quotes
+	qi     int
 }
 
 // New returns a Scanner over b, positioned at its start, that validates the whole document as
@@ -260,13 +264,11 @@ func (s *Scanner) Str(decode bool) []byte {
 	quote := -1 // absolute index of the next '"' at or after i, once found
 	for {
 		if quote < i {
-			q := bytes.IndexByte(b[i:], '"')
-			if q < 0 {
+			if quote = s.quoteAt(i); quote < 0 {
 				s.i = len(b)
 				s.Fail("unterminated string")
 				return nil
 			}
-			quote = i + q
 		}
 		end := quote
 		if k := specialAt(b[i:quote]); k >= 0 {
@@ -301,13 +303,12 @@ func (s *Scanner) Str(decode bool) []byte {
 func (s *Scanner) strEnd() []byte {
 	b, start := s.b, s.i
 	for i := start; ; {
-		q := bytes.IndexByte(b[i:], '"')
+		q := s.quoteAt(i)
 		if q < 0 {
 			s.i = len(b)
 			s.Fail("unterminated string")
 			return nil
 		}
-		q += i
 		k := q
 		for k > start && b[k-1] == '\\' {
 			k--

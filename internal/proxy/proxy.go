@@ -52,7 +52,7 @@ type Config struct {
 	AttemptTimeout time.Duration
 	// Retry bounds retries.
 	Retry RetryConfig
-	// Transport sends upstream requests; nil means NewTransport().
+	// Transport sends upstream requests; nil means NewH1(NewTransport()).
 	Transport http.RoundTripper
 	// Observer is told of errors and retries; nil means none.
 	Observer Observer
@@ -75,12 +75,15 @@ type Observer interface {
 	RetriesExhausted(reason string)
 }
 
+// workerDialer opens connections to workers.
+var workerDialer = &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+
 // NewTransport returns a transport tuned for many concurrent requests to few hosts: large idle
 // pools, a short dial timeout, and no transparent decompression (bytes are relayed as sent).
 func NewTransport() *http.Transport {
 	return &http.Transport{
 		Proxy:               nil,
-		DialContext:         dialBodyConn((&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext),
+		DialContext:         dialBodyConn(workerDialer.DialContext),
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 512,
 		IdleConnTimeout:     90 * time.Second,
@@ -101,7 +104,10 @@ type Forwarder struct {
 	// redirect rather than following it (as httputil.ReverseProxy does), and a client's
 	// per-request header copy (kept for redirects) would be work for nothing.
 	transport http.RoundTripper
-	obs       Observer
+	// direct is true when transport is an H1, which writes a small body from the caller's
+	// memory in the same write as the header (no copy of its own is needed).
+	direct bool
+	obs    Observer
 	// deadlines bounds each request by RequestTimeout.
 	deadlines *deadlines
 	// hop is the HopHeader value of a request that crossed no other gateway.
@@ -137,12 +143,14 @@ func New(cfg Config) *Forwarder {
 		cfg.Rand = rand.Float64
 	}
 	if cfg.Transport == nil {
-		cfg.Transport = NewTransport()
+		cfg.Transport = NewH1(NewTransport())
 	}
+	_, direct := cfg.Transport.(*H1)
 	return &Forwarder{
 		cfg:       cfg,
 		deadlines: &deadlines{d: cfg.RequestTimeout},
 		transport: cfg.Transport,
+		direct:    direct,
 		hop:       []string{cfg.HopID},
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
 		rand:      cfg.Rand,
@@ -390,8 +398,9 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 	}
 	copyRequestHeader(u.Header, req.Header)
 	// A pooled connection the worker had already closed fails a request that never reached it.
-	// Marked idempotent (a nil value is not sent), the request is re-sent by the transport on a
-	// new connection in that case only: when a reused connection fails before any answer byte.
+	// H1 sends such a request again on a new connection, when a reused connection fails before
+	// any answer byte; marked idempotent (a nil value is not sent), net/http's Transport does
+	// the same for the requests H1 hands it.
 	if _, ok := u.Header["X-Idempotency-Key"]; !ok {
 		u.Header["X-Idempotency-Key"] = nil
 	}
@@ -406,8 +415,10 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		u.Header["X-Forwarded-For"] = vals[1:2:2]
 	}
 	f.setCredentials(u, w.Spec.APIKey)
-	// Last: every caller sends u, and net/http closes (so releases) its body.
-	if len(req.Body) <= smallBody {
+	// Last: every caller sends u, and the transport closes (so releases) its body. H1 sends a
+	// small body with the header in one write from the caller's memory; net/http needs a copy
+	// of its own for that (setSmallBody).
+	if len(req.Body) <= smallBody && !f.direct {
 		setSmallBody(u, req.Body)
 	} else {
 		setBody(u, req)
