@@ -418,10 +418,14 @@ func (c *h1Conn) wrap(ctx context.Context, resp *http.Response, stop func() bool
 	return resp
 }
 
-// release ends c's use by one request: back to the pool when keep holds and the context's
-// interrupt did not run (it left a past deadline on c), else closed.
+// release ends c's use by one request: back to the pool when keep holds, the context's
+// interrupt did not run (it left a past deadline on c), and the worker sent nothing past the
+// answer (bytes that would be read as the next request's answer), else closed.
 func release(c *h1Conn, stop func() bool, keep bool) {
 	if stop != nil && !stop() {
+		keep = false
+	}
+	if c.br.Buffered() > 0 {
 		keep = false
 	}
 	if keep {

@@ -568,3 +568,35 @@ func TestH1LeavesBodiesOfUnknownLengthToItsFallback(t *testing.T) {
 		t.Fatalf("the fallback was asked %d times, want 2", fb.asked.Load())
 	}
 }
+
+func TestH1DropsAConnectionWithBytesPastTheAnswer(t *testing.T) {
+	var conns atomic.Int32
+	// The answer declares 2 bytes and 7 follow: what is left over must never be read as the
+	// next request's answer.
+	url := rawServer(t, func(c net.Conn) {
+		conns.Add(1)
+		br := bufio.NewReader(c)
+		for {
+			if _, _, err := readRequest(br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA!!")
+		}
+	})
+	tr := &H1{}
+	defer tr.CloseIdleConnections()
+	for i := range 2 {
+		resp, err := tr.RoundTrip(h1Post(t, context.Background(), url+"/", []byte("{}")))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(got) != "ok" || resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d %q %v, want 200 ok", i, resp.StatusCode, got, err)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d connections for 2 requests, want 2 (the first one dropped)", n)
+	}
+}
