@@ -67,9 +67,9 @@ const keepHitChars = 2048
 //     only once its batch or its KV cache is full, so this judges saturation against each
 //     engine's own capacity, where the request-count thresholds assume large batches.
 //   - On a decode-bound, uniform fleet a hit goes round the holders below the bound instead of
-//     to the least loaded one, and behind one gateway a new prompt skips the workers picked
-//     within the last round (cacheawarerotate.go): least loaded herds arrivals into cohorts
-//     whose prefills stall whole batches.
+//     to the least loaded one, and behind one gateway a new prompt goes to the least recently
+//     picked worker within the bounds (cacheawarerotate.go): least loaded herds arrivals into
+//     cohorts whose prefills stall whole batches.
 //   - On a decode-bound fleet behind several gateways a new prompt passes over a worker that is
 //     still prefilling a request of this replica (no first byte yet), unless the engines report
 //     much more cached than this replica predicted (cacheawarefirst.go).
@@ -177,9 +177,9 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		}
 	}
 	leastFirst := byBacklog && !rotate && !prefillBound && !mixed && p.leastOnQueue(av)
-	var bestW float64 // the best weighted score, on a mixed fleet
-	seq, gap := p.recent.window(len(av))
-	var fallback *cand // the best candidate when every one within the bounds is recent
+	var bestW float64   // the best weighted score, on a mixed fleet
+	var bestLast uint64 // the best candidate's last pick, in the rotation
+	var fallback *cand  // the best candidate when every one within the bounds is prefilling
 	var fallbackScore uint64
 	for i := range av {
 		c := &av[i]
@@ -192,8 +192,14 @@ func (p *CacheAwareHash) place(av []cand, minLoad int64, key uint64, byBacklog b
 		if prefillBound && tok[i] > leastTok+spillTokens {
 			continue
 		}
+		if rotate {
+			if l := p.recent.lastOf(c.w.ID); best == nil || staler(c, l, best, bestLast) {
+				best, bestLast = c, l
+			}
+			continue
+		}
 		s := score(key, c.w.ID)
-		if rotate && recent(p.recent.lastOf(c.w.ID), seq, gap) || passPrefilling && prefilling(c) {
+		if passPrefilling && prefilling(c) {
 			if fallback == nil || s > fallbackScore {
 				fallback, fallbackScore = c, s
 			}

@@ -22,12 +22,17 @@ import (
 // goes to the least loaded holder that this replica has not picked within the last round (one
 // pick per candidate), among those below the placement bound; when every such holder was picked
 // within the round, to the least recently picked. Which holder takes a hit does not affect the
-// agreement between replicas. Behind one gateway (solo) a new prompt also skips the workers
-// picked within the round, taking the first other one in its rendezvous order. With several
-// gateways it does not: a new prompt's owner must not depend on what one replica picked lately,
-// because its later turns reach other replicas, whose trees do not hold it and which place it
-// by its hash (measured on multi-turn at 24 conversations/s and 8 gateways, decode-bound: hit
-// rate 0.643 → 0.273 and TTFT p99 2.6 s → 19 s when new prompts skipped recent picks there).
+// agreement between replicas. Behind one gateway (solo) a new prompt goes to the least recently
+// picked worker within the bounds: round robin. Its rendezvous owner buys nothing there (this
+// replica's tree, the only one, records wherever it goes, and no worker holds it yet), and
+// ordering by rendezvous score broke the round: once every worker had been picked within the
+// round, the new prompt went to its owner, a random worker, which then took two picks in one
+// round (docs/routing.md §8.7: shared-prefix at 300 req/s, TTFT p99 174 / 168 ms → 152 / 149 ms
+// against round_robin's 154 / 152 ms). With several gateways it does not: a new prompt's owner
+// must not depend on what one replica picked lately, because its later turns reach other
+// replicas, whose trees do not hold it and which place it by its hash (measured on multi-turn
+// at 24 conversations/s and 8 gateways, decode-bound: hit rate 0.643 → 0.273 and TTFT p99
+// 2.6 s → 19 s when new prompts skipped recent picks there).
 
 // picks remembers, per worker id, the sequence number of this replica's last pick of it. It holds
 // one entry per worker ever picked; forget removes one.
@@ -76,6 +81,13 @@ func (r *picks) window(n int) (seq, gap uint64) {
 // gap latest picks before seq; never picked (0) is not recent.
 func recent(last, seq, gap uint64) bool { return last != 0 && last+gap > seq }
 
+// staler reports whether candidate c, last picked at sequence number last, comes before b, last
+// picked at bLast, in round-robin order: picked longer ago (never picked first), the less loaded
+// on a tie.
+func staler(c *cand, last uint64, b *cand, bLast uint64) bool {
+	return last < bLast || last == bLast && lessLoaded(c, b)
+}
+
 // rotateHolders returns the candidate a hit goes to among those holding the matched prefix:
 // among the holders below the placement bound and within the balance rule, the least loaded one
 // this replica has not picked within the last round (one pick per candidate); when every such
@@ -99,7 +111,7 @@ func (p *CacheAwareHash) rotateHolders(av []cand, holders []string, minLoad int6
 			return
 		}
 		l := p.recent.lastOf(c.w.ID)
-		if oldest == nil || l < oldestLast || (l == oldestLast && lessLoaded(c, oldest)) {
+		if oldest == nil || staler(c, l, oldest, oldestLast) {
 			oldest, oldestLast = c, l
 		}
 		if recent(l, seq, gap) {

@@ -108,7 +108,7 @@ func TestCacheAwareHashRotationBound(t *testing.T) {
 }
 
 // TestCacheAwareHashRotatesNewPrompts: behind one gateway on a decode-bound fleet, new prompts
-// skip the workers this replica picked within the last round, so a run of them spreads over the
+// go round the workers this replica picked least recently, so a run of them spreads over the
 // pool; with several gateways they go to their hash owner whatever this replica picked last, so
 // that replicas keep agreeing on owners.
 func TestCacheAwareHashRotatesNewPrompts(t *testing.T) {
@@ -140,6 +140,45 @@ func TestCacheAwareHashRotatesNewPrompts(t *testing.T) {
 		text := prompt(i, "q")
 		if x, y := a.Pick(ws, &Request{Text: text}), b.Pick(ws, &Request{Text: text}); x != y {
 			t.Fatalf("prompt %d: replicas chose %s and %s", i, x.ID, y.ID)
+		}
+	}
+}
+
+// TestCacheAwareHashNewPromptsRoundRobin: behind one gateway on a decode-bound fleet, new
+// prompts go round robin over the workers within the bounds, round after round: each to the
+// worker this replica picked least recently. Ordering them by rendezvous score once every worker
+// had been picked within the round sent the next one to its owner, a random worker, which then
+// took two picks in one round. A worker above the placement bound is left out of the round.
+func TestCacheAwareHashNewPromptsRoundRobin(t *testing.T) {
+	ws := cahWorkers(t, 8)
+	load := map[string]int64{}
+	for _, w := range ws {
+		load[w.ID] = 60
+	}
+	p := newCAH(t, rotLoads{load, 64, 1, nil})
+	var order []*worker.Worker
+	for i := range 4 * len(ws) {
+		order = append(order, p.Pick(ws, &Request{Text: prompt(i, "q")}))
+	}
+	for i := len(ws); i < len(order); i++ {
+		if order[i] != order[i-len(ws)] {
+			t.Fatalf("new prompt %d went to %s, want %s (picked least recently, %d picks before)",
+				i, order[i].ID, order[i-len(ws)].ID, len(ws))
+		}
+	}
+
+	// A hit counts as a pick: the new prompt after it skips the worker the hit took.
+	warmAll(p, ws)
+	h := p.Pick(ws, &Request{Text: hotPrompt(1)})
+	if w := p.Pick(ws, &Request{Text: prompt(100, "q")}); w == h {
+		t.Fatalf("the new prompt after a hit on %s went to the same worker", h.ID)
+	}
+
+	// Above the bound (mean + 3·√mean, about 87 here): never picked, however long ago.
+	load[ws[2].ID] = 200
+	for i := range 2 * len(ws) {
+		if w := p.Pick(ws, &Request{Text: prompt(200+i, "q")}); w == ws[2] {
+			t.Fatalf("new prompt %d went to %s at load 200, above the bound", i, w.ID)
 		}
 	}
 }
