@@ -175,21 +175,24 @@ func TestRetryOnFailures(t *testing.T) {
 		c, _, _ := w.(http.Hijacker).Hijack()
 		c.Close()
 	}
+	// Only the hanging worker needs a short attempt bound; a reset must not race one on a
+	// loaded machine (a slow dial would then be a timeout, which is not retried by default).
 	cases := []struct {
 		name    string
 		h       http.HandlerFunc
+		bound   time.Duration
 		on      RetryOn
 		retried bool
 	}{
-		{"timeout by default", hang, 0, false},
-		{"timeout when listed", hang, RetryTimeout, true},
-		{"reset by default", reset, 0, false},
-		{"reset when listed", reset, RetryReset, true},
+		{"timeout by default", hang, 50 * time.Millisecond, 0, false},
+		{"timeout when listed", hang, 50 * time.Millisecond, RetryTimeout, true},
+		{"reset by default", reset, time.Minute, 0, false},
+		{"reset when listed", reset, time.Minute, RetryReset, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := newUpstream(t, tc.h), newUpstream(t, status(200))
-			f := New(Config{AttemptTimeout: 50 * time.Millisecond, Retry: RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, On: tc.on}})
+			f := New(Config{AttemptTimeout: tc.bound, Retry: RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, On: tc.on}})
 			rec := httptest.NewRecorder()
 			res := f.Forward(context.Background(), rec, &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(a, b))
 			if got := b.calls() == 1; got != tc.retried {
