@@ -15,10 +15,7 @@ import (
 // (other replicas place the conversations it sees), the owner keeps the prompt.
 func TestCacheAwareHashPassesPrefillingOwner(t *testing.T) {
 	ws := cahWorkers(t, 8)
-	load := map[string]int64{}
-	for _, w := range ws {
-		load[w.ID] = 60
-	}
+	load := evenLoads(ws, 60)
 	text := prompt(7, "a new question")
 	owner := newCAH(t, rotLoads{load, 64, 8, nil}).Pick(ws, &Request{Text: text})
 

@@ -28,6 +28,15 @@ func (l rotLoads) Report(w *worker.Worker) (loadmon.Report, bool) {
 	return loadmon.Report{Running: l.running, GenThroughput: gen, HasTokenData: true, PolledAt: backlogPoll, Replicas: l.replicas}, true
 }
 
+// evenLoads returns a request load of n for every worker of ws.
+func evenLoads(ws []*worker.Worker, n int64) map[string]int64 {
+	load := make(map[string]int64, len(ws))
+	for _, w := range ws {
+		load[w.ID] = n
+	}
+	return load
+}
+
 // hotPrompt is a system prompt every worker holds, with a short unique question: a hit on all.
 func hotPrompt(i int) string {
 	return strings.Repeat("You are the support assistant of ACME. ", 40) + fmt.Sprintf("question %d", i)
@@ -48,10 +57,7 @@ func warmAll(p *CacheAwareHash, ws []*worker.Worker) {
 // holder takes it, as before.
 func TestCacheAwareHashRotatesHotHolders(t *testing.T) {
 	ws := cahWorkers(t, 8)
-	load := map[string]int64{}
-	for _, w := range ws {
-		load[w.ID] = 60
-	}
+	load := evenLoads(ws, 60)
 	load[ws[3].ID] = 50 // a cohort just finished there
 	for _, tc := range []struct {
 		name    string
@@ -113,10 +119,7 @@ func TestCacheAwareHashRotationBound(t *testing.T) {
 // that replicas keep agreeing on owners.
 func TestCacheAwareHashRotatesNewPrompts(t *testing.T) {
 	ws := cahWorkers(t, 8)
-	load := map[string]int64{}
-	for _, w := range ws {
-		load[w.ID] = 60
-	}
+	load := evenLoads(ws, 60)
 	solo := newCAH(t, rotLoads{load, 64, 1, nil})
 	got := map[string]int{}
 	for i := range len(ws) {
@@ -151,10 +154,7 @@ func TestCacheAwareHashRotatesNewPrompts(t *testing.T) {
 // took two picks in one round. A worker above the placement bound is left out of the round.
 func TestCacheAwareHashNewPromptsRoundRobin(t *testing.T) {
 	ws := cahWorkers(t, 8)
-	load := map[string]int64{}
-	for _, w := range ws {
-		load[w.ID] = 60
-	}
+	load := evenLoads(ws, 60)
 	p := newCAH(t, rotLoads{load, 64, 1, nil})
 	var order []*worker.Worker
 	for i := range 4 * len(ws) {
