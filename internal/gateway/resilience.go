@@ -18,8 +18,9 @@ import (
 // joining workers (warm.go), until ctx ends or Stop is called.
 func (s *Server) Start(ctx context.Context) { s.checker.Start(ctx); s.warm.start(ctx) }
 
-// Stop ends what Start began and waits for it to exit. It is idempotent.
-func (s *Server) Stop() { s.warm.stop(); s.checker.Stop() }
+// Stop ends what Start began and waits for it to exit, then closes the idle connections to
+// workers (in-flight ones are the requests', which end them). It is idempotent.
+func (s *Server) Stop() { s.warm.stop(); s.checker.Stop(); s.client.CloseIdleConnections() }
 
 // newChecker builds the health checker, reporting transitions to the metrics.
 func (s *Server) newChecker() *worker.Checker {

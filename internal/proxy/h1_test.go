@@ -439,6 +439,29 @@ func TestH1ClosesIdleConnections(t *testing.T) {
 	}
 }
 
+func TestH1CloseIdleConnections(t *testing.T) {
+	srv, cc := newCountedServer(t, http.HandlerFunc(echo))
+	tr := &H1{Fallback: NewTransport()}
+	resp, err := tr.RoundTrip(h1Post(t, context.Background(), srv.URL+"/", []byte("{}")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	tr.CloseIdleConnections()
+	select {
+	case <-cc.closed:
+	case <-time.After(waitFor):
+		t.Fatal("CloseIdleConnections left the pooled connection open")
+	}
+	tr.mu.Lock()
+	n := tr.nidle
+	tr.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d idle after CloseIdleConnections", n)
+	}
+}
+
 func TestH1ServesAnHTTPClient(t *testing.T) {
 	// Health probes go through an http.Client on the same transport: GET, no body, redirects.
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
