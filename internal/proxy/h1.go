@@ -93,7 +93,7 @@ func (t *H1) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL.Scheme != "http" || (hasBody && req.ContentLength <= 0) {
 		if t.Fallback == nil {
 			closeRequestBody(req)
-			return nil, fmt.Errorf("proxy: no transport for scheme %q", req.URL.Scheme)
+			return nil, fmt.Errorf("proxy: H1 has no fallback for this request (scheme %q, body of unknown length %v)", req.URL.Scheme, hasBody && req.ContentLength <= 0)
 		}
 		return t.Fallback.RoundTrip(req)
 	}
