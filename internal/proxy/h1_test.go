@@ -658,3 +658,92 @@ func BenchmarkH1RoundTrip(b *testing.B) {
 		})
 	}
 }
+
+func TestH1HearsAnAnswerThatComesBeforeTheBody(t *testing.T) {
+	// The worker reads the header, answers 401 at once and never reads the 32 MB body (an
+	// authentication filter): the answer must reach the caller, not wait on the body's write.
+	// (32 MB is more than the sockets' buffers take, so the write stalls.)
+	done := make(chan struct{})
+	url := rawServer(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 401 Unauthorized\r\nContent-Length: 5\r\n\r\nnokey")
+		<-done
+	})
+	defer close(done)
+	tr := &H1{}
+	defer tr.CloseIdleConnections()
+	type result struct {
+		code int
+		body string
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := tr.RoundTrip(h1Post(t, context.Background(), url+"/", bytes.Repeat([]byte("x"), 32<<20)))
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- result{resp.StatusCode, string(b), err}
+	}()
+	select {
+	case r := <-got:
+		if r.err != nil || r.code != http.StatusUnauthorized || r.body != "nokey" {
+			t.Fatalf("%d %q %v, want the worker's 401", r.code, r.body, r.err)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("an early answer waited on a body the worker does not read")
+	}
+	tr.mu.Lock()
+	n := tr.nidle
+	tr.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d connections pooled with a body still being written, want 0", n)
+	}
+}
+
+func TestH1BodyShorterThanDeclared(t *testing.T) {
+	// A body that ends before its declared length must not leave the worker and the transport
+	// waiting on each other, whichever way it is written.
+	for _, size := range []int64{10_000, 1 << 20} {
+		closed := make(chan struct{})
+		url := rawServer(t, func(c net.Conn) {
+			defer close(closed)
+			req, err := http.ReadRequest(bufio.NewReader(c))
+			if err == nil {
+				io.Copy(io.Discard, req.Body) // until the transport gives up
+			}
+		})
+		req, err := http.NewRequest(http.MethodPost, url+"/", io.NopCloser(bytes.NewReader(make([]byte, size/10))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = size
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := (&H1{}).RoundTrip(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, errBadRequest) {
+				t.Fatalf("size %d: err = %v, want errBadRequest", size, err)
+			}
+		case <-time.After(waitFor):
+			t.Fatalf("size %d: a short body hung the request", size)
+		}
+		select {
+		case <-closed:
+		case <-time.After(waitFor):
+			t.Fatalf("size %d: the worker's connection stayed open", size)
+		}
+	}
+}
