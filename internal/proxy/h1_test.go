@@ -134,15 +134,28 @@ func TestH1ReusesConnectionsReadToTheEnd(t *testing.T) {
 	}
 	// An answer left unread closes its connection rather than drain it.
 	send(false)
-	select {
-	case <-cc.closed:
-	case <-time.After(waitFor):
-		t.Fatal("an abandoned answer's connection was not closed")
-	}
+	cc.waitClosed(t, "an abandoned answer's connection was not closed")
 	send(true)
 	if n := cc.opened.Load(); n != 2 {
 		t.Fatalf("after an abandoned answer: %d connections opened, want 2", n)
 	}
+}
+
+// waitClosed waits until the server closes a connection, failing with msg if none does.
+func (cc *connCounter) waitClosed(t *testing.T, msg string) {
+	t.Helper()
+	select {
+	case <-cc.closed:
+	case <-time.After(waitFor):
+		t.Fatal(msg)
+	}
+}
+
+// idleCount is how many connections tr holds idle.
+func idleCount(tr *H1) int {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.nidle
 }
 
 // rawServer runs serve on each connection accepted on a loopback listener.
@@ -284,15 +297,8 @@ func TestH1CancelDuringTheAnswer(t *testing.T) {
 		t.Fatalf("reading after the cancel: %v, want context.Canceled", err)
 	}
 	resp.Body.Close()
-	select {
-	case <-cc.closed:
-	case <-time.After(waitFor):
-		t.Fatal("the connection of a cancelled answer was not closed")
-	}
-	tr.mu.Lock()
-	n := tr.nidle
-	tr.mu.Unlock()
-	if n != 0 {
+	cc.waitClosed(t, "the connection of a cancelled answer was not closed")
+	if n := idleCount(tr); n != 0 {
 		t.Fatalf("%d connections pooled after a cancelled answer, want 0", n)
 	}
 }
@@ -426,11 +432,7 @@ func TestH1ClosesIdleConnections(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	select {
-	case <-cc.closed:
-	case <-time.After(waitFor):
-		t.Fatal("an idle connection outlived the idle timeout")
-	}
+	cc.waitClosed(t, "an idle connection outlived the idle timeout")
 	tr.mu.Lock()
 	n, armed := tr.nidle, tr.sweeper != nil
 	tr.mu.Unlock()
@@ -449,15 +451,8 @@ func TestH1CloseIdleConnections(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	tr.CloseIdleConnections()
-	select {
-	case <-cc.closed:
-	case <-time.After(waitFor):
-		t.Fatal("CloseIdleConnections left the pooled connection open")
-	}
-	tr.mu.Lock()
-	n := tr.nidle
-	tr.mu.Unlock()
-	if n != 0 {
+	cc.waitClosed(t, "CloseIdleConnections left the pooled connection open")
+	if n := idleCount(tr); n != 0 {
 		t.Fatalf("%d idle after CloseIdleConnections", n)
 	}
 }
@@ -699,10 +694,7 @@ func TestH1HearsAnAnswerThatComesBeforeTheBody(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("an early answer waited on a body the worker does not read")
 	}
-	tr.mu.Lock()
-	n := tr.nidle
-	tr.mu.Unlock()
-	if n != 0 {
+	if n := idleCount(tr); n != 0 {
 		t.Fatalf("%d connections pooled with a body still being written, want 0", n)
 	}
 }
