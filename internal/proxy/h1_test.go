@@ -739,3 +739,26 @@ func TestH1BodyShorterThanDeclared(t *testing.T) {
 		}
 	}
 }
+
+// wrapped is a RoundTripper around another that says so, as the tracing transport does.
+type wrapped struct{ http.RoundTripper }
+
+func (w wrapped) Unwrap() http.RoundTripper { return w.RoundTripper }
+
+func TestForwarderSeesH1ThroughAWrapper(t *testing.T) {
+	for _, c := range []struct {
+		tr     http.RoundTripper
+		direct bool
+	}{
+		{nil, true},
+		{&H1{}, true},
+		{wrapped{&H1{}}, true},
+		{wrapped{wrapped{&H1{}}}, true},
+		{NewTransport(), false},
+		{wrapped{NewTransport()}, false},
+	} {
+		if f := New(Config{Transport: c.tr}); f.direct != c.direct {
+			t.Errorf("%T: direct %v, want %v", c.tr, f.direct, c.direct)
+		}
+	}
+}

@@ -145,7 +145,7 @@ func New(cfg Config) *Forwarder {
 	if cfg.Transport == nil {
 		cfg.Transport = NewH1(NewTransport())
 	}
-	_, direct := cfg.Transport.(*H1)
+	direct := isH1(cfg.Transport)
 	return &Forwarder{
 		cfg:       cfg,
 		deadlines: &deadlines{d: cfg.RequestTimeout},
@@ -155,6 +155,22 @@ func New(cfg Config) *Forwarder {
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
 		rand:      cfg.Rand,
 	}
+}
+
+// isH1 reports whether rt is an H1, or wraps one (a wrapper says so with an
+// Unwrap() http.RoundTripper method, as the tracing transport does).
+func isH1(rt http.RoundTripper) bool {
+	for range 8 {
+		switch t := rt.(type) {
+		case *H1:
+			return true
+		case interface{ Unwrap() http.RoundTripper }:
+			rt = t.Unwrap()
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // Picker chooses the worker for an attempt, given the workers already tried (in order). It

@@ -169,6 +169,10 @@ type transport struct {
 	base http.RoundTripper
 }
 
+// Unwrap returns the transport that sends the requests, so that a caller can tell what it
+// wraps (the proxy sends small bodies from its own memory when that is its H1).
+func (tr *transport) Unwrap() http.RoundTripper { return tr.base }
+
 func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r, _ := req.Context().Value(requestKey{}).(*Request)
 	if r == nil {
