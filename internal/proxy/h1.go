@@ -390,13 +390,13 @@ func (c *h1Conn) exchange(ctx context.Context, req *http.Request) (resp *http.Re
 		closeRequestBody(req)
 		return nil, nil, err, nil
 	}
-	data := br.body[len(br.body)-br.Len():]
-	if int64(len(data)) < req.ContentLength {
+	data, err := br.unread(req.ContentLength)
+	if err != nil {
 		closeRequestBody(req)
-		return nil, nil, fmt.Errorf("%w: body of %d bytes, %d declared", errBadRequest, len(data), req.ContentLength), nil
+		return nil, nil, err, nil
 	}
 	c.wbuf = head[:0]
-	bufs := net.Buffers{head, data[:req.ContentLength]}
+	bufs := net.Buffers{head, data}
 	_ = c.nc.SetWriteDeadline(time.Now().Add(stallAfter))
 	_, werr = bufs.WriteTo(c.nc)
 	if werr == nil || !isTimeout(werr) || ctx.Err() != nil {
@@ -622,6 +622,16 @@ func (c *h1Conn) head(req *http.Request) ([]byte, error) {
 	return append(b, "\r\n"...), nil
 }
 
+// unread returns the next n bytes of the body, straight from its memory; fewer than n left is
+// errBadRequest.
+func (r *bodyReader) unread(n int64) ([]byte, error) {
+	data := r.body[len(r.body)-r.Len():]
+	if int64(len(data)) < n {
+		return nil, fmt.Errorf("%w: body of %d bytes, %d declared", errBadRequest, len(data), n)
+	}
+	return data[:n], nil
+}
+
 // hasBody reports whether req has a body to send (of known length: RoundTrip hands the others to
 // the fallback).
 func hasBody(req *http.Request) bool {
@@ -643,18 +653,17 @@ func (c *h1Conn) send(req *http.Request, b []byte) error {
 	}
 	n := req.ContentLength
 	if br, ok := req.Body.(*bodyReader); ok {
-		data := br.body[len(br.body)-br.Len():]
-		if int64(len(data)) < n {
-			return fmt.Errorf("%w: body of %d bytes, %d declared", errBadRequest, len(data), n)
+		data, err := br.unread(n)
+		if err != nil {
+			return err
 		}
-		data = data[:n]
 		if len(b)+len(data) <= h1BufferSize {
 			b = append(b, data...)
-			_, err := c.nc.Write(b)
+			_, err = c.nc.Write(b)
 			return err
 		}
 		bufs := net.Buffers{b, data}
-		_, err := bufs.WriteTo(c.nc)
+		_, err = bufs.WriteTo(c.nc)
 		return err
 	}
 	if int64(len(b))+n <= h1BufferSize {
