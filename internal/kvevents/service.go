@@ -186,7 +186,7 @@ func (s *Service) Track(w *worker.Worker) error {
 		// Once connected to the worker's publisher, its stream exists even before its first
 		// event: the worker holds nothing we know of, which lets matches answer for it.
 		id := w.ID
-		opts.OnJoin = func() { s.idx.Expect(Source{Worker: id}) }
+		opts.OnJoin = func(zmtp.Peer) { s.idx.Expect(Source{Worker: id}) }
 		t.sock = zmtp.NewSocket(zmtp.SUB, opts)
 		t.sock.Dial(pubEP)
 		s.wg.Go(func() { s.read(t.sock, w.ID) })
