@@ -36,8 +36,10 @@ type Config struct {
 	Port int
 	// ReplayPort, when not 0, is every worker's replay port, asked after a sequence gap.
 	ReplayPort int
-	// MaxBlocks bounds the blocks kept per event stream; the oldest stored go first. Default
-	// 1<<20 (16 M tokens of 16-token blocks, about 40 MB).
+	// MaxBlocks bounds the blocks kept per worker, over all its event streams (models and
+	// data-parallel ranks); past it the fullest stream's oldest go first. A block costs at most
+	// BytesPerBlock bytes, so a worker costs at most MaxBlocks × BytesPerBlock. Default 1<<18
+	// (4 M tokens of 16-token blocks, more than one GPU's KV cache holds; at most 40 MiB).
 	MaxBlocks int
 	// MaxFrame bounds one message frame in bytes. Default 8 MiB.
 	MaxFrame int
@@ -62,7 +64,7 @@ func (c Config) Enabled() bool { return c.Bind != "" || c.Port != 0 }
 
 func (c Config) withDefaults() Config {
 	if c.MaxBlocks <= 0 {
-		c.MaxBlocks = 1 << 20
+		c.MaxBlocks = 1 << 18
 	}
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = 8 << 20
@@ -186,7 +188,7 @@ func (s *Service) Track(w *worker.Worker) error {
 		// Once connected to the worker's publisher, its stream exists even before its first
 		// event: the worker holds nothing we know of, which lets matches answer for it.
 		id := w.ID
-		opts.OnJoin = func() { s.idx.Expect(Source{Worker: id}) }
+		opts.OnJoin = func(zmtp.Peer) { s.idx.Expect(Source{Worker: id}) }
 		t.sock = zmtp.NewSocket(zmtp.SUB, opts)
 		t.sock.Dial(pubEP)
 		s.wg.Go(func() { s.read(t.sock, w.ID) })
