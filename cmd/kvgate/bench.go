@@ -336,6 +336,7 @@ type fleetFlags struct {
 	staleAfter   time.Duration
 	parallel     int
 	engine       engine.Config
+	timing       string
 	cacheThresh  float64
 	balanceAbs   int64
 	balanceRel   float64
@@ -376,6 +377,9 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&ff.engine.PrefillTPS, "prefill-tps", d.PrefillTPS, "fleet engine: prefill tokens per second")
 	fs.DurationVar(&ff.engine.DecodeBase, "decode-base", d.DecodeBase, "fleet engine: fixed cost of a decode step")
 	fs.DurationVar(&ff.engine.DecodePerReq, "decode-per-req", d.DecodePerReq, "fleet engine: added step cost per decoding request")
+	fs.StringVar(&ff.timing, "engine-timing", d.Timing.String(), "fleet engine: timing model, batched (continuous batching, chunked prefill shared by the batch) or per-slot (each running request prefills at --prefill-tps and decodes every --decode-base on its own, as llm-d-inference-sim does)")
+	fs.DurationVar(&ff.engine.PrefillOverhead, "prefill-overhead", d.PrefillOverhead, "fleet engine, per-slot timing: fixed prefill cost of every request")
+	fs.Float64Var(&ff.engine.LoadFactor, "load-factor", d.LoadFactor, "fleet engine, per-slot timing: slowdown with every slot busy, in [1, 100]")
 	fs.Float64Var(&ff.cacheThresh, "cache-threshold", pd.CacheAware.CacheThreshold, "fleet policy: cache_aware match ratio above which affinity wins")
 	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
 	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
@@ -400,6 +404,9 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	spread, err := fleet.ParseSpread(ff.spread)
 	if err != nil {
 		return nil, err
+	}
+	if ff.engine.Timing, err = engine.ParseTimingModel(ff.timing); err != nil {
+		return nil, fmt.Errorf("--engine-timing: %w", err)
 	}
 	pc := policy.DefaultConfig()
 	pc.CacheAware.CacheThreshold = ff.cacheThresh
@@ -487,6 +494,9 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 	engines := fmt.Sprintf("%d engines", ff.engines)
 	if ff.engineMix != "" {
 		engines = "engines " + ff.engineMix
+	}
+	if x.Base.Engine.Timing != engine.TimingBatched {
+		engines += " (" + x.Base.Engine.Timing.String() + " timing)"
 	}
 	rep.Title = fmt.Sprintf("fleet: %s, %s, %s, spread %s, seed %d", w.Name(), arr, engines, ff.spread, seed)
 	if ff.sweep {
