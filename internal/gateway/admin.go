@@ -33,7 +33,9 @@ type AddWorkerRequest struct {
 // RegisterError is a registration failure with the status the admin API answers.
 type RegisterError struct {
 	Status int
-	Err    error
+	// Code is the error code the admin API answers; "" means the status's usual one.
+	Code string
+	Err  error
 }
 
 func (e *RegisterError) Error() string { return e.Err.Error() }
@@ -41,6 +43,11 @@ func (e *RegisterError) Unwrap() error { return e.Err }
 
 func regErr(status int, format string, args ...any) error {
 	return &RegisterError{Status: status, Err: fmt.Errorf(format, args...)}
+}
+
+// selfErr refuses a worker URL that leads back to this gateway (self.go).
+func selfErr(format string, args ...any) error {
+	return &RegisterError{Status: http.StatusConflict, Code: "worker_is_this_gateway", Err: fmt.Errorf(format, args...)}
 }
 
 // spec validates a registration and turns it into a worker spec.
@@ -92,11 +99,17 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 		return nil, regErr(http.StatusForbidden, "workers at %s may not be registered (see --allowed-worker-hosts)", u.Hostname())
 	}
 	id, shown := worker.IDFor(u), worker.Redacted(u)
+	if s.pointsAtSelf(ctx, u) {
+		return nil, selfErr("%s is one of this gateway's own listeners: a gateway cannot be its own worker", shown)
+	}
 	if err := s.startProbe(id, shown); err != nil {
 		return nil, err
 	}
 	defer s.endProbe(id)
 	models, owner, perr := s.probeModels(ctx, u.String(), spec.APIKey)
+	if errors.Is(perr, errSelf) {
+		return nil, selfErr("%s answers as this gateway itself (its hop id came back): a gateway cannot be its own worker", shown)
+	}
 	if perr != nil {
 		s.log.Warn("worker registration probe failed", "url", shown, "err", perr)
 		if len(spec.Models) == 0 {
@@ -164,11 +177,15 @@ func (s *Server) probeModels(ctx context.Context, base, key string) ([]string, s
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
+	req.Header.Set(HopHeader, s.hopID) // so that this gateway, if that is who answers, says so
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return nil, "", err
 	}
 	defer resp.Body.Close()
+	if s.answeredBySelf(resp) {
+		return nil, "", errSelf
+	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, "", fmt.Errorf("GET /v1/models answered %d", resp.StatusCode)
 	}
@@ -259,12 +276,15 @@ func (s *Server) handleAddWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	wk, err := s.Register(r.Context(), a)
 	if err != nil {
-		status := http.StatusInternalServerError
+		status, code := http.StatusInternalServerError, ""
 		var re *RegisterError
 		if errors.As(err, &re) {
-			status = re.Status
+			status, code = re.Status, re.Code
 		}
-		writeError(w, status, registerCode(status), err.Error())
+		if code == "" {
+			code = registerCode(status)
+		}
+		writeError(w, status, code, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusCreated, infoOf(wk))

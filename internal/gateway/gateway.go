@@ -109,6 +109,8 @@ type Server struct {
 	allowed   hostRules
 	// hopID marks the requests this gateway sends, to detect a loop back to itself.
 	hopID string
+	// self are the addresses this gateway listens on (ListeningOn).
+	self selfAddrs
 	// bodies recycles request-body buffers.
 	bodies bodyPool
 	// checker runs the active health checks between Start and Stop.
@@ -192,7 +194,7 @@ func (s *Server) Registry() *worker.Registry { return s.reg }
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // MetricsHandler returns the Prometheus exposition handler.
-func (s *Server) MetricsHandler() http.Handler { return s.metrics.Handler() }
+func (s *Server) MetricsHandler() http.Handler { return s.refuseLoops(s.metrics.Handler()) }
 
 // requestID returns a safe client-supplied id, or a new random one.
 func requestID(r *http.Request) string {
