@@ -363,28 +363,55 @@ func (s *Server) handleLiveness(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// handleReadiness answers 200 while at least one worker is routable, else 503 with the reason.
+// handleReadiness answers 200 whenever the gateway can answer requests, whatever its workers'
+// state: a pool with no ready worker is for the gateway to explain (each request gets the 503
+// JSON naming why), not a reason for a load balancer to stop sending it clients, who would then
+// get connection errors instead. The body says how many workers are ready ("workers_ready");
+// GET /readiness/workers is the probe that fails (503) while none is.
 func (s *Server) handleReadiness(w http.ResponseWriter, _ *http.Request) {
-	all := s.reg.View().All
-	ready := 0
-	for _, wk := range all {
-		if wk.Available() {
-			ready++
-		}
-	}
-	body := map[string]any{"ready_workers": ready, "total_workers": len(all)}
-	if ready == 0 {
-		body["status"] = "not_ready"
-		if len(all) == 0 {
-			body["reason"] = "no workers are registered"
-		} else {
-			body["reason"] = "no worker is ready"
-		}
+	writeJSON(w, http.StatusOK, s.workerReadiness("ready"))
+}
+
+// handleWorkersReadiness answers 200 while at least one worker is routable, else 503 with the
+// reason: for alerts and for a deployment that wants the old coupling of gateway and workers.
+func (s *Server) handleWorkersReadiness(w http.ResponseWriter, _ *http.Request) {
+	body := s.workerReadiness("ready")
+	if !body.WorkersReady {
+		body.Status = "not_ready"
 		writeJSON(w, http.StatusServiceUnavailable, body)
 		return
 	}
-	body["status"] = "ready"
 	writeJSON(w, http.StatusOK, body)
+}
+
+// readiness is the body of the readiness probes.
+type readiness struct {
+	// Status is "ready" or "not_ready": the probe's answer.
+	Status string `json:"status"`
+	// WorkersReady is true while at least one worker is routable.
+	WorkersReady bool `json:"workers_ready"`
+	ReadyWorkers int  `json:"ready_workers"`
+	TotalWorkers int  `json:"total_workers"`
+	// Reason says why no worker is ready; empty while one is.
+	Reason string `json:"reason,omitempty"`
+}
+
+func (s *Server) workerReadiness(status string) readiness {
+	all := s.reg.View().All
+	r := readiness{Status: status, TotalWorkers: len(all)}
+	for _, wk := range all {
+		if wk.Available() {
+			r.ReadyWorkers++
+		}
+	}
+	r.WorkersReady = r.ReadyWorkers > 0
+	switch {
+	case len(all) == 0:
+		r.Reason = "no workers are registered"
+	case r.ReadyWorkers == 0:
+		r.Reason = "no worker is ready"
+	}
+	return r
 }
 
 // handleGetLoads shows, per worker, its last load report with its age and freshness, why its

@@ -40,6 +40,7 @@ func (s *Server) probeRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /health", s.handleLiveness)
 	mux.HandleFunc("GET /liveness", s.handleLiveness)
 	mux.HandleFunc("GET /readiness", s.handleReadiness)
+	mux.HandleFunc("GET /readiness/workers", s.handleWorkersReadiness)
 }
 
 func (s *Server) adminRoutes(mux *http.ServeMux) {
