@@ -197,11 +197,13 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	if err := o.gw.Breaker.Validate(); err != nil {
 		return nil, err
 	}
-	for _, n := range []string{o.policyName, o.prefillPolicy, o.decodePolicy} {
-		if n != "" {
-			if _, err := policy.Canonical(n); err != nil {
+	for _, n := range []*string{&o.policyName, &o.prefillPolicy, &o.decodePolicy} {
+		if *n != "" {
+			c, err := policy.Canonical(*n)
+			if err != nil {
 				return nil, err
 			}
+			*n = c // logged and labelled by its canonical name, whatever alias was typed
 		}
 	}
 	return o, nil

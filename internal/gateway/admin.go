@@ -142,6 +142,7 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 	}
 	s.log.Info("worker registered", "worker", w.ID, "url", w.Spec.URL, "models", w.Spec.Models,
 		"type", w.Spec.Type.String(), "runtime", w.Runtime(), "health", w.Health().String())
+	s.warnLabelNotApplied(w)
 	return w, nil
 }
 

@@ -167,6 +167,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout}
+	router.OnChange(s.policyChanged)
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events
 	s.warm = newWarmer(s, cfg.Warm)
 	reg.Subscribe(s.warm.onEvent) // after the router builds a joining worker's policy, before forgetting a leaving one
