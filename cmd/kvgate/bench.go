@@ -31,6 +31,7 @@ type benchFlags struct {
 	from, to    time.Duration
 	traceOut    string
 	gen         bench.MooncakeGen
+	set         []string // the flags given on the command line
 	seed        uint64
 	rate        float64
 	concurrency int
@@ -87,16 +88,16 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.Float64Var(&f.timeScale, "time-scale", 1, "mooncake: multiply the trace's arrival times (0.5 replays twice as fast)")
 	fs.DurationVar(&f.from, "from", 0, "mooncake: replay the trace from this offset (trace time)")
 	fs.DurationVar(&f.to, "to", 0, "mooncake: replay the trace up to this offset (trace time; 0 = its end)")
-	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth: also write the generated trace to this file (Mooncake format)")
+	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth, mooncake-agent: also write the generated trace to this file (Mooncake format; replay it with --trace FILE --trace-format mooncake); without --target or --fleet, only write it and print its shape")
 	gd := bench.NewMooncakeGen(0)
 	f.gen = *gd
-	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth: length of the generated trace")
-	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "mooncake-synth: mean requests per second")
-	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "mooncake-synth: opening blocks every request shares")
-	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "mooncake-synth: mean unique tokens of a conversation's first prompt")
-	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "mooncake-synth: mean turns per conversation")
-	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "mooncake-synth: mean time between turns")
-	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "mooncake-synth: coefficient of variation of conversation inter-arrival gaps (1 = Poisson)")
+	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth, mooncake-agent: length of the generated trace (mooncake-agent default 1h)")
+	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "generated traces: mean requests per second (mooncake-agent default 3.9)")
+	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "generated traces: opening blocks every request shares (mooncake-agent default 0)")
+	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "generated traces: mean unique tokens of a conversation's first prompt (mooncake-agent default 8500)")
+	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "generated traces: mean turns per conversation (mooncake-agent default 2.8)")
+	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "generated traces: mean time between turns (mooncake-agent default 20s)")
+	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "generated traces: coefficient of variation of conversation inter-arrival gaps (1 = Poisson; mooncake-agent default 4)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, arrivals and simulation")
 	fs.Float64Var(&f.rate, "rate", 0, "open loop: new sessions per second (Poisson)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "closed loop: sessions in progress")
@@ -136,15 +137,25 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
 	}
+	fs.Visit(func(fl *flag.Flag) { f.set = append(f.set, fl.Name) })
+	writeOnly := f.target == "" && !f.fleet.on && f.traceOut != ""
 	switch {
 	case f.target != "" && f.fleet.on:
 		return errors.New("bench: choose --target URL (live) or --fleet (simulated), not both")
-	case f.target == "" && !f.fleet.on:
-		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated)")
+	case f.target == "" && !f.fleet.on && !writeOnly:
+		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated), or give --trace-out FILE to write a generated trace")
 	}
 	w, err := f.buildWorkload()
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	if writeOnly {
+		m, ok := w.(*bench.Mooncake)
+		if !ok {
+			return fmt.Errorf("bench: --trace-out writes a generated trace (--workload mooncake-synth or mooncake-agent), not %s", w.Name())
+		}
+		_, err := fmt.Fprintf(stdout, "wrote %s: %s\n", f.traceOut, bench.MeasureMooncake(m.Entries(), f.blockTokens))
+		return err
 	}
 	arr := bench.Arrivals{Rate: f.rate, Concurrency: f.concurrency, Speedup: f.speedup}
 	lim := bench.Limits{Duration: f.duration, Requests: f.requests, Warmup: f.warmup}
@@ -195,12 +206,11 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 		}
 		return nil, fmt.Errorf("--trace-format %q: want jsonl or mooncake", f.traceFormat)
 	}
-	if f.workload == "mooncake-synth" {
-		g := f.gen
-		g.Seed, g.BlockTokens = f.seed, f.blockTokens
+	if f.workload == "mooncake-synth" || f.workload == "mooncake-agent" {
+		g := f.generator()
 		es, err := g.Generate()
 		if err != nil {
-			return nil, fmt.Errorf("mooncake-synth: %w", err)
+			return nil, fmt.Errorf("%s: %w", f.workload, err)
 		}
 		if f.traceOut != "" {
 			if err := writeMooncake(f.traceOut, es); err != nil {
@@ -238,6 +248,35 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 		w.Init()
 	}
 	return w, nil
+}
+
+// generator returns the trace generator of --workload: its defaults, with the --gen-* flags
+// that were given.
+func (f *benchFlags) generator() bench.MooncakeGen {
+	g := *bench.NewMooncakeGen(f.seed)
+	if f.workload == "mooncake-agent" {
+		g = *bench.NewMooncakeAgentGen(f.seed)
+	}
+	for _, name := range f.set {
+		switch name {
+		case "gen-duration":
+			g.Duration = f.gen.Duration
+		case "gen-rate":
+			g.Rate = f.gen.Rate
+		case "gen-shared-blocks":
+			g.SharedBlocks = f.gen.SharedBlocks
+		case "gen-context-tokens":
+			g.ContextTokens = f.gen.ContextTokens
+		case "gen-turns":
+			g.TurnsMean = f.gen.TurnsMean
+		case "gen-think":
+			g.Think = f.gen.Think
+		case "gen-burstiness":
+			g.Burstiness = f.gen.Burstiness
+		}
+	}
+	g.BlockTokens = f.blockTokens
+	return g
 }
 
 // writeMooncake writes a generated trace to path.

@@ -90,3 +90,30 @@ func TestBenchMooncakeReplay(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchWritesAgentTrace: --trace-out without an instrument writes the generated trace and
+// prints its measured shape; the file replays.
+func TestBenchWritesAgentTrace(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "agent.jsonl")
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--workload", "mooncake-agent", "--gen-duration", "2m", "--trace-out", trace}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	if !strings.Contains(out.String(), "0 blocks shared by all") || !strings.Contains(out.String(), "ideal reuse") {
+		t.Fatalf("shape line %q", out.String())
+	}
+	out.Reset()
+	args = []string{"bench", "--fleet", "--trace", trace, "--trace-format", "mooncake", "--requests", "30",
+		"--policies", "round_robin", "--engines", "2", "--json"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	if !strings.Contains(out.String(), `"ok": 30,`) {
+		t.Fatalf("replay report:\n%s", out.String())
+	}
+	if err := run(context.Background(), []string{"bench", "--workload", "multi-turn", "--trace-out", trace}, &out, &errb); err == nil ||
+		!strings.Contains(err.Error(), "generated trace") {
+		t.Fatalf("--trace-out of a non-trace workload: %v", err)
+	}
+}
