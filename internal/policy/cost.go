@@ -178,7 +178,9 @@ type costCand struct {
 	fresh bool
 	// ahead is the requests sent since the report (scaled), for D's step and slot terms.
 	ahead float64
-	// credit is the part of t.Cached that is the rendezvous owner's learned credit
+	// idHash is the worker id's rendezvous hash (idHash).
+	idHash uint64
+	// credit is the part of t.Cached that is the rendezvous owner's credit
 	// (Cost.creditOwner), not a prediction of the tree or the events.
 	credit float64
 	t      Terms
@@ -190,6 +192,8 @@ type workerCost struct {
 	polled time.Time
 	// queued is that report's Q, in tokens; sentTok and sentReq what this replica sent since.
 	queued, sentTok, sentReq float64
+	// idHash is the worker id's rendezvous hash (idHash), computed once.
+	idHash uint64
 	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
 	// intervals that measured it.
 	rate  float64
@@ -234,7 +238,7 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		}
 		c := costCand{w: w}
 		if pinned {
-			_, c.r, c.fresh = snap.Sample(w)
+			c.r, c.fresh = snap.Report(w)
 		} else {
 			c.r, c.fresh = s.loads.Report(w)
 		}
@@ -265,6 +269,9 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 
 // capped drops the candidates over a hard cap, unless that would drop them all.
 func (s *scorer) capped(av []costCand) []costCand {
+	if s.cfg.MaxTokenUsage >= 1 && s.cfg.MaxWaiting == 0 {
+		return av // both caps off
+	}
 	over := func(c *costCand) bool {
 		return c.fresh && (c.r.HasTokenData && c.r.TokenUsage > s.cfg.MaxTokenUsage ||
 			s.cfg.MaxWaiting > 0 && c.r.Waiting > s.cfg.MaxWaiting)
@@ -294,9 +301,10 @@ func (s *scorer) capped(av []costCand) []costCand {
 func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	st := s.ws[c.w.ID]
 	if st == nil {
-		st = &workerCost{}
+		st = &workerCost{idHash: idHash(c.w.ID)}
 		s.ws[c.w.ID] = st
 	}
+	c.idHash = st.idHash
 	t := &c.t
 	if !c.fresh {
 		// No report to go by: this replica's own requests in flight are all it knows.
@@ -436,7 +444,7 @@ func (s *scorer) choose(av []costCand, key uint64) (best, runner int, tied bool)
 			continue
 		}
 		n++
-		if sc := score(key, av[i].w.ID); n == 1 || sc > bestScore {
+		if sc := scoreHashed(key, av[i].idHash); n == 1 || sc > bestScore {
 			best, bestScore = i, sc
 		}
 	}

@@ -350,7 +350,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 func (p *Cost) creditOwner(av []costCand, key uint64) {
 	owner, best := 0, uint64(0)
 	for i := range av {
-		if s := score(key, av[i].w.ID); i == 0 || s > best {
+		if s := scoreHashed(key, av[i].idHash); i == 0 || s > best {
 			owner, best = i, s
 		}
 	}
