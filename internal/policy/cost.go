@@ -171,10 +171,25 @@ func (t *Terms) price() {
 	t.Cost = finite(max(t.Queued+t.Sent+t.Prompt-t.Cached, 0)/t.Rate + t.Decode)
 }
 
+// report is the part of a worker's load report the cost reads: a decision copies one per
+// candidate, so it is kept small.
+type report struct {
+	polled                                       time.Time
+	uncachedTokens, waiting, running, maxRunning int64
+	gen, usage, replicas                         float64
+	tokenData, hasUncached                       bool
+}
+
+func reportOf(r *loadmon.Report) report {
+	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
+		maxRunning: r.MaxRunning, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
+}
+
 // costCand is one candidate during a decision.
 type costCand struct {
 	w     *worker.Worker
-	r     loadmon.Report
+	r     report
 	fresh bool
 	// ahead is the requests sent since the report (scaled), for D's step and slot terms.
 	ahead float64
@@ -236,22 +251,22 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		if !w.Available() {
 			continue
 		}
-		c := costCand{w: w}
+		var r loadmon.Report
+		var fresh bool
 		if pinned {
-			c.r, c.fresh = snap.Report(w)
+			r, fresh = snap.Report(w)
 		} else {
-			c.r, c.fresh = s.loads.Report(w)
+			r, fresh = s.loads.Report(w)
 		}
-		c.t = Terms{Worker: w.ID, Prompt: prompt}
-		av = append(av, c)
+		av = append(av, costCand{w: w, r: reportOf(&r), fresh: fresh, t: Terms{Worker: w.ID, Prompt: prompt}})
 	}
 	av = s.capped(av)
 	// The fleet's mean generation throughput per engine, for D (see terms).
 	var gen float64
 	n := 0
 	for i := range av {
-		if av[i].fresh && av[i].r.GenThroughput > 0 {
-			gen += av[i].r.GenThroughput
+		if av[i].fresh && av[i].r.gen > 0 {
+			gen += av[i].r.gen
 			n++
 		}
 	}
@@ -273,8 +288,8 @@ func (s *scorer) capped(av []costCand) []costCand {
 		return av // both caps off
 	}
 	over := func(c *costCand) bool {
-		return c.fresh && (c.r.HasTokenData && c.r.TokenUsage > s.cfg.MaxTokenUsage ||
-			s.cfg.MaxWaiting > 0 && c.r.Waiting > s.cfg.MaxWaiting)
+		return c.fresh && (c.r.tokenData && c.r.usage > s.cfg.MaxTokenUsage ||
+			s.cfg.MaxWaiting > 0 && c.r.waiting > s.cfg.MaxWaiting)
 	}
 	n := 0
 	for i := range av {
@@ -315,23 +330,23 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		return
 	}
 	r := &c.r
-	q := float64(r.WaitingUncachedTokens)
-	if !r.HasUncachedTokens {
-		q = float64(r.Waiting) * s.meanUncached
+	q := float64(r.uncachedTokens)
+	if !r.hasUncached {
+		q = float64(r.waiting) * s.meanUncached
 	}
-	rep := max(r.Replicas, 1)
-	if r.PolledAt.After(st.polled) {
-		s.roll(st, r.PolledAt, q)
+	rep := max(r.replicas, 1)
+	if r.polled.After(st.polled) {
+		s.roll(st, r.polled, q)
 	}
 	t.Rate = s.rateOf(st)
-	if r.PolledAt.Equal(st.polled) {
+	if r.polled.Equal(st.polled) {
 		t.Sent = st.sentTok * rep
 		c.ahead = st.sentReq * rep
 	}
 	// The engine has been prefilling since the poll: what it had queued then, and then what
 	// was sent it since, is that much less now (a report up to a poll interval old would
 	// otherwise push work off an engine that has long finished it).
-	done := t.Rate * max(now.Sub(r.PolledAt).Seconds(), 0)
+	done := t.Rate * max(now.Sub(r.polled).Seconds(), 0)
 	t.Queued = max(q-done, 0)
 	t.Sent = max(t.Sent-max(done-q, 0), 0)
 	if gen > 0 {
@@ -342,7 +357,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// DecodeTokens of decode. The fleet's mean, not the engine's own throughput, because
 		// an engine's is a moving average that lags its batch: after a burst it would make a
 		// busy engine look arbitrarily slow and an idle one free.
-		steps := float64(r.Running) + c.ahead
+		steps := float64(r.running) + c.ahead
 		steps += s.slotsAhead(r, c.ahead) * s.cfg.DecodeTokens
 		t.Decode = steps / gen
 	}
@@ -353,12 +368,12 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 // the worker of report r, ahead being the requests sent since it: past the batch's capacity
 // (max_running_requests) when the worker reports it; else the reported queue while there is
 // one (a server that queues has a full batch or KV cache).
-func (s *scorer) slotsAhead(r *loadmon.Report, ahead float64) float64 {
-	if r.MaxRunning > 0 {
-		return max(float64(r.Running+r.Waiting)+ahead+1-float64(r.MaxRunning), 0)
+func (s *scorer) slotsAhead(r *report, ahead float64) float64 {
+	if r.maxRunning > 0 {
+		return max(float64(r.running+r.waiting)+ahead+1-float64(r.maxRunning), 0)
 	}
-	if r.Waiting > 0 {
-		return float64(r.Waiting) + ahead
+	if r.waiting > 0 {
+		return float64(r.waiting) + ahead
 	}
 	return 0
 }
@@ -405,7 +420,7 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if st == nil {
 		return // forgotten meanwhile
 	}
-	if c.fresh && c.r.PolledAt.Equal(st.polled) {
+	if c.fresh && c.r.polled.Equal(st.polled) {
 		st.sentTok += uncached
 		st.sentReq++
 	}

@@ -355,10 +355,10 @@ func (p *Cost) creditOwner(av []costCand, key uint64) {
 		}
 	}
 	c := &av[owner]
-	if !c.fresh || c.r.Replicas <= 1 {
+	if !c.fresh || c.r.replicas <= 1 {
 		return
 	}
-	c.credit = (1 - 1/c.r.Replicas) * p.sc.cfg.FollowShare * max(c.t.Prompt-c.t.Cached, 0)
+	c.credit = (1 - 1/c.r.replicas) * p.sc.cfg.FollowShare * max(c.t.Prompt-c.t.Cached, 0)
 	c.t.Cached += c.credit
 }
 
