@@ -35,7 +35,8 @@ import (
 //     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
 //     it joins, (running + sent) ÷ the fleet's mean generation throughput, plus, once the
 //     batch is full, the wait for a slot: the requests ahead of it past the batch's capacity
-//     × CostConfig.DecodeTokens ÷ that throughput.
+//     ÷ the rate the worker finishes requests (measured from this replica's completions ×
+//     the replica estimate; until then each takes CostConfig.DecodeTokens at that throughput).
 //  3. Pick: the least cost; every candidate within ε = TieSeconds + TieShare × that cost of it
 //     is a tie, and ties go to the highest rendezvous score of the request's placement key, so
 //     replicas that see slightly different loads still agree where a new prefix lives.
@@ -176,13 +177,14 @@ func (t *Terms) price() {
 type report struct {
 	polled                                       time.Time
 	uncachedTokens, waiting, running, maxRunning int64
+	inflightAtPoll                               int64
 	gen, usage, replicas                         float64
 	tokenData, hasUncached                       bool
 }
 
 func reportOf(r *loadmon.Report) report {
 	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
-		maxRunning: r.MaxRunning, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
+		maxRunning: r.MaxRunning, inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
 		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
 }
 
@@ -191,7 +193,8 @@ type costCand struct {
 	w     *worker.Worker
 	r     report
 	fresh bool
-	// ahead is the requests sent since the report (scaled), for D's step and slot terms.
+	// ahead is the requests the engine has gained since the report (this replica's sends less
+	// its completions, scaled; negative when more finished), for D's step and slot terms.
 	ahead float64
 	// idHash is the worker id's rendezvous hash (idHash).
 	idHash uint64
@@ -203,12 +206,18 @@ type costCand struct {
 
 // workerCost is what a replica remembers of one worker between decisions.
 type workerCost struct {
-	// polled is the PolledAt of the report that sentTok and sentReq follow.
+	// polled is the PolledAt of the report that sentTok follows.
 	polled time.Time
-	// queued is that report's Q, in tokens; sentTok and sentReq what this replica sent since.
-	queued, sentTok, sentReq float64
+	// queued is that report's Q, in tokens; sentTok what this replica sent since.
+	queued, sentTok float64
 	// idHash is the worker id's rendezvous hash (idHash), computed once.
 	idHash uint64
+	// doneRate is the requests per second the worker finishes (countDone), 0 until measured;
+	// doneAt and doneSeen are the report and this replica's processed count it was last
+	// measured at.
+	doneRate float64
+	doneAt   time.Time
+	doneSeen int64
 	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
 	// intervals that measured it.
 	rate  float64
@@ -261,17 +270,20 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		av = append(av, costCand{w: w, r: reportOf(&r), fresh: fresh, t: Terms{Worker: w.ID, Prompt: prompt}})
 	}
 	av = s.capped(av)
-	// The fleet's mean generation throughput per engine, for D (see terms).
-	var gen float64
+	// The fleet's mean generation throughput per engine, for D (see terms), never below one
+	// token a second per running request: no engine decodes slower, and a throughput that says
+	// so is a moving average still catching up with its batch (after a start or a burst).
+	var gen, running float64
 	n := 0
 	for i := range av {
 		if av[i].fresh && av[i].r.gen > 0 {
 			gen += av[i].r.gen
+			running += float64(av[i].r.running)
 			n++
 		}
 	}
 	if n > 0 {
-		gen /= float64(n)
+		gen = max(gen, running) / float64(n)
 	}
 	now := s.now()
 	s.mu.Lock()
@@ -337,12 +349,17 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	rep := max(r.replicas, 1)
 	if r.polled.After(st.polled) {
 		s.roll(st, r.polled, q)
+		s.countDone(st, c.w.Processed(), r.polled, rep)
 	}
 	t.Rate = s.rateOf(st)
 	if r.polled.Equal(st.polled) {
 		t.Sent = st.sentTok * rep
-		c.ahead = st.sentReq * rep
 	}
+	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
+	// the report's, corrected by what this replica sent and saw finish since, times the
+	// replica estimate. What finished since the report no longer holds a slot.
+	local := c.w.Inflight()
+	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)) - float64(r.running+r.waiting)
 	// The engine has been prefilling since the poll: what it had queued then, and then what
 	// was sent it since, is that much less now (a report up to a poll interval old would
 	// otherwise push work off an engine that has long finished it).
@@ -357,11 +374,37 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// DecodeTokens of decode. The fleet's mean, not the engine's own throughput, because
 		// an engine's is a moving average that lags its batch: after a burst it would make a
 		// busy engine look arbitrarily slow and an idle one free.
-		steps := float64(r.running) + c.ahead
-		steps += s.slotsAhead(r, c.ahead) * s.cfg.DecodeTokens
-		t.Decode = steps / gen
+		t.Decode = max(float64(r.running)+c.ahead, 0) / gen
+	}
+	if k := s.slotsAhead(r, c.ahead); k > 0 {
+		// The wait for a slot: k requests must finish first. At the engine's measured rate of
+		// finishing requests when there is one; else each takes DecodeTokens at the fleet's
+		// throughput per engine.
+		switch {
+		case st.doneRate > 0:
+			t.Decode += k / st.doneRate
+		case gen > 0:
+			t.Decode += k * s.cfg.DecodeTokens / gen
+		}
 	}
 	t.price()
+}
+
+// countDone measures how fast the worker finishes requests, from this replica's count of
+// requests it finished there (processed) between two reports, times the replica estimate rep:
+// a moving average (CostConfig.RateDecay's complement as weight is too slow here; a tenth per
+// interval) over intervals in which the worker had requests to finish.
+func (s *scorer) countDone(st *workerCost, processed int64, polled time.Time, rep float64) {
+	if dt := polled.Sub(st.doneAt).Seconds(); !st.doneAt.IsZero() && dt > 0 && processed >= st.doneSeen {
+		if n := float64(processed-st.doneSeen) * rep / dt; n > 0 || st.doneRate > 0 {
+			if st.doneRate == 0 {
+				st.doneRate = n
+			} else {
+				st.doneRate += 0.1 * (n - st.doneRate)
+			}
+		}
+	}
+	st.doneAt, st.doneSeen = polled, processed
 }
 
 // slotsAhead is how many running requests must finish before a new one gets a batch slot on
@@ -409,7 +452,7 @@ func (s *scorer) roll(st *workerCost, polled time.Time, queued float64) {
 		st.rate = max(fall, st.rate*(1-s.cfg.RateDecay))
 		st.rated++
 	}
-	st.polled, st.queued, st.sentTok, st.sentReq = polled, queued, 0, 0
+	st.polled, st.queued, st.sentTok = polled, queued, 0
 }
 
 // commit records that c's worker was sent a prompt of which uncached tokens miss its cache.
@@ -422,7 +465,6 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	}
 	if c.fresh && c.r.polled.Equal(st.polled) {
 		st.sentTok += uncached
-		st.sentReq++
 	}
 	const window = 64 // requests over which the mean uncached prompt moves
 	if s.meanUncached == 0 {
