@@ -161,7 +161,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	o := &serveOptions{}
 	fs := newServeFlags(o, stderr)
 	args = joinMultiValues(args)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
