@@ -124,7 +124,12 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	rq.forward = proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}
-	res := s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(pol, candidates, preq, tr))
+	var res proxy.Result
+	if kind == kindResponses {
+		res = s.forwardResponses(r.Context(), aw, &rq.forward, s.picker(pol, candidates, preq, tr), candidates, &p, preq, pol.Name(), tr)
+	} else {
+		res = s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(pol, candidates, preq, tr))
+	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
 	if s.cfg.AccessLogSample > 0 {
 		o.usage, o.hasUsage = aw.usage() // before finish recycles what it kept
