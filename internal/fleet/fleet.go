@@ -137,6 +137,9 @@ func (c Config) withDefaults() Config {
 	if c.PolicyConfig.CacheAware == (policy.CacheAwareConfig{}) && c.PolicyConfig.PrefixHash == (policy.PrefixHashConfig{}) {
 		c.PolicyConfig.CacheAware, c.PolicyConfig.PrefixHash = d.PolicyConfig.CacheAware, d.PolicyConfig.PrefixHash
 	}
+	if c.PolicyConfig.Cost == (policy.CostConfig{}) {
+		c.PolicyConfig.Cost = d.PolicyConfig.Cost
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = d.PollInterval
 	}

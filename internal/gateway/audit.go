@@ -32,6 +32,10 @@ const (
 	headerWorker    = "X-Kvgate-Worker"
 	headerRoute     = "X-Kvgate-Route"
 	headerPredicted = "X-Kvgate-Predicted-Hit"
+	// headerCost and headerCostRunnerUp carry the cost terms of the chosen worker and of the
+	// runner-up (policy.Terms.String), for the cost-based policies.
+	headerCost         = "X-Kvgate-Cost"
+	headerCostRunnerUp = "X-Kvgate-Cost-Runner-Up"
 
 	// auditBodyMax is the largest non-streaming body whose usage is read.
 	auditBodyMax = 64 << 10
@@ -83,6 +87,12 @@ func (a *auditWriter) WriteHeader(code int) {
 			h.Set(headerRoute, route)
 			if d.HasPrediction {
 				h.Set(headerPredicted, strconv.FormatFloat(a.promptShare(), 'f', 3, 64))
+			}
+			if d.HasCost {
+				h.Set(headerCost, d.Chosen.String())
+				if d.RunnerUp.Worker != "" {
+					h.Set(headerCostRunnerUp, d.RunnerUp.String())
+				}
 			}
 		}
 	}
