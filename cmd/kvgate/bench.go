@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
+	"github.com/kvgate/kvgate/internal/fleet/suite"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 )
@@ -142,10 +144,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Visit(func(fl *flag.Flag) { f.set = append(f.set, fl.Name) })
 	writeOnly := f.target == "" && !f.fleet.on && f.traceOut != ""
 	switch {
+	case f.fleet.suite != "" && !f.fleet.on:
+		return errors.New("bench: --suite runs in the fleet simulator; add --fleet")
 	case f.target != "" && f.fleet.on:
 		return errors.New("bench: choose --target URL (live) or --fleet (simulated), not both")
 	case f.target == "" && !f.fleet.on && !writeOnly:
 		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated), or give --trace-out FILE to write a generated trace")
+	}
+	if f.fleet.suite != "" {
+		if err := f.runSuite(ctx, stdout, stderr); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		return nil
 	}
 	w, err := f.buildWorkload()
 	if err != nil {
@@ -203,75 +213,40 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return f.emit(rep, stdout)
 }
 
-// buildWorkload makes the workload the flags name.
+// spec returns the workload the flags name.
+func (f *benchFlags) spec() bench.Spec {
+	s := bench.Spec{
+		Name: f.workload, Trace: f.trace, TraceFormat: f.traceFormat, Seed: f.seed,
+		Mooncake: bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to},
+		Prefixes: f.prefixes, PrefixWords: f.prefixWords, OutputTokens: f.outTokens,
+	}
+	if s.Generated() {
+		s.Gen = f.generator()
+	}
+	return s
+}
+
+// buildWorkload makes the workload the flags name, and writes a generated trace to --trace-out.
 func (f *benchFlags) buildWorkload() (bench.Workload, error) {
-	if f.prefixes < 0 || f.prefixWords < 0 || f.outTokens < 0 {
-		return nil, errors.New("--prefixes, --prefix-words and --output-tokens must be >= 0")
-	}
-	mopt := bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed}
-	if f.trace != "" {
-		if f.workload != "shared-prefix" && f.workload != "trace" {
-			return nil, fmt.Errorf("--trace replays a trace; it cannot be combined with --workload %s", f.workload)
-		}
-		switch f.traceFormat {
-		case "jsonl", "":
-			return bench.LoadTrace(f.trace, f.seed)
-		case "mooncake":
-			return bench.LoadMooncake(f.trace, mopt)
-		}
-		return nil, fmt.Errorf("--trace-format %q: want jsonl or mooncake", f.traceFormat)
-	}
-	if f.workload == "mooncake-synth" || f.workload == "mooncake-agent" {
-		g := f.generator()
+	spec := f.spec()
+	if f.traceOut != "" && spec.Generated() {
+		g, _ := spec.Generator()
 		es, err := g.Generate()
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f.workload, err)
+			return nil, fmt.Errorf("%s: %w", spec.Name, err)
 		}
-		if f.traceOut != "" {
-			if err := writeMooncake(f.traceOut, es); err != nil {
-				return nil, err
-			}
+		if err := writeMooncake(f.traceOut, es); err != nil {
+			return nil, err
 		}
-		return bench.NewMooncake(es, mopt)
+		return bench.NewMooncake(es, bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed})
 	}
-	w, err := bench.NewWorkload(f.workload, f.seed)
-	if err != nil {
-		return nil, err
-	}
-	switch w := w.(type) {
-	case *bench.SharedPrefix:
-		if f.prefixes > 0 {
-			w.Prefixes = f.prefixes
-		}
-		if f.prefixWords > 0 {
-			w.PrefixWords = f.prefixWords
-		}
-		if f.outTokens > 0 {
-			w.OutputTokens = f.outTokens
-		}
-		w.Init()
-	case *bench.LongContext:
-		if f.prefixes > 0 {
-			w.Tenants = f.prefixes
-		}
-		if f.prefixWords > 0 {
-			w.ContextWords = f.prefixWords
-		}
-		if f.outTokens > 0 {
-			w.OutputTokens = f.outTokens
-		}
-		w.Init()
-	}
-	return w, nil
+	return spec.Build()
 }
 
 // generator returns the trace generator of --workload: its defaults, with the --gen-* flags
 // that were given.
 func (f *benchFlags) generator() bench.MooncakeGen {
-	g := *bench.NewMooncakeGen(f.seed)
-	if f.workload == "mooncake-agent" {
-		g = *bench.NewMooncakeAgentGen(f.seed)
-	}
+	g := *bench.DefaultGenerator(f.workload, f.seed)
 	for _, name := range f.set {
 		switch name {
 		case "gen-duration":
@@ -402,6 +377,14 @@ type fleetFlags struct {
 	kvEvents     fleet.KVEvents
 	warm         policy.WarmConfig
 
+	suite          string
+	suiteWorkloads string
+	suiteShapes    string
+	suiteTimings   string
+	suiteSeeds     string
+	suiteWindow    time.Duration
+	suiteHour      bool
+
 	sweep      bool
 	slo        time.Duration
 	sweepLo    float64
@@ -449,6 +432,14 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&ff.warm.Prefixes, "warm-prefixes", 0, "fleet: warm each engine --failover adds with up to this many hot prefixes, as kvgate serve --warm-prefixes does (0 = off)")
 	fs.IntVar(&ff.warm.MaxTokens, "warm-max-tokens", 0, "fleet: prompt tokens one warm-up may send (0 = the serve default)")
 	fs.IntVar(&ff.warm.Concurrency, "warm-concurrency", 0, "fleet: warm requests in flight at once (0 = the serve default)")
+	fs.StringVar(&ff.suite, "suite", "", "fleet: run a named suite of experiments and print its target table instead of one grid: "+strings.Join(suite.Names, ", ")+
+		" (the first of --policies against the oracle and baselines on every workload, shape, timing and seed; --trace FILE adds the conversation-trace rows; --duration and --warmup bound the synthetic rows, default 120s and 30s)")
+	fs.StringVar(&ff.suiteWorkloads, "suite-workloads", "", "fleet suite: comma-separated workloads (default all: "+strings.Join(suite.Workloads, ", ")+")")
+	fs.StringVar(&ff.suiteShapes, "suite-shapes", "", "fleet suite: comma-separated fleet shapes (default all: "+strings.Join(suite.Shapes, ", ")+")")
+	fs.StringVar(&ff.suiteTimings, "suite-timings", "batched,per-slot", "fleet suite: comma-separated engine timing models")
+	fs.StringVar(&ff.suiteSeeds, "suite-seeds", "1,2", "fleet suite: comma-separated seeds")
+	fs.DurationVar(&ff.suiteWindow, "suite-window", 15*time.Minute, "fleet suite: trace time the trace rows replay from the start")
+	fs.BoolVar(&ff.suiteHour, "suite-hour", false, "fleet suite: add rows replaying the whole conversation and agent traces")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
@@ -609,4 +600,60 @@ func saveTimelines(dir, title string, rows []bench.Summary) error {
 		return err
 	}
 	return p99.SavePNG(filepath.Join(dir, "timeline-p99.png"))
+}
+
+// runSuite runs --suite: the fleet flags give the base fleet (engine costs, polls, policy
+// knobs), the first of --policies and --load-modes the policy under test and its load signal.
+func (f *benchFlags) runSuite(ctx context.Context, stdout, stderr io.Writer) error {
+	if f.trace != "" && f.traceFormat != "mooncake" {
+		return errors.New("--suite replays its conversation rows from a Mooncake-format trace: add --trace-format mooncake")
+	}
+	// A one-request placeholder workload lets the fleet flags build and validate the base.
+	x, err := f.fleet.experiment(bench.NewSharedPrefix(f.seed), bench.Arrivals{Rate: 1}, bench.Limits{Requests: 1}, f.seed)
+	if err != nil {
+		return err
+	}
+	o := suite.Options{
+		Policy: x.Policies[0], LoadMode: x.Modes[0], Base: x.Base, Trace: f.trace,
+		Window: f.fleet.suiteWindow, Hour: f.fleet.suiteHour, Duration: f.duration, Warmup: f.warmup,
+		Workloads: splitList(f.fleet.suiteWorkloads), Shapes: splitList(f.fleet.suiteShapes), Parallel: f.fleet.parallel,
+	}
+	for _, t := range splitList(f.fleet.suiteTimings) {
+		tm, err := engine.ParseTimingModel(t)
+		if err != nil {
+			return fmt.Errorf("--suite-timings: %w", err)
+		}
+		o.Timings = append(o.Timings, tm)
+	}
+	for _, s := range splitList(f.fleet.suiteSeeds) {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("--suite-seeds: %q is not a seed", s)
+		}
+		o.Seeds = append(o.Seeds, n)
+	}
+	if progressTo(stderr) {
+		o.Progress = stderr
+	}
+	res, err := suite.Run(ctx, f.fleet.suite, o)
+	if err != nil {
+		return err
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	return res.WriteTable(stdout)
+}
+
+// progressTo reports whether w is a terminal, where progress lines belong; into a file or a
+// pipe they would only bury the report.
+func progressTo(w io.Writer) bool {
+	fh, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := fh.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
