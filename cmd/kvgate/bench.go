@@ -135,7 +135,7 @@ against a simulated fleet of gateways and engines running the real policy and en
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f benchFlags
 	fs := newBenchFlagSet(&f, stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
