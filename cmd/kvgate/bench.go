@@ -80,9 +80,11 @@ func newBenchFlagSet(f *benchFlags, stderr io.Writer) *flag.FlagSet {
 
 Runs a seeded workload live against any OpenAI-compatible endpoint (--target), or in virtual time
 against a simulated fleet of gateways and engines running the real policy and engine code (--fleet).
+Progress goes to stderr when it is a terminal, the report to stdout.
 
 `)
 		fs.PrintDefaults()
+		fmt.Fprint(stderr, "\nThe report's "+bench.ColumnHelp(nil))
 	}
 	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
 	fs.StringVar(&f.trace, "trace", "", "trace file to replay (implies --workload trace)")
@@ -114,7 +116,7 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.IntVar(&f.outTokens, "output-tokens", 0, "shared-prefix and long-context: output tokens per request (0 = 64)")
 	fs.StringVar(&f.out, "out", "", "directory for report.json, report.txt and PNG charts")
 	fs.BoolVar(&f.asJSON, "json", false, "print the JSON report instead of the table")
-	fs.StringVar(&f.label, "label", "", "row label of a live run (default: the target host)")
+	fs.StringVar(&f.label, "label", "", "row label of a live run (default: live; the target has a column of its own)")
 	fs.StringVar(&f.target, "target", "", "live: base URL of an OpenAI-compatible server; several comma-separated URLs take requests in turn")
 	fs.StringVar(&f.model, "model", "", "live: model id (default: the first one in GET /v1/models)")
 	fs.StringVar(&f.apiKey, "api-key", "", "live: bearer token (default $KVGATE_BENCH_API_KEY)")
@@ -123,7 +125,7 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.IntVar(&f.maxInflight, "max-inflight", 2048, "live, open loop: most requests in flight")
 	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "live: send ignore_eos so SGLang/vLLM generate exactly max_tokens")
 	fs.BoolVar(&f.sessionHeader, "session-header", true, "live: send each session's key as x-session-id")
-	fs.BoolVar(&f.noProgress, "no-progress", false, "live: no progress bar")
+	fs.BoolVar(&f.noProgress, "no-progress", false, "no progress on the terminal (none is drawn into a file or pipe anyway)")
 	fs.StringVar(&f.failover, "failover", "", "worker changes during the run, comma-separated: remove[:WHICH]@TIME, add[:URL]@TIME (fleet: WHICH is an engine index, add makes a new engine; live: WHICH is an index by URL order or a URL, and add needs the URL; uses --admin)")
 	fs.DurationVar(&f.timeline, "timeline", 0, "window the run by send time with this width: hit rate and TTFT over time, in the report and as charts (default 5s with --failover)")
 	fs.StringVar(&f.admin, "admin", "", "live failover: the gateway's admin base URL (key from $KVGATE_BENCH_ADMIN_KEY)")
@@ -198,7 +200,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if f.timeline < 0 {
 		return errors.New("bench: --timeline must be >= 0")
 	}
-	f.fleet.timeline = f.timeline
+	f.fleet.timeline, f.fleet.noProgress = f.timeline, f.noProgress
 	if f.fleet.failover, err = fleet.FromChanges(f.changes); f.fleet.on && err != nil {
 		return fmt.Errorf("bench: --failover: %w", err)
 	}
@@ -300,17 +302,18 @@ func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Ar
 		MaxInflight: f.maxInflight, IgnoreEOS: f.ignoreEOS, SessionHeader: f.sessionHeader,
 		Timeline: f.timeline, Failover: f.changes, Admin: f.admin, AdminKey: os.Getenv("KVGATE_BENCH_ADMIN_KEY"),
 	}
-	if !f.noProgress {
+	if !f.noProgress && progressTo(stderr) {
 		cfg.Progress = stderr
 	}
 	label := f.label
 	if label == "" {
-		label = strings.TrimPrefix(strings.TrimPrefix(f.target, "http://"), "https://")
+		label = "live"
 	}
 	res, err := bench.RunLive(ctx, cfg, sched, label)
 	if err != nil {
 		return err
 	}
+	res.Summary.Target = strings.TrimPrefix(strings.TrimPrefix(f.target, "http://"), "https://")
 	res.Summary.Workload = w.Name()
 	rep.Title = fmt.Sprintf("live: %s against %s, %s", w.Name(), f.target, arr)
 	rep.Rows = append(rep.Rows, res.Summary)
@@ -356,6 +359,7 @@ func (f *benchFlags) emit(rep *bench.Report, stdout io.Writer) error {
 // fleetFlags are the flags of the fleet simulator.
 type fleetFlags struct {
 	on           bool
+	noProgress   bool // set from --no-progress
 	engines      int
 	gateways     string
 	policies     string
@@ -544,6 +548,9 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 	if err != nil {
 		return err
 	}
+	if !ff.noProgress && progressTo(stderr) {
+		x.Progress = stderr
+	}
 	if os.Getenv("GOGC") == "" {
 		// The engines' prefix caches are millions of small live objects that every GC cycle
 		// scans; a simulation is a short batch job, so trade memory for a quarter less CPU...
@@ -632,7 +639,7 @@ func (f *benchFlags) runSuite(ctx context.Context, stdout, stderr io.Writer) err
 		}
 		o.Seeds = append(o.Seeds, n)
 	}
-	if progressTo(stderr) {
+	if !f.noProgress && progressTo(stderr) {
 		o.Progress = stderr
 	}
 	res, err := suite.Run(ctx, f.fleet.suite, o)

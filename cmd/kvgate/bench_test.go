@@ -184,3 +184,21 @@ func TestBenchSuite(t *testing.T) {
 		t.Errorf("progress written to a buffer, not a terminal: %q", errb.String())
 	}
 }
+
+// TestProgressOnlyOnATerminal: progress is drawn on a terminal, never into a file or a buffer.
+func TestProgressOnlyOnATerminal(t *testing.T) {
+	fh, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if progressTo(fh) || progressTo(&bytes.Buffer{}) {
+		t.Fatal("progress would be drawn into a file or a buffer")
+	}
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		if !progressTo(tty) {
+			t.Error("no progress on a terminal")
+		}
+	}
+}
