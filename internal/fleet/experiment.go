@@ -162,7 +162,9 @@ func (x *Experiment) Sweep(ctx context.Context, sc bench.SweepConfig) ([]bench.S
 		})
 		out[i] = res
 		return err
-	}, func(i int) string { return "sweep of " + cfgs[i].Label() + fmt.Sprintf(" at %d gateways", cfgs[i].Gateways) })
+	}, func(i int) string {
+		return "sweep of " + cfgs[i].Label() + fmt.Sprintf(" at %d gateways", cfgs[i].Gateways)
+	})
 	if err == nil {
 		for i := range out {
 			for j, o := range out {
