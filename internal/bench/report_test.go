@@ -167,3 +167,24 @@ func TestTableColumns(t *testing.T) {
 		t.Errorf("a fleet table explains the live target column:\n%s", b.String())
 	}
 }
+
+// TestLogTicks: a log axis gets at least three labelled ticks over any range a report draws.
+func TestLogTicks(t *testing.T) {
+	for _, r := range [][2]float64{{75, 330}, {3, 90000}, {0.5, 0.9}, {10, 10000}, {120, 130}} {
+		labels := 0
+		for _, tk := range (logTicks{}).Ticks(r[0], r[1]) {
+			if tk.Value < r[0]*(1-1e-9) || tk.Value > r[1]*(1+1e-9) {
+				t.Errorf("range %v: tick %v outside it", r, tk.Value)
+			}
+			if tk.Label != "" {
+				labels++
+			}
+		}
+		if labels < 2 || (r[1]/r[0] > 2 && labels < 3) {
+			t.Errorf("range %v: %d labelled ticks", r, labels)
+		}
+	}
+	if got := formatTick(20000); got != "20000" {
+		t.Errorf("formatTick(20000) = %q", got)
+	}
+}
