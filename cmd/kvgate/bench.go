@@ -201,9 +201,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("bench: --timeline must be >= 0")
 	}
 	f.fleet.timeline, f.fleet.noProgress = f.timeline, f.noProgress
-	if f.fleet.failover, err = fleet.FromChanges(f.changes); f.fleet.on && err != nil {
-		return fmt.Errorf("bench: --failover: %w", err)
-	}
+	f.fleet.failover = f.changes
 	if f.target != "" {
 		err = f.runLive(ctx, w, arr, lim, rep, stderr)
 	} else {
@@ -396,7 +394,7 @@ type fleetFlags struct {
 	sweepSteps int
 
 	// Set from the bench flags: the run's worker changes and timeline window.
-	failover []fleet.WorkerChange
+	failover []bench.Change
 	timeline time.Duration
 }
 

@@ -13,7 +13,10 @@ import (
 	"time"
 )
 
-// Change is one scheduled change of the worker set during a run: a removal or an addition.
+// Change is one scheduled change of the worker set during a run: a removal or an addition. The
+// live driver applies it through the gateway's admin API; the fleet simulator applies it to its
+// engines (a removal drains, as DELETE /workers/{id} does; an addition is a new engine with an
+// empty cache).
 type Change struct {
 	// At is when it happens, from the start of the run.
 	At time.Duration
@@ -23,6 +26,16 @@ type Change struct {
 	// live run, by engine index in the fleet simulator) or, live, a worker URL; "" means the
 	// first. For an addition in a live run, the URL to add; the fleet simulator adds a new engine.
 	Arg string
+}
+
+// Index returns the worker index a change names: Arg read as a non-negative integer, 0 when Arg
+// is empty; ok is false when Arg is something else (a live run's URL).
+func (c Change) Index() (i int, ok bool) {
+	if c.Arg == "" {
+		return 0, true
+	}
+	n, err := strconv.Atoi(c.Arg)
+	return n, err == nil && n >= 0
 }
 
 // String returns c in the form ParseChanges reads.
