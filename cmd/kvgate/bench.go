@@ -431,9 +431,9 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
 	fs.DurationVar(&ff.kvEvents.TokenizeBase, "tokenize-base", time.Millisecond, "fleet precise_prefix: fixed cost of one tokenization (added to the request's TTFT)")
 	fs.Float64Var(&ff.kvEvents.TokenizeTPS, "tokenize-tps", 2e6, "fleet precise_prefix: tokenizer speed in tokens per second")
-	fs.IntVar(&ff.warm.Prefixes, "warm-prefixes", 0, "fleet: warm each engine --failover adds with up to this many hot prefixes, as kvgate serve --warm-prefixes does (0 = off)")
-	fs.IntVar(&ff.warm.MaxTokens, "warm-max-tokens", 0, "fleet: prompt tokens one warm-up may send (0 = the serve default)")
-	fs.IntVar(&ff.warm.Concurrency, "warm-concurrency", 0, "fleet: warm requests in flight at once (0 = the serve default)")
+	// The warm-up flags are kvgate serve's: the fleet warms each engine --failover adds as the
+	// gateway warms a worker that joins.
+	addWarmFlags(fs, &ff.warm)
 	fs.StringVar(&ff.suite, "suite", "", "fleet: run a named suite of experiments and print its target table instead of one grid: "+strings.Join(suite.Names, ", ")+
 		" (the first of --policies against the oracle and baselines on every workload, shape, timing and seed; --trace FILE adds the conversation-trace rows; --duration and --warmup bound the synthetic rows, default 120s and 30s)")
 	fs.StringVar(&ff.suiteWorkloads, "suite-workloads", "", "fleet suite: comma-separated workloads (default all: "+strings.Join(suite.Workloads, ", ")+")")
