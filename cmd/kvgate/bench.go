@@ -18,7 +18,6 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
 	"github.com/kvgate/kvgate/internal/fleet/suite"
-	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 )
 
@@ -458,75 +457,21 @@ func gatewayDefaults() (policyName, loadMode string) {
 
 // experiment builds the grid the flags describe.
 func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench.Limits, seed uint64) (*fleet.Experiment, error) {
-	x := &fleet.Experiment{Workload: w, Arrivals: arr, Limits: lim, Seed: seed, Parallel: ff.parallel}
-	spread, err := fleet.ParseSpread(ff.spread)
-	if err != nil {
-		return nil, err
-	}
-	if ff.engine.Timing, err = engine.ParseTimingModel(ff.timing); err != nil {
-		return nil, fmt.Errorf("--engine-timing: %w", err)
-	}
-	defPolicy, _ := gatewayDefaults()
 	pc := policy.DefaultConfig()
 	pc.CacheAware.CacheThreshold = ff.cacheThresh
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
 	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
 	pc.CacheAware.MaxTreeSize = ff.treeSize
 	pc.Sticky.Enabled, pc.Sticky.Placement = ff.sticky, ff.stickyPlace
-	x.Base = fleet.Config{
-		Engines: ff.engines, Gateways: 1, Policy: defPolicy, PolicyConfig: pc, Spread: spread,
-		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
-		Failover: ff.failover, Timeline: ff.timeline,
-		KVEvents: ff.kvEvents, Warm: ff.warm,
+	spec := fleet.GridSpec{
+		Base: fleet.Config{
+			Engines: ff.engines, PolicyConfig: pc, PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter,
+			Engine: ff.engine, Failover: ff.failover, Timeline: ff.timeline, KVEvents: ff.kvEvents, Warm: ff.warm,
+		},
+		Policies: ff.policies, Gateways: ff.gateways, LoadModes: ff.modes, Splits: ff.splits,
+		EngineMix: ff.engineMix, Spread: ff.spread, Timing: ff.timing, Parallel: ff.parallel,
 	}
-	if ff.engineMix != "" {
-		mix, err := fleet.ParseEngineMix(ff.engineMix)
-		if err != nil {
-			return nil, fmt.Errorf("--engine-mix: %w", err)
-		}
-		x.Base.EngineMix, x.Base.Engines = mix, 0
-	}
-	if ff.engines < 1 {
-		return nil, fmt.Errorf("--engines %d must be at least 1", ff.engines)
-	}
-	if ff.parallel < 0 {
-		return nil, fmt.Errorf("--parallel %d must be >= 0", ff.parallel)
-	}
-	for _, p := range splitList(ff.policies) {
-		if p == "all" {
-			x.Policies = append(x.Policies, policy.Names()...)
-			continue
-		}
-		if _, err := policy.Canonical(p); err != nil && !strings.EqualFold(p, fleet.OraclePolicy) {
-			return nil, fmt.Errorf("--policies: %w", err)
-		}
-		x.Policies = append(x.Policies, p)
-	}
-	for _, g := range splitList(ff.gateways) {
-		n, err := strconv.Atoi(g)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("--gateways: %q is not a positive count", g)
-		}
-		x.Gateways = append(x.Gateways, n)
-	}
-	for _, m := range splitList(ff.modes) {
-		mode, err := loadmon.ParseMode(m)
-		if err != nil {
-			return nil, fmt.Errorf("--load-modes: %w", err)
-		}
-		x.Modes = append(x.Modes, mode)
-	}
-	for _, s := range splitList(ff.splits) {
-		sp, err := fleet.ParseSplit(s)
-		if err != nil {
-			return nil, fmt.Errorf("--gateway-splits: %w", err)
-		}
-		x.Splits = append(x.Splits, sp)
-	}
-	if len(x.Policies) == 0 || len(x.Gateways) == 0 || len(x.Modes) == 0 {
-		return nil, errors.New("--policies, --gateways and --load-modes must each name at least one value")
-	}
-	return x, x.Validate()
+	return spec.Build(w, arr, lim, seed)
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.
@@ -560,14 +505,7 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 		// works harder instead.
 		debug.SetMemoryLimit(4 << 30)
 	}
-	engines := fmt.Sprintf("%d engines", ff.engines)
-	if ff.engineMix != "" {
-		engines = "engines " + ff.engineMix
-	}
-	if x.Base.Engine.Timing != engine.TimingBatched {
-		engines += " (" + x.Base.Engine.Timing.String() + " timing)"
-	}
-	rep.Title = fmt.Sprintf("fleet: %s, %s, %s, spread %s, seed %d", w.Name(), arr, engines, ff.spread, seed)
+	rep.Title = x.Title()
 	if ff.sweep {
 		if arr.Rate <= 0 {
 			return errors.New("--sweep needs --rate, the first rate tried")

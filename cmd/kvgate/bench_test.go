@@ -41,7 +41,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"bad rate scale", []string{"--fleet", "--rate", "1", "--requests", "5", "--rate-scale", "0"}, "--rate-scale"},
 		{"bad split", []string{"--fleet", "--rate", "1", "--requests", "5", "--gateways", "2", "--gateway-splits", "80/x"}, "gateway split"},
 		{"split without its gateways", []string{"--fleet", "--rate", "1", "--requests", "5", "--gateway-splits", "80/20"}, "needs a run at 2 gateways"},
-		{"bad timing", []string{"--fleet", "--rate", "1", "--requests", "5", "--engine-timing", "chunked"}, "--engine-timing"},
+		{"bad timing", []string{"--fleet", "--rate", "1", "--requests", "5", "--engine-timing", "chunked"}, "engine timing"},
 		{"suite without fleet", []string{"--suite", "cost-model"}, "add --fleet"},
 		{"unknown suite", []string{"--fleet", "--suite", "speed"}, "unknown suite"},
 		{"suite seeds", []string{"--fleet", "--suite", "cost-model", "--suite-seeds", "x"}, "--suite-seeds"},
