@@ -28,6 +28,10 @@ type Parsed struct {
 	TextBytes int
 	// User is the body's "user" (the OpenAI end-user id), a session key of last resort.
 	User string
+	// Priority is the body's integer "priority" (vLLM's: lower first), when HasPriority. A
+	// priority of another type is left to the worker to refuse.
+	Priority    int64
+	HasPriority bool
 }
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
@@ -93,6 +97,9 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 				return
 			case string(key) == "user" && s.Peek() == '"':
 				p.User = string(s.Str(true))
+				return
+			case string(key) == "priority" && (s.Peek() == '-' || (s.Peek() >= '0' && s.Peek() <= '9')):
+				p.Priority, p.HasPriority = s.Int()
 				return
 			case string(key) == "stream":
 				if s.Null() {
