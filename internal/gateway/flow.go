@@ -275,7 +275,7 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 	g.mu.Lock()
 	mf := g.model(fr.model)
 	t.g, t.mf = g, mf
-	if mf.q.Len() == 0 && g.headroom(mf, fr.candidates, fr.pol) > float64(mf.pending.Load()) {
+	if mf.q.Len() == 0 && g.headroom(mf, fr.candidates, fr.pol, float64(mf.pending.Load())+1) > float64(mf.pending.Load()) {
 		mf.pending.Add(1)
 		g.observeWait(mf, lbl, 0)
 		g.mu.Unlock()
@@ -414,7 +414,7 @@ func (g *flowGate) dispatchLocked(mf *modelFlow, candidates []*worker.Worker, po
 	if mf.q.Len() == 0 {
 		return
 	}
-	room := g.headroom(mf, candidates, pol) - float64(mf.pending.Load())
+	room := g.headroom(mf, candidates, pol, math.Inf(1)) - float64(mf.pending.Load())
 	now := g.now()
 	for ; room >= 1 && mf.q.Len() > 0; room-- {
 		e := mf.q.Pop(now)
@@ -427,12 +427,15 @@ func (g *flowGate) dispatchLocked(mf *modelFlow, candidates []*worker.Worker, po
 }
 
 // headroom is how many more requests the pool takes before every engine saturates (package
-// flow's Saturation), none while the routing cost predicts a wait at its bound; g.mu is held.
-func (g *flowGate) headroom(mf *modelFlow, candidates []*worker.Worker, pol policy.Policy) float64 {
+// flow's Saturation), counted up to enough (the caller's need: the sum may stop there), none
+// while the routing cost predicts a wait at its bound; g.mu is held.
+func (g *flowGate) headroom(mf *modelFlow, candidates []*worker.Worker, pol policy.Policy, enough float64) float64 {
 	sat := &g.cfg.Saturation
 	var room float64
 	for _, w := range candidates {
-		room += sat.Headroom(g.signals(w))
+		if room += sat.Headroom(g.signals(w)); room >= enough {
+			break
+		}
 	}
 	if room >= 1 {
 		if wait, ok := g.predictedWait(candidates, pol); ok && wait >= sat.MaxPredictedWait.Seconds() {

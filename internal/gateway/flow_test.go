@@ -501,6 +501,7 @@ func BenchmarkFlowIdle(b *testing.B) {
 		var t flowTicket
 		b.ReportAllocs()
 		for b.Loop() {
+			t = flowTicket{}
 			if f := s.flow.admit(req, fr, &t); f != nil {
 				b.Fatal(f.msg)
 			}
