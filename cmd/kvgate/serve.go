@@ -151,6 +151,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
 	addSecurityFlags(fs, o)
 	addWarmFlags(fs, &g.Warm)
+	addFlowFlags(fs, &g.Flow)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
 	return fs
