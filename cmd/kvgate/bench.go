@@ -31,10 +31,12 @@ type benchFlags struct {
 	from, to    time.Duration
 	traceOut    string
 	gen         bench.MooncakeGen
+	set         []string // the flags given on the command line
 	seed        uint64
 	rate        float64
 	concurrency int
 	speedup     float64
+	rateScale   float64
 	duration    time.Duration
 	requests    int
 	warmup      time.Duration
@@ -87,20 +89,21 @@ against a simulated fleet of gateways and engines running the real policy and en
 	fs.Float64Var(&f.timeScale, "time-scale", 1, "mooncake: multiply the trace's arrival times (0.5 replays twice as fast)")
 	fs.DurationVar(&f.from, "from", 0, "mooncake: replay the trace from this offset (trace time)")
 	fs.DurationVar(&f.to, "to", 0, "mooncake: replay the trace up to this offset (trace time; 0 = its end)")
-	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth: also write the generated trace to this file (Mooncake format)")
+	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth, mooncake-agent: also write the generated trace to this file (Mooncake format; replay it with --trace FILE --trace-format mooncake); without --target or --fleet, only write it and print its shape")
 	gd := bench.NewMooncakeGen(0)
 	f.gen = *gd
-	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth: length of the generated trace")
-	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "mooncake-synth: mean requests per second")
-	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "mooncake-synth: opening blocks every request shares")
-	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "mooncake-synth: mean unique tokens of a conversation's first prompt")
-	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "mooncake-synth: mean turns per conversation")
-	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "mooncake-synth: mean time between turns")
-	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "mooncake-synth: coefficient of variation of conversation inter-arrival gaps (1 = Poisson)")
+	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth, mooncake-agent: length of the generated trace (mooncake-agent default 1h)")
+	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "generated traces: mean requests per second (mooncake-agent default 3.9)")
+	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "generated traces: opening blocks every request shares (mooncake-agent default 0)")
+	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "generated traces: mean unique tokens of a conversation's first prompt (mooncake-agent default 8500)")
+	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "generated traces: mean turns per conversation (mooncake-agent default 2.8)")
+	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "generated traces: mean time between turns (mooncake-agent default 20s)")
+	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "generated traces: coefficient of variation of conversation inter-arrival gaps (1 = Poisson; mooncake-agent default 4)")
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, arrivals and simulation")
 	fs.Float64Var(&f.rate, "rate", 0, "open loop: new sessions per second (Poisson)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "closed loop: sessions in progress")
 	fs.Float64Var(&f.speedup, "speedup", 0, "trace replay: divide recorded arrival times by this (0 = 1)")
+	fs.Float64Var(&f.rateScale, "rate-scale", 1, "multiply the offered rate, of --rate or of a trace's (generated traces too), by this: 2 offers twice the load")
 	fs.DurationVar(&f.duration, "duration", 0, "stop sending new requests after this long (virtual time under --fleet)")
 	fs.IntVar(&f.requests, "requests", 0, "stop after sending this many requests")
 	fs.DurationVar(&f.warmup, "warmup", 0, "send but do not measure the requests of the run's first part (cold caches)")
@@ -136,17 +139,40 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
 	}
+	fs.Visit(func(fl *flag.Flag) { f.set = append(f.set, fl.Name) })
+	writeOnly := f.target == "" && !f.fleet.on && f.traceOut != ""
 	switch {
 	case f.target != "" && f.fleet.on:
 		return errors.New("bench: choose --target URL (live) or --fleet (simulated), not both")
-	case f.target == "" && !f.fleet.on:
-		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated)")
+	case f.target == "" && !f.fleet.on && !writeOnly:
+		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated), or give --trace-out FILE to write a generated trace")
 	}
 	w, err := f.buildWorkload()
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
+	if writeOnly {
+		m, ok := w.(*bench.Mooncake)
+		if !ok {
+			return fmt.Errorf("bench: --trace-out writes a generated trace (--workload mooncake-synth or mooncake-agent), not %s", w.Name())
+		}
+		_, err := fmt.Fprintf(stdout, "wrote %s: %s\n", f.traceOut, bench.MeasureMooncake(m.Entries(), f.blockTokens))
+		return err
+	}
 	arr := bench.Arrivals{Rate: f.rate, Concurrency: f.concurrency, Speedup: f.speedup}
+	switch {
+	case !(f.rateScale > 0 && f.rateScale <= 1e6):
+		return fmt.Errorf("bench: --rate-scale %v must be in (0, 1e6]", f.rateScale)
+	case f.rateScale != 1 && arr.Closed():
+		return errors.New("bench: --rate-scale scales an open loop; a closed loop (--concurrency) has no rate")
+	case f.rateScale == 1:
+	case arr.Rate > 0:
+		arr.Rate *= f.rateScale
+	case arr.Speedup > 0:
+		arr.Speedup *= f.rateScale
+	default:
+		arr.Speedup = f.rateScale
+	}
 	lim := bench.Limits{Duration: f.duration, Requests: f.requests, Warmup: f.warmup}
 	// Validate once here so that flag mistakes are reported before anything runs.
 	if _, err := bench.NewSchedule(w, arr, lim, f.seed); err != nil {
@@ -195,12 +221,11 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 		}
 		return nil, fmt.Errorf("--trace-format %q: want jsonl or mooncake", f.traceFormat)
 	}
-	if f.workload == "mooncake-synth" {
-		g := f.gen
-		g.Seed, g.BlockTokens = f.seed, f.blockTokens
+	if f.workload == "mooncake-synth" || f.workload == "mooncake-agent" {
+		g := f.generator()
 		es, err := g.Generate()
 		if err != nil {
-			return nil, fmt.Errorf("mooncake-synth: %w", err)
+			return nil, fmt.Errorf("%s: %w", f.workload, err)
 		}
 		if f.traceOut != "" {
 			if err := writeMooncake(f.traceOut, es); err != nil {
@@ -238,6 +263,35 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 		w.Init()
 	}
 	return w, nil
+}
+
+// generator returns the trace generator of --workload: its defaults, with the --gen-* flags
+// that were given.
+func (f *benchFlags) generator() bench.MooncakeGen {
+	g := *bench.NewMooncakeGen(f.seed)
+	if f.workload == "mooncake-agent" {
+		g = *bench.NewMooncakeAgentGen(f.seed)
+	}
+	for _, name := range f.set {
+		switch name {
+		case "gen-duration":
+			g.Duration = f.gen.Duration
+		case "gen-rate":
+			g.Rate = f.gen.Rate
+		case "gen-shared-blocks":
+			g.SharedBlocks = f.gen.SharedBlocks
+		case "gen-context-tokens":
+			g.ContextTokens = f.gen.ContextTokens
+		case "gen-turns":
+			g.TurnsMean = f.gen.TurnsMean
+		case "gen-think":
+			g.Think = f.gen.Think
+		case "gen-burstiness":
+			g.Burstiness = f.gen.Burstiness
+		}
+	}
+	g.BlockTokens = f.blockTokens
+	return g
 }
 
 // writeMooncake writes a generated trace to path.
@@ -332,10 +386,12 @@ type fleetFlags struct {
 	policies     string
 	modes        string
 	spread       string
+	splits       string
 	pollInterval time.Duration
 	staleAfter   time.Duration
 	parallel     int
 	engine       engine.Config
+	timing       string
 	cacheThresh  float64
 	balanceAbs   int64
 	balanceRel   float64
@@ -364,9 +420,11 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&ff.engines, "engines", 8, "fleet: number of engines")
 	fs.StringVar(&ff.engineMix, "engine-mix", "", `fleet: heterogeneous engines as COUNTxSPEED[:KV] classes, e.g. "6x1,2x0.5" (a quarter half as fast); sets --engines`)
 	fs.StringVar(&ff.gateways, "gateways", "1", "fleet: comma-separated gateway replica counts, one run each (e.g. 1,2,4,8)")
-	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+"); oracle is the simulator's exact-knowledge bound")
-	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (scaled, effective, local, snapshot, max; the gateway defaults to scaled)")
+	defPolicy, defMode := gatewayDefaults()
+	fs.StringVar(&ff.policies, "policies", defPolicy, "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+"); oracle is the simulator's exact-knowledge bound (default: kvgate serve's default policy)")
+	fs.StringVar(&ff.modes, "load-modes", defMode, "fleet: comma-separated load modes, one run each: scaled, effective, local, snapshot, max (default: kvgate serve's default)")
 	fs.StringVar(&ff.spread, "spread", "uniform", "fleet: how requests reach gateways: uniform or session")
+	fs.StringVar(&ff.splits, "gateway-splits", "", `fleet: comma-separated traffic splits over the gateways, each run at the gateway count with as many weights, e.g. "even,80/20" with --gateways 2 (empty: even)`)
 	fs.DurationVar(&ff.pollInterval, "poll-interval", time.Second, "fleet: load monitor interval")
 	fs.DurationVar(&ff.staleAfter, "stale-after", 0, "fleet: report staleness bound (0 = 3 intervals)")
 	fs.IntVar(&ff.parallel, "parallel", 0, "fleet: simulations run at once (0 = GOMAXPROCS; results do not depend on it)")
@@ -376,6 +434,9 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.Float64Var(&ff.engine.PrefillTPS, "prefill-tps", d.PrefillTPS, "fleet engine: prefill tokens per second")
 	fs.DurationVar(&ff.engine.DecodeBase, "decode-base", d.DecodeBase, "fleet engine: fixed cost of a decode step")
 	fs.DurationVar(&ff.engine.DecodePerReq, "decode-per-req", d.DecodePerReq, "fleet engine: added step cost per decoding request")
+	fs.StringVar(&ff.timing, "engine-timing", d.Timing.String(), "fleet engine: timing model, batched (continuous batching, chunked prefill shared by the batch) or per-slot (each running request prefills at --prefill-tps and decodes every --decode-base on its own, as llm-d-inference-sim does)")
+	fs.DurationVar(&ff.engine.PrefillOverhead, "prefill-overhead", d.PrefillOverhead, "fleet engine, per-slot timing: fixed prefill cost of every request")
+	fs.Float64Var(&ff.engine.LoadFactor, "load-factor", d.LoadFactor, "fleet engine, per-slot timing: slowdown with every slot busy, in [1, 100]")
 	fs.Float64Var(&ff.cacheThresh, "cache-threshold", pd.CacheAware.CacheThreshold, "fleet policy: cache_aware match ratio above which affinity wins")
 	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
 	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
@@ -394,6 +455,14 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&ff.sweepSteps, "sweep-steps", 6, "fleet sweep: bisection steps")
 }
 
+// gatewayDefaults returns kvgate serve's default policy and load mode, read from its flags so
+// that a fleet run with no --policies measures what a gateway started with no flags does.
+func gatewayDefaults() (policyName, loadMode string) {
+	var o serveOptions
+	fs := newServeFlags(&o, io.Discard)
+	return fs.Lookup("policy").DefValue, fs.Lookup("load-mode").DefValue
+}
+
 // experiment builds the grid the flags describe.
 func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench.Limits, seed uint64) (*fleet.Experiment, error) {
 	x := &fleet.Experiment{Workload: w, Arrivals: arr, Limits: lim, Seed: seed, Parallel: ff.parallel}
@@ -401,6 +470,10 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	if err != nil {
 		return nil, err
 	}
+	if ff.engine.Timing, err = engine.ParseTimingModel(ff.timing); err != nil {
+		return nil, fmt.Errorf("--engine-timing: %w", err)
+	}
+	defPolicy, _ := gatewayDefaults()
 	pc := policy.DefaultConfig()
 	pc.CacheAware.CacheThreshold = ff.cacheThresh
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
@@ -408,7 +481,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	pc.CacheAware.MaxTreeSize = ff.treeSize
 	pc.Sticky.Enabled, pc.Sticky.Placement = ff.sticky, ff.stickyPlace
 	x.Base = fleet.Config{
-		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
+		Engines: ff.engines, Gateways: 1, Policy: defPolicy, PolicyConfig: pc, Spread: spread,
 		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
 		Failover: ff.failover, Timeline: ff.timeline,
 		KVEvents: ff.kvEvents, Warm: ff.warm,
@@ -450,6 +523,13 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 		}
 		x.Modes = append(x.Modes, mode)
 	}
+	for _, s := range splitList(ff.splits) {
+		sp, err := fleet.ParseSplit(s)
+		if err != nil {
+			return nil, fmt.Errorf("--gateway-splits: %w", err)
+		}
+		x.Splits = append(x.Splits, sp)
+	}
 	if len(x.Policies) == 0 || len(x.Gateways) == 0 || len(x.Modes) == 0 {
 		return nil, errors.New("--policies, --gateways and --load-modes must each name at least one value")
 	}
@@ -487,6 +567,9 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 	engines := fmt.Sprintf("%d engines", ff.engines)
 	if ff.engineMix != "" {
 		engines = "engines " + ff.engineMix
+	}
+	if x.Base.Engine.Timing != engine.TimingBatched {
+		engines += " (" + x.Base.Engine.Timing.String() + " timing)"
 	}
 	rep.Title = fmt.Sprintf("fleet: %s, %s, %s, spread %s, seed %d", w.Name(), arr, engines, ff.spread, seed)
 	if ff.sweep {

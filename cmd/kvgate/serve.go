@@ -197,11 +197,13 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	if err := o.gw.Breaker.Validate(); err != nil {
 		return nil, err
 	}
-	for _, n := range []string{o.policyName, o.prefillPolicy, o.decodePolicy} {
-		if n != "" {
-			if _, err := policy.Canonical(n); err != nil {
+	for _, n := range []*string{&o.policyName, &o.prefillPolicy, &o.decodePolicy} {
+		if *n != "" {
+			c, err := policy.Canonical(*n)
+			if err != nil {
 				return nil, err
 			}
+			*n = c // logged and labelled by its canonical name, whatever alias was typed
 		}
 	}
 	return o, nil
@@ -298,6 +300,15 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		log.Warn("no workers given: serving on built-in SIMULATED workers (kvgate sim engines, model "+sim.DefaultModel+"); pass --worker-urls to route to real servers",
 			"count", len(o.workerURLs), "urls", strings.Join(o.workerURLs, ","))
 	}
+	// The gateway refuses to register itself: tell it where it is about to listen (listen tells
+	// it the real addresses once the listeners are open).
+	gw.ListeningOn(net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if o.sec.adminPort > 0 {
+		gw.ListeningOn(net.JoinHostPort(o.sec.adminHost, strconv.Itoa(o.sec.adminPort)))
+	}
+	if o.promPort > 0 {
+		gw.ListeningOn(net.JoinHostPort(o.host, strconv.Itoa(o.promPort)))
+	}
 	regs, err := registrations(o)
 	if err != nil {
 		return err
@@ -377,6 +388,7 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 		srv := &http.Server{Handler: h, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 			BaseContext: func(net.Listener) context.Context { return base }}
 		gw.ConfigureServer(srv)
+		gw.ListeningOn(ln.Addr().String())
 		servers, listeners = append(servers, srv), append(listeners, ln)
 		return ln.Addr().String(), nil
 	}

@@ -33,6 +33,11 @@ func TestParseServeFlags(t *testing.T) {
 				t.Errorf("urls %v policy %s", o.workerURLs, o.policyName)
 			}
 		}},
+		{name: "aliases become canonical names", args: []string{"--policy", "rr", "--prefill-policy", "cache-aware", "--decode-policy", "p2c"}, check: func(t *testing.T, o *serveOptions) {
+			if o.policyName != "round_robin" || o.prefillPolicy != "cache_aware" || o.decodePolicy != "power_of_two" {
+				t.Errorf("policies %s %s %s, want canonical names", o.policyName, o.prefillPolicy, o.decodePolicy)
+			}
+		}},
 		{name: "comma separated urls", args: []string{"--worker-urls=http://a:1,http://b:2"}, check: func(t *testing.T, o *serveOptions) {
 			if len(o.workerURLs) != 2 {
 				t.Errorf("urls %v", o.workerURLs)

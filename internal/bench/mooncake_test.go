@@ -231,3 +231,67 @@ func cv(xs []float64) float64 {
 	}
 	return math.Sqrt(v/float64(len(xs))) / m
 }
+
+// TestMooncakeAgentShape measures generated agent traces against the shape they promise: no
+// block shared by every request, ideal reuse about 0.65, prompts of 2k to 190k tokens with a
+// mean of about 15k, 3.9 req/s, and arrivals burstier than Poisson.
+func TestMooncakeAgentShape(t *testing.T) {
+	var rates []float64
+	for seed := uint64(1); seed <= 3; seed++ {
+		es, err := NewMooncakeAgentGen(seed).Generate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := MeasureMooncake(es, 512)
+		t.Log(s)
+		if s.SharedByAll != 0 {
+			t.Errorf("seed %d: %d blocks shared by every request", seed, s.SharedByAll)
+		}
+		if s.IdealReuse < 0.62 || s.IdealReuse > 0.68 {
+			t.Errorf("seed %d: ideal reuse %.3f, want 0.65 ± 0.03", seed, s.IdealReuse)
+		}
+		if s.MeanInput < 14000 || s.MeanInput > 17000 || s.MinInput < 2000 || s.MaxInput > 190000 || s.MaxInput < 120000 {
+			t.Errorf("seed %d: prompts %d–%d (mean %.0f), want 2k–190k with a mean of about 15k", seed, s.MinInput, s.MaxInput, s.MeanInput)
+		}
+		if s.GapCV < 1.3 {
+			t.Errorf("seed %d: inter-arrival CV %.2f, want bursts (above 1.3; Poisson is 1)", seed, s.GapCV)
+		}
+		rates = append(rates, s.Rate)
+	}
+	// Bursts make one hour's rate vary by several per cent; the mean over seeds is close.
+	if m := mean(rates); m < 3.9*0.92 || m > 3.9*1.08 {
+		t.Errorf("mean rate %.2f/s over seeds %v, want 3.9", m, rates)
+	}
+	// The text the bench replays has the reuse the hash ids promise (a short window: text is
+	// costly to make).
+	es, _ := NewMooncakeAgentGen(1).Generate()
+	m, err := NewMooncake(es, MooncakeOptions{To: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ideal := NewIdeal(16)
+	for k := range m.Len() {
+		ideal.Add(m.Text(k), true)
+	}
+	if want := MeasureMooncake(m.Entries(), 512).IdealReuse; math.Abs(ideal.HitRate()-want) > 0.01 {
+		t.Errorf("the replayed text's ideal hit rate %.3f differs from the trace's reuse %.3f", ideal.HitRate(), want)
+	}
+}
+
+func TestMeasureMooncake(t *testing.T) {
+	es := []MooncakeEntry{
+		{Timestamp: 0, InputLength: 1024, HashIDs: []int64{1, 2}},
+		{Timestamp: 1000, InputLength: 1536, HashIDs: []int64{1, 2, 3}},
+		{Timestamp: 3000, InputLength: 600, HashIDs: []int64{1, 4}},
+	}
+	s := MeasureMooncake(es, 512)
+	// Hits: 0, 1024 (two blocks), 512 (one block) over 3160 prompt tokens.
+	if s.Requests != 3 || s.SharedByAll != 1 || s.MinInput != 600 || s.MaxInput != 1536 ||
+		math.Abs(s.IdealReuse-1536.0/3160) > 1e-9 || math.Abs(s.Rate-2.0/3) > 1e-9 || s.Span != 3*time.Second {
+		t.Fatalf("shape = %+v", s)
+	}
+	// Gaps 1 s and 2 s: mean 1.5, standard deviation 0.5.
+	if math.Abs(s.GapCV-1.0/3) > 1e-9 {
+		t.Errorf("gap CV %v, want 1/3", s.GapCV)
+	}
+}

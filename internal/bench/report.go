@@ -114,6 +114,8 @@ type Summary struct {
 	// Gateways and Engines describe a simulated fleet; zero for a live run.
 	Gateways int `json:"gateways,omitempty"`
 	Engines  int `json:"engines,omitempty"`
+	// Split is how traffic was split over the gateways when not evenly (for example "80/20").
+	Split string `json:"split,omitempty"`
 	// LoadMode is the load signal the policy read (effective, local, snapshot, max).
 	LoadMode string `json:"load_mode,omitempty"`
 

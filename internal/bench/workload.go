@@ -296,7 +296,7 @@ func (w *LongContext) Session(k int) (Session, bool) {
 }
 
 // WorkloadNames lists the names NewWorkload accepts.
-var WorkloadNames = []string{"shared-prefix", "multi-turn", "long-context", "trace", "mooncake-synth"}
+var WorkloadNames = []string{"shared-prefix", "multi-turn", "long-context", "trace", "mooncake-synth", "mooncake-agent"}
 
 // NewWorkload builds a named synthetic workload with its defaults. A trace is loaded with
 // LoadTrace instead.
@@ -310,8 +310,12 @@ func NewWorkload(name string, seed uint64) (Workload, error) {
 		return NewLongContext(seed), nil
 	case "trace":
 		return nil, fmt.Errorf("workload trace needs a trace file (--trace FILE)")
-	case "mooncake-synth":
-		es, err := NewMooncakeGen(seed).Generate()
+	case "mooncake-synth", "mooncake-agent":
+		g := NewMooncakeGen(seed)
+		if name == "mooncake-agent" {
+			g = NewMooncakeAgentGen(seed)
+		}
+		es, err := g.Generate()
 		if err != nil {
 			return nil, err
 		}

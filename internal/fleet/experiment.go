@@ -7,6 +7,7 @@ import (
 	"math"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/kvgate/kvgate/internal/bench"
@@ -23,6 +24,9 @@ type Experiment struct {
 	Policies []string
 	Gateways []int
 	Modes    []loadmon.Mode
+	// Splits are gateway splits (Config.GatewayWeights) to run at every gateway count with as
+	// many weights; nil in the list is the even split. Empty means Base's split alone.
+	Splits [][]float64
 	// Workload, Arrivals, Limits and Seed make each run's schedule (a fresh one per run, so all
 	// runs see the same requests at the same times).
 	Workload bench.Workload
@@ -46,13 +50,22 @@ func (x *Experiment) Configs() []Config {
 	if len(modes) == 0 {
 		modes = []loadmon.Mode{x.Base.LoadMode}
 	}
+	splits := x.Splits
+	if len(splits) == 0 {
+		splits = [][]float64{x.Base.GatewayWeights}
+	}
 	var out []Config
 	for _, p := range pols {
 		for _, m := range modes {
 			for _, g := range gws {
-				c := x.Base
-				c.Policy, c.Gateways, c.LoadMode = p, g, m
-				out = append(out, c)
+				for _, sp := range splits {
+					if len(sp) > 0 && len(sp) != g {
+						continue // a split is for its own gateway count
+					}
+					c := x.Base
+					c.Policy, c.Gateways, c.LoadMode, c.GatewayWeights = p, g, m, sp
+					out = append(out, c)
+				}
 			}
 		}
 	}
@@ -66,6 +79,15 @@ func (x *Experiment) Validate() error {
 	}
 	if _, err := bench.NewSchedule(x.Workload, x.Arrivals, x.Limits, x.Seed); err != nil {
 		return err
+	}
+	gws := x.Gateways
+	if len(gws) == 0 {
+		gws = []int{x.Base.withDefaults().Gateways}
+	}
+	for _, sp := range x.Splits {
+		if len(sp) > 0 && !slices.Contains(gws, len(sp)) {
+			return fmt.Errorf("fleet: gateway split %s needs a run at %d gateways", FormatSplit(sp), len(sp))
+		}
 	}
 	for _, c := range x.Configs() {
 		if err := c.Validate(); err != nil {
@@ -93,12 +115,12 @@ func (x *Experiment) Run(ctx context.Context) ([]bench.Summary, error) {
 	return out, err
 }
 
-// versusOracle sets each row's HitVsOracle from the oracle row at the same gateway count, if
-// the grid has one.
+// versusOracle sets each row's HitVsOracle from the oracle row at the same gateway count and
+// split, if the grid has one.
 func versusOracle(rows []bench.Summary) {
 	for i := range rows {
 		for _, o := range rows {
-			if o.Policy == OraclePolicy && o.Gateways == rows[i].Gateways && o.HitRate > 0 {
+			if o.Policy == OraclePolicy && o.Gateways == rows[i].Gateways && o.Split == rows[i].Split && o.HitRate > 0 {
 				rows[i].HitVsOracle = round3(rows[i].HitRate / o.HitRate)
 				break
 			}
@@ -139,7 +161,7 @@ func (x *Experiment) Sweep(ctx context.Context, sc bench.SweepConfig) ([]bench.S
 	if err == nil {
 		for i := range out {
 			for j, o := range out {
-				if p, _ := canonical(cfgs[j].Policy); p == OraclePolicy && cfgs[j].Gateways == cfgs[i].Gateways && o.Goodput > 0 {
+				if p, _ := canonical(cfgs[j].Policy); p == OraclePolicy && cfgs[j].Gateways == cfgs[i].Gateways && slices.Equal(cfgs[j].GatewayWeights, cfgs[i].GatewayWeights) && o.Goodput > 0 {
 					out[i].GoodputVsOracle = round3(out[i].Goodput / o.Goodput)
 					break
 				}

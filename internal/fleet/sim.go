@@ -205,6 +205,9 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	sum.IdealHitRate = s.ideal.HitRate()
 	canon, _ := canonical(cfg.Policy)
 	sum.Policy, sum.Gateways, sum.Engines, sum.LoadMode = canon, cfg.Gateways, cfg.Engines, cfg.LoadMode.String()
+	if len(cfg.GatewayWeights) > 0 {
+		sum.Split = FormatSplit(cfg.GatewayWeights)
+	}
 	sum.Arrivals = sched.Arrivals().String()
 	sum.Spread, sum.SpreadCV = s.spread(), s.spreadCV()
 	sum.Stall, sum.Batch = s.stall(), s.batch()
@@ -302,9 +305,30 @@ func (s *sim) newActive(sess bench.Session) *active {
 	if s.cfg.Spread == SpreadSession {
 		h := fnv.New64a()
 		h.Write([]byte(sess.Key))
-		a.gw = int(h.Sum64() % uint64(len(s.gws)))
+		if len(s.cfg.GatewayWeights) > 0 {
+			a.gw = s.weightedGateway(float64(h.Sum64()>>11) / (1 << 53))
+		} else {
+			a.gw = int(h.Sum64() % uint64(len(s.gws)))
+		}
 	}
 	return a
+}
+
+// weightedGateway returns the gateway that u, uniform in [0, 1), falls to under
+// Config.GatewayWeights.
+func (s *sim) weightedGateway(u float64) int {
+	total := 0.0
+	for _, w := range s.cfg.GatewayWeights {
+		total += w
+	}
+	x := u * total
+	for i, w := range s.cfg.GatewayWeights {
+		if x < w {
+			return i
+		}
+		x -= w
+	}
+	return len(s.cfg.GatewayWeights) - 1
 }
 
 // dispatch handles one event at s.now.
@@ -349,7 +373,9 @@ func (s *sim) sendTurn(a *active) {
 	t := &a.s.Turns[a.next]
 	a.next++
 	g := a.gw
-	if s.cfg.Spread == SpreadUniform && len(s.gws) > 1 {
+	if s.cfg.Spread == SpreadUniform && len(s.cfg.GatewayWeights) > 1 {
+		g = s.weightedGateway(s.rng.Float64())
+	} else if s.cfg.Spread == SpreadUniform && len(s.gws) > 1 {
 		g = s.rng.IntN(len(s.gws))
 	}
 	gw := s.gws[g]

@@ -62,7 +62,12 @@ func (s *Server) clientAuth(next http.Handler) http.Handler {
 	return requireKey(s.apiKeys, "invalid_api_key", "missing or invalid API key", next)
 }
 
+// adminAuth guards an admin route: with an admin key the key decides; without one only a
+// loopback Host and Origin pass (adminguard.go).
 func (s *Server) adminAuth(next http.Handler) http.Handler {
+	if s.adminKeys.open() {
+		return loopbackOnly(next)
+	}
 	return requireKey(s.adminKeys, "invalid_admin_key", "missing or invalid admin key", next)
 }
 

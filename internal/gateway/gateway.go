@@ -109,6 +109,8 @@ type Server struct {
 	allowed   hostRules
 	// hopID marks the requests this gateway sends, to detect a loop back to itself.
 	hopID string
+	// self are the addresses this gateway listens on (ListeningOn).
+	self selfAddrs
 	// bodies recycles request-body buffers.
 	bodies bodyPool
 	// checker runs the active health checks between Start and Stop.
@@ -165,6 +167,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout}
+	router.OnChange(s.policyChanged)
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events
 	s.warm = newWarmer(s, cfg.Warm)
 	reg.Subscribe(s.warm.onEvent) // after the router builds a joining worker's policy, before forgetting a leaving one
@@ -192,7 +195,7 @@ func (s *Server) Registry() *worker.Registry { return s.reg }
 func (s *Server) Metrics() *Metrics { return s.metrics }
 
 // MetricsHandler returns the Prometheus exposition handler.
-func (s *Server) MetricsHandler() http.Handler { return s.metrics.Handler() }
+func (s *Server) MetricsHandler() http.Handler { return s.refuseLoops(s.metrics.Handler()) }
 
 // requestID returns a safe client-supplied id, or a new random one.
 func requestID(r *http.Request) string {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
@@ -64,12 +63,6 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 // tr (nil: tracing off) what the trace shows; res is nil when it was answered before any
 // forwarding.
 func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind routeKind, o *outcome, tr *tracing.Request) (int, string, *proxy.Result) {
-	if s.looped(r) {
-		s.log.Warn("request loop: a request came back to this gateway; is its own address registered as a worker?",
-			"request_id", requestID(r), "hops", strings.Join(r.Header.Values(HopHeader), ","))
-		writeError(w, http.StatusLoopDetected, "loop_detected", "the request looped back to the gateway that sent it")
-		return http.StatusLoopDetected, "", nil
-	}
 	if max := s.cfg.MaxConcurrentRequests; max > 0 {
 		if s.inflight.Add(1) > max {
 			s.inflight.Add(-1)

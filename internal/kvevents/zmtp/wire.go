@@ -83,56 +83,122 @@ type limits struct {
 	maxTotal  int // bytes per message
 }
 
-// readMessage reads one message (all its frames) or one command. Nothing is allocated beyond the
-// limits, whatever a frame header claims.
-func readMessage(r *bufio.Reader, lim limits) (message, error) {
-	var m message
+// firstChunk is the most a frame body is given before its bytes arrive; it then grows by
+// doubling as they do, so a peer that announces a large frame and sends little holds little.
+const firstChunk = 64 << 10
+
+// meter accounts for the bytes a reader allocates: charge is asked before every allocation (its
+// error ends the read), release is told of every buffer given up. A nil *meter accounts nothing.
+type meter struct {
+	charge  func(n int) error
+	release func(n int)
+}
+
+func (mt *meter) take(n int) error {
+	if mt == nil {
+		return nil
+	}
+	return mt.charge(n)
+}
+
+func (mt *meter) give(n int) {
+	if mt != nil && n > 0 {
+		mt.release(n)
+	}
+}
+
+// readMessage reads one message (all its frames) or one command. Nothing is allocated from a
+// length a frame header announces: a body grows as its bytes arrive, each allocation charged to
+// mt first. held is what the returned message still holds charged (the capacity of its frames),
+// for the caller to release when done with it; on error nothing stays charged.
+func readMessage(r *bufio.Reader, lim limits, mt *meter) (m message, held int, err error) {
+	defer func() {
+		if err != nil {
+			mt.give(held)
+			held = 0
+		}
+	}()
 	total := 0
 	for {
 		flags, err := r.ReadByte()
 		if err != nil {
-			return m, err
+			return m, held, err
 		}
 		if flags&^(flagMore|flagLong|flagCommand) != 0 {
-			return m, fmt.Errorf("%w: reserved frame flags %#x", ErrProtocol, flags)
+			return m, held, fmt.Errorf("%w: reserved frame flags %#x", ErrProtocol, flags)
 		}
 		var size uint64
 		if flags&flagLong != 0 {
 			var b [8]byte
 			if _, err := io.ReadFull(r, b[:]); err != nil {
-				return m, err
+				return m, held, err
 			}
 			size = binary.BigEndian.Uint64(b[:])
 		} else {
 			b, err := r.ReadByte()
 			if err != nil {
-				return m, err
+				return m, held, err
 			}
 			size = uint64(b)
 		}
 		if size > uint64(lim.maxFrame) || total+int(size) > lim.maxTotal {
-			return m, ErrFrameTooLarge
+			return m, held, ErrFrameTooLarge
 		}
 		if len(m.frames) == lim.maxFrames {
-			return m, ErrTooManyFrames
+			return m, held, ErrTooManyFrames
 		}
-		body := make([]byte, size)
-		if _, err := io.ReadFull(r, body); err != nil {
-			return m, err
+		body, err := readBody(r, int(size), mt)
+		if err != nil {
+			return m, held, err
 		}
-		total += int(size)
+		held += cap(body)
+		total += len(body)
 		if flags&flagCommand != 0 {
 			// A command is one frame and never has MORE set.
 			if len(m.frames) > 0 || flags&flagMore != 0 {
-				return m, fmt.Errorf("%w: command inside a multipart message", ErrProtocol)
+				return m, held, fmt.Errorf("%w: command inside a multipart message", ErrProtocol)
 			}
-			return message{frames: [][]byte{body}, command: true}, nil
+			return message{frames: [][]byte{body}, command: true}, held, nil
 		}
 		m.frames = append(m.frames, body)
 		if flags&flagMore == 0 {
-			return m, nil
+			return m, held, nil
 		}
 	}
+}
+
+// readBody reads a frame body of size bytes into a buffer that grows (doubling) as they arrive,
+// each buffer charged to mt before it is allocated and released when outgrown; the returned
+// body's capacity stays charged. On error nothing stays charged.
+func readBody(r *bufio.Reader, size int, mt *meter) ([]byte, error) {
+	var body []byte
+	grow := func(n int) error {
+		if err := mt.take(n); err != nil {
+			return err
+		}
+		old := cap(body)
+		body = append(make([]byte, 0, n), body...)
+		mt.give(old)
+		return nil
+	}
+	if err := grow(min(size, firstChunk)); err != nil {
+		return nil, err
+	}
+	for len(body) < size {
+		if len(body) == cap(body) {
+			if err := grow(min(size, 2*cap(body))); err != nil {
+				mt.give(cap(body))
+				return nil, err
+			}
+		}
+		k, err := io.ReadFull(r, body[len(body):cap(body)])
+		body = body[:len(body)+k]
+		if err != nil {
+			mt.give(cap(body))
+			return nil, err
+		}
+	}
+	return body, nil
 }
 
 // writeFrame writes one frame.
