@@ -166,12 +166,17 @@ func parsePromLine(line []byte, runtime string) (f promField, v float64, ok bool
 	if f = promFieldOf(line[start:i], runtime); f == fNone {
 		return fNone, 0, true
 	}
-	if i < len(line) && line[i] == '{' {
-		end := skipLabels(line[i:])
+	// The text format allows blanks between the name and its labels ("name {a="b"} 1").
+	j := i
+	for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
+		j++
+	}
+	if j < len(line) && line[j] == '{' {
+		end := skipLabels(line[j:])
 		if end < 0 {
 			return f, 0, false
 		}
-		i += end
+		i = j + end
 	}
 	if i == len(line) || (line[i] != ' ' && line[i] != '\t') {
 		return f, 0, false
