@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/waitfor"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -120,9 +121,9 @@ func TestClientErrorsNeverOpenTheCircuit(t *testing.T) {
 			}
 			errc <- err
 		}()
-		<-started
+		waitfor.Recv(t, started, "the request at the worker")
 		cancel()
-		<-errc
+		waitfor.Recv(t, errc, "the cancelled client's return")
 	}
 	g.waitDone(t, 10)
 	w := g.reg.View().All[0]
