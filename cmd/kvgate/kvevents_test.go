@@ -11,7 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/sim"
-	"github.com/kvgate/kvgate/internal/waitfor"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -67,7 +67,7 @@ func startEventRig(t *testing.T, engines, replicas int) *eventRig {
 	t.Cleanup(func() {
 		cancel()
 		for _, d := range stopped {
-			waitfor.Recv(t, d, "a gateway's exit")
+			testutil.Recv(t, d, "a gateway's exit")
 		}
 		fleet.Close()
 	})

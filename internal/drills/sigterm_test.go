@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/waitfor"
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // kvgate is a kvgate binary running as a child process.
@@ -62,7 +62,7 @@ func startKvgate(t *testing.T, args ...string) *kvgate {
 	}()
 	t.Cleanup(func() {
 		_ = k.cmd.Process.Kill()
-		waitfor.Recv(t, k.exited, "the killed gateway's exit")
+		testutil.Recv(t, k.exited, "the killed gateway's exit")
 	})
 	select {
 	case a := <-addr:

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/proxy"
-	"github.com/kvgate/kvgate/internal/waitfor"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -121,9 +121,9 @@ func TestClientErrorsNeverOpenTheCircuit(t *testing.T) {
 			}
 			errc <- err
 		}()
-		waitfor.Recv(t, started, "the request at the worker")
+		testutil.Recv(t, started, "the request at the worker")
 		cancel()
-		waitfor.Recv(t, errc, "the cancelled client's return")
+		testutil.Recv(t, errc, "the cancelled client's return")
 	}
 	g.waitDone(t, 10)
 	w := g.reg.View().All[0]

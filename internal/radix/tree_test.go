@@ -11,7 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/kvgate/kvgate/internal/waitfor"
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // fakeClock is a manual clock for stamps.
@@ -280,7 +280,7 @@ func TestDisjointPrefixesDoNotSerialize(t *testing.T) {
 			return "w1"
 		})
 	}()
-	waitfor.Recv(t, entered, "Route's choose callback")
+	testutil.Recv(t, entered, "Route's choose callback")
 	for _, text := range []string{"system prompt B: bye", "unrelated", "system prompt C"} {
 		tr.Insert(text, "w3")
 	}
@@ -288,7 +288,7 @@ func TestDisjointPrefixesDoNotSerialize(t *testing.T) {
 		t.Fatalf("Lookup = %d %v while another request was choosing", n, ts)
 	}
 	close(release)
-	waitfor.Recv(t, done, "Route's return")
+	testutil.Recv(t, done, "Route's return")
 	checkStructure(t, tr)
 }
 

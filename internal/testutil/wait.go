@@ -1,7 +1,8 @@
-// Package waitfor bounds the waits of tests: a receive from a channel, or a condition with no
+package testutil
+
+// Recv and Until bound the waits of tests: a receive from a channel, or a condition with no
 // channel to signal it, fails the test with a message after Deadline instead of hanging until the
 // test binary's -timeout kills every test at once.
-package waitfor
 
 import (
 	"testing"

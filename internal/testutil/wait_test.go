@@ -1,4 +1,4 @@
-package waitfor
+package testutil
 
 import (
 	"testing"
