@@ -269,6 +269,9 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	}
 	defer stopTracing()
 	gw := gateway.New(o.gw, reg, router, loads)
+	if err := registerBuildInfo(gw.Metrics().Registry(), ownBuild()); err != nil {
+		return err
+	}
 	registerKVEventMetrics(gw, kv)
 
 	bg, stopBG := context.WithCancel(context.Background())
@@ -411,7 +414,7 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 		}
 	}
 	logPlanes(log, o, addrs.api, addrs.admin, addrs.metrics)
-	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName)
+	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName, "version", ownBuild().version)
 	errc := make(chan error, len(servers))
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()
