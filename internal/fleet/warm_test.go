@@ -14,9 +14,9 @@ import (
 // removeAt > 0, removes it again then), and returns the run with warming as given.
 func warmRunSummary(t *testing.T, warm policy.WarmConfig, removeAt time.Duration) bench.Summary {
 	t.Helper()
-	fo := []WorkerChange{{At: 30 * time.Second}}
+	fo := []bench.Change{{At: 30 * time.Second}}
 	if removeAt > 0 {
-		fo = append(fo, WorkerChange{At: removeAt, Remove: true, Engine: 3})
+		fo = append(fo, bench.Change{At: removeAt, Remove: true, Arg: "3"})
 	}
 	w := (&bench.LongContext{Seed: 1, Tenants: 12, ContextWords: 600, QuestionMin: 4, QuestionMax: 8, OutputTokens: 16}).Init()
 	sched, err := bench.NewSchedule(w, bench.Arrivals{Rate: 12}, bench.Limits{Duration: 60 * time.Second}, 1)
