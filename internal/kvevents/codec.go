@@ -14,7 +14,7 @@ import (
 // Kind says what an Event reports. The zero value is not a valid kind.
 type Kind uint8
 
-// The event kinds of DESIGN.md §8.
+// The event kinds vLLM and SGLang publish.
 const (
 	// BlockStored: blocks entered the engine's prefix cache.
 	BlockStored Kind = iota + 1

@@ -1,4 +1,4 @@
-// Package kvevents gives the gateway the engines' own picture of their KV caches (DESIGN.md §8).
+// Package kvevents gives the gateway the engines' own picture of their KV caches.
 // Engines (vLLM, SGLang, kvgate sim) publish KV-cache events over ZeroMQ: a block stored, with
 // its hash, its parent's hash and its token ids; blocks removed; everything cleared. The Service
 // subscribes to every worker — the gateway binds a SUB socket engines dial, or dials each
