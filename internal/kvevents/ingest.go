@@ -141,7 +141,7 @@ func (s *Service) sequence(t *tracked, src Source, key connKey, via string, seq 
 		s.mu.Unlock()
 		return
 	}
-	st.conn, st.via, st.leftAt = key, via, time.Time{}
+	st.conn, st.via, st.leftAt, st.back = key, via, time.Time{}, connKey{}
 	t.heard = true
 	if !t.publishing {
 		t.publishing = true
@@ -295,6 +295,12 @@ func (s *Service) joined(sock *zmtp.Socket, p zmtp.Peer) {
 	if t == nil {
 		return
 	}
+	// The publisher is back: its streams wait on this connection rather than age out.
+	for src, st := range s.streams {
+		if src.Worker == t.id && !st.leftAt.IsZero() {
+			st.leftAt, st.back = time.Time{}, key
+		}
+	}
 	src := Source{Worker: t.id}
 	if st := s.streams[src]; st == nil {
 		s.streams[src] = &stream{conn: key, via: p.Endpoint}
@@ -318,7 +324,7 @@ func (s *Service) left(sock *zmtp.Socket, p zmtp.Peer) {
 	defer s.mu.Unlock()
 	delete(s.live, key)
 	for src, st := range s.streams {
-		if st.conn != key {
+		if st.conn != key && st.back != key {
 			continue
 		}
 		st.leftAt = now
