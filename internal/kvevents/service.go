@@ -223,8 +223,8 @@ type stream struct {
 	leftAt  time.Time // when that connection ended; zero while it is up
 	// back is a new connection to the dialed endpoint the stream came on, after conn ended:
 	// the stream waits on it instead (its first message will tell a restart from a blip).
-	back connKey
-	replay  time.Time // the last replay asked for it
+	back   connKey
+	replay time.Time // the last replay asked for it
 }
 
 // New starts ingestion: it binds cfg.Bind when set. Workers are dialed as Track registers them.
