@@ -74,6 +74,11 @@ func (s *Service) workerFor(sock *zmtp.Socket, p zmtp.Peer, addr string) *tracke
 		return nil
 	}
 	if !s.mayPublish(t, p, d) {
+		if len(t.addrs) == 0 && t.resolvedAt.IsZero() && !isLocalhost(t.host) {
+			// Its host name is still being looked up: no verdict yet, and no warning.
+			s.unknown.Add(1)
+			return nil
+		}
 		s.rejected.Add(1)
 		s.warnOnce("rejected "+t.id+" "+p.Addr.String(), "kv events: refusing events for a worker from a publisher that is not on its host "+
 			"(allow it with the worker label "+PublisherLabel+")", "worker", t.id, "publisher", p.Addr.String())

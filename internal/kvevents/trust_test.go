@@ -419,3 +419,41 @@ func TestDialReconnectKeepsPicture(t *testing.T) {
 		t.Fatalf("stats %+v: a blip is no restart", st)
 	}
 }
+
+// A worker known by host name may be published for from the addresses its name resolves to.
+func TestPublisherCheckResolvesWorkerNames(t *testing.T) {
+	lookup := func(_ context.Context, host string) ([]netip.Addr, error) {
+		switch host {
+		case "engine-a.test":
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+		case "engine-b.test":
+			return []netip.Addr{netip.MustParseAddr("10.1.1.1")}, nil
+		}
+		return nil, io.EOF
+	}
+	r := newRig(t, Config{Bind: "tcp://127.0.0.1:0", Lookup: lookup})
+	a := newWorker(t, "http://engine-a.test:8000", nil)
+	b := newWorker(t, "http://engine-b.test:8000", nil)
+	r.svc.Track(a)
+	r.svc.Track(b)
+	within(t, "names resolved", func() bool {
+		r.svc.mu.Lock()
+		defer r.svc.mu.Unlock()
+		return len(r.svc.workers[a.ID].addrs) == 1 && len(r.svc.workers[b.ID].addrs) == 1
+	})
+	for _, hp := range []string{"engine-a.test:8000", "engine-b.test:8000"} {
+		pub := newPub(t, PublisherConfig{Dial: []string{"tcp://" + r.svc.BindAddr}, Topic: Topic(hp, "m")})
+		waitSubs(t, pub)
+		pub.Publish(batch(stored([]uint64{1}, 0, false, 4, 1)))
+		r.wait(t, 1)
+	}
+	if out, ok := r.match("m", prompt(4, 1, 1), a.ID); !ok || out[0] != 4 {
+		t.Fatalf("the worker whose name resolves to the publisher: %v %v", out, ok)
+	}
+	if _, ok := r.match("m", prompt(4, 1, 1), b.ID); ok {
+		t.Fatal("the worker whose name resolves elsewhere took a loopback publisher's events")
+	}
+	if st := r.svc.Stats(); st.Rejected != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
