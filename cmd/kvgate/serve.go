@@ -153,6 +153,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
 	addSecurityFlags(fs, o)
 	addWarmFlags(fs, &g.Warm)
+	addFlowFlags(fs, &g.Flow)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
 	return fs
@@ -270,6 +271,9 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	}
 	defer stopTracing()
 	gw := gateway.New(o.gw, reg, router, loads)
+	if err := registerBuildInfo(gw.Metrics().Registry(), ownBuild()); err != nil {
+		return err
+	}
 	registerKVEventMetrics(gw, kv)
 
 	bg, stopBG := context.WithCancel(context.Background())
@@ -412,7 +416,7 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 		}
 	}
 	logPlanes(log, o, addrs.api, addrs.admin, addrs.metrics)
-	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName)
+	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName, "version", ownBuild().version)
 	errc := make(chan error, len(servers))
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()

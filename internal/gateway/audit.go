@@ -31,6 +31,10 @@ const (
 	headerWorker    = "X-Kvgate-Worker"
 	headerRoute     = "X-Kvgate-Route"
 	headerPredicted = "X-Kvgate-Predicted-Hit"
+	// headerCost and headerCostRunnerUp carry the cost terms of the chosen worker and of the
+	// runner-up (policy.Terms.String), for the cost-based policies.
+	headerCost         = "X-Kvgate-Cost"
+	headerCostRunnerUp = "X-Kvgate-Cost-Runner-Up"
 
 	// auditBodyMax is the largest non-streaming body whose usage is read.
 	auditBodyMax = 64 << 10
@@ -94,6 +98,12 @@ func (a *auditWriter) renderDecision(h http.Header) {
 	h.Set(headerRoute, route)
 	if d.HasPrediction {
 		h.Set(headerPredicted, strconv.FormatFloat(roundTenth(a.promptShare()), 'f', 1, 64))
+	}
+	if d.HasCost {
+		h.Set(headerCost, a.ids.terms(d.Chosen).String())
+		if d.RunnerUp.Worker != "" {
+			h.Set(headerCostRunnerUp, a.ids.terms(d.RunnerUp).String())
+		}
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"math"
 	"net/http"
 	"strings"
+
+	"github.com/kvgate/kvgate/internal/policy"
 )
 
 // Who sees the audit headers, and what they show.
@@ -56,6 +58,18 @@ func (a auditIDs) of(workerID string) string {
 	return hex.EncodeToString(m.Sum(sum[:0])[:8])
 }
 
+// terms returns t as the audit headers show it: the worker by its audit id, Ĉ rounded to tenths
+// of the prompt (as the predicted share is), and the cost computed again from the rounded Ĉ, by
+// the formula of policy.Terms.Cost, so that it does not give Ĉ back to the token.
+func (a auditIDs) terms(t policy.Terms) policy.Terms {
+	t.Worker = a.of(t.Worker)
+	if t.Prompt > 0 && t.Rate > 0 {
+		t.Cached = roundTenth(t.Cached/t.Prompt) * t.Prompt
+		t.Cost = max(t.Queued+t.Sent+t.Prompt-t.Cached, 0)/t.Rate + t.Decode
+	}
+	return t
+}
+
 // roundTenth rounds a share to tenths, for the predicted-hit header.
 func roundTenth(share float64) float64 { return math.Round(share*10) / 10 }
 
@@ -74,8 +88,8 @@ func newAuditAccess(cfg *Config, admin keySet) (auditAccess, error) {
 	}
 	byName := map[string]string{}
 	for _, k := range cfg.APIKeys {
-		if name, secret := keyNameSecret(k); name != "" {
-			byName[name] = secret
+		if a := parseAPIKey(k); a.name != "" {
+			byName[a.name] = a.secret
 		}
 	}
 	for _, n := range cfg.AuditHeadersClients {
@@ -108,31 +122,4 @@ func (a *auditAccess) allows(r *http.Request) bool {
 		return false
 	}
 	return (!a.admin.open() && a.admin.match(tok)) || (!a.clients.open() && a.clients.match(tok))
-}
-
-// keyNameSecret splits a configured data-plane key "NAME=SECRET" into its name and secret; a key
-// without a name ("SECRET", "=SECRET", or one whose part after '=' is only base64 padding) has
-// name "". It reads the syntax of named keys (--api-key NAME=SECRET) only for the names.
-func keyNameSecret(k string) (name, secret string) {
-	if strings.HasPrefix(k, "=") {
-		return "", k[1:]
-	}
-	head, rest, ok := strings.Cut(k, "=")
-	if !ok || strings.Trim(rest, "=") == "" {
-		return "", k
-	}
-	head, _, _ = strings.Cut(head, "+") // NAME+permission=SECRET
-	if head == "" || strings.ContainsAny(head, " \t,") || !printable(head) {
-		return "", k
-	}
-	return head, rest
-}
-
-// dataPlaneSecrets returns what clients send for each configured data-plane key: its secret.
-func dataPlaneSecrets(keys []string) []string {
-	out := make([]string, len(keys))
-	for i, k := range keys {
-		_, out[i] = keyNameSecret(k)
-	}
-	return out
 }

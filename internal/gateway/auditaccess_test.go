@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -140,17 +141,25 @@ func TestAuditConfigValidation(t *testing.T) {
 	}
 }
 
-func TestKeyNameSecret(t *testing.T) {
-	for _, c := range []struct{ in, name, secret string }{
-		{"plain", "", "plain"},
-		{"alice=s3cret", "alice", "s3cret"},
-		{"bob+priority=s", "bob", "s"},
-		{"YWJjZA==", "", "YWJjZA=="},
-		{"=a=b", "", "a=b"},
-		{"a b=c", "", "a b=c"},
-	} {
-		if n, s := keyNameSecret(c.in); n != c.name || s != c.secret {
-			t.Errorf("keyNameSecret(%q) = %q, %q; want %q, %q", c.in, n, s, c.name, c.secret)
-		}
+// The cost headers of the cost-based policies name workers by their audit ids and give Ĉ in
+// tenths of the prompt, with the cost computed from it: no header gives a worker id or Ĉ to the
+// token.
+func TestAuditCostHeadersBlunted(t *testing.T) {
+	ids := newAuditIDs("0123456789abcdef-k")
+	req := &policy.Request{Decision: policy.Decision{Worker: "w1", HasCost: true,
+		Chosen:   policy.Terms{Worker: "w1", Prompt: 100, Cached: 37, Rate: 1000, Decode: 0.01, Cost: 0.073},
+		RunnerUp: policy.Terms{Worker: "w2", Queued: 50, Prompt: 100, Rate: 1000, Cost: 0.15}}}
+	a := newAuditWriter(httptest.NewRecorder(), req, 0, "cache_aware_hash", &ids)
+	h := http.Header{}
+	a.renderDecision(h)
+	chosen, runner := h.Get(headerCost), h.Get(headerCostRunnerUp)
+	if want := "worker=" + ids.of("w1") + " q=0 s=0 p=100 c=40 mu=1000 d=0.010 cost=0.070"; chosen != want {
+		t.Errorf("cost header %q, want %q", chosen, want)
+	}
+	if !strings.HasPrefix(runner, "worker="+ids.of("w2")+" ") || strings.Contains(runner, "w2 ") {
+		t.Errorf("runner-up header %q", runner)
+	}
+	if got := h.Get(headerWorker); got != ids.of("w1") {
+		t.Errorf("x-kvgate-worker %q", got)
 	}
 }
