@@ -134,6 +134,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&ca.EvictionInterval, "eviction-interval", ca.EvictionInterval, "cache_aware: how often prefix trees are trimmed")
 	fs.IntVar(&ca.MaxTreeSize, "max-tree-size", ca.MaxTreeSize, "cache_aware: characters kept per worker per model")
 	fs.Int64Var(&ca.TreeBudget, "tree-budget", ca.TreeBudget, "cache_aware: characters kept by all prefix trees together, every model and worker (0 = no gateway-wide bound)")
+	costFlags(fs, &p.Cost, "")
 	fs.IntVar(&p.PrefixHash.PrefixChars, "prefix-chars", p.PrefixHash.PrefixChars, "prefix_hash: leading characters hashed")
 	fs.Float64Var(&p.PrefixHash.LoadFactor, "prefix-hash-load-factor", p.PrefixHash.LoadFactor, "prefix_hash: load over mean at which a key moves on")
 	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (x-kvgate-routing-key, x-session-id or x-user-id header, else the body's user) on one worker until it saturates, around any policy")
