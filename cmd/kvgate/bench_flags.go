@@ -76,7 +76,7 @@ Progress goes to stderr when it is a terminal, the report to stdout.
 
 `)
 		fs.PrintDefaults()
-		fmt.Fprint(stderr, "\nThe report's "+bench.ColumnHelp(nil))
+		fmt.Fprint(stderr, "\nThe report's "+bench.ColumnHelp(nil)+bench.PredictionHelp()+bench.SweepHelp())
 	}
 	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
 	fs.StringVar(&f.trace, "trace", "", "trace file to replay (implies --workload trace)")
