@@ -157,6 +157,7 @@ type fleetFlags struct {
 	suiteSeeds     string
 	suiteWindow    time.Duration
 	suiteHour      bool
+	suiteSlots     int
 
 	sweep      bool
 	slo        time.Duration
@@ -213,6 +214,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&ff.suiteSeeds, "suite-seeds", "1,2", "fleet suite: comma-separated seeds")
 	fs.DurationVar(&ff.suiteWindow, "suite-window", 15*time.Minute, "fleet suite: trace time the trace rows replay from the start")
 	fs.BoolVar(&ff.suiteHour, "suite-hour", false, "fleet suite: add rows replaying the whole conversation and agent traces")
+	fs.IntVar(&ff.suiteSlots, "suite-slots", 8, "fleet suite: running requests per engine of the per-slot rows (4x8 rows: 8)")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
