@@ -47,8 +47,10 @@ func addedRequests(s bench.Summary) int {
 func TestWarmAddedEngine(t *testing.T) {
 	cold := warmRunSummary(t, policy.WarmConfig{}, 0)
 	warm := warmRunSummary(t, policy.WarmConfig{Prefixes: 6}, 0)
-	if cold.Warm != nil || addedRequests(cold) != 0 {
-		t.Fatalf("unwarmed: warm stats %v, added engine took %d requests; want none and 0", cold.Warm, addedRequests(cold))
+	// Unwarmed, the added engine takes only what its idle queue wins over the holders' cached
+	// prefill (the cost model sends it a miss when that is faster); warmed, it takes hits too.
+	if cold.Warm != nil || addedRequests(cold) >= addedRequests(warm) {
+		t.Fatalf("unwarmed: warm stats %v, added engine took %d requests (warmed %d); want none and fewer", cold.Warm, addedRequests(cold), addedRequests(warm))
 	}
 	if warm.Warm == nil || warm.Warm.Sent != 6 || warm.Warm.Recorded != 6 || warm.Warm.Failed != 0 {
 		t.Fatalf("warm stats %+v, want 6 sent and recorded", warm.Warm)

@@ -80,6 +80,9 @@ type Queue struct {
 	deadlines []*Entry
 	n         int
 	bytes     int64
+	// credit allows a priority inversion by aging when it reaches 1; each dispatch in priority
+	// order adds Config.AgedShare.
+	credit float64
 }
 
 // NewQueue returns an empty queue bounded by c (after defaults).
@@ -163,7 +166,7 @@ func (q *Queue) band(p int) *band {
 
 // Peek returns the entry Pop would return at now, or nil when the queue is empty.
 func (q *Queue) Peek(now time.Time) *Entry {
-	b := q.pickBand(now)
+	b, _ := q.pickBand(now)
 	if b == nil {
 		return nil
 	}
@@ -172,12 +175,18 @@ func (q *Queue) Peek(now time.Time) *Entry {
 
 // Pop removes and returns the entry to dispatch next at now, or nil when the queue is empty: the
 // band with the highest effective priority (its priority plus its oldest entry's wait in units
-// of Config.Aging; ties to the higher priority), and within it the tenant whose head entry has
-// the smallest start tag (ties to the tenant queued first).
+// of Config.Aging; ties to the higher priority) — but a lower band goes before a higher one that
+// has requests at most Config.AgedShare of the time — and within it the tenant whose head entry
+// has the smallest start tag (ties to the tenant queued first).
 func (q *Queue) Pop(now time.Time) *Entry {
-	b := q.pickBand(now)
+	b, aged := q.pickBand(now)
 	if b == nil {
 		return nil
+	}
+	if aged {
+		q.credit--
+	} else {
+		q.credit = min(q.credit+q.cfg.AgedShare, 1)
 	}
 	e := pickTenant(b).head
 	b.vtime = max(b.vtime, e.start)
@@ -185,12 +194,18 @@ func (q *Queue) Pop(now time.Time) *Entry {
 	return e
 }
 
-func (q *Queue) pickBand(now time.Time) *band {
-	var best *band
+// pickBand returns the band to serve at now: the highest non-empty band, unless aging makes a
+// lower one win and the aging credit allows a priority inversion. It reports whether it chose by
+// aging.
+func (q *Queue) pickBand(now time.Time) (*band, bool) {
+	var top, best *band
 	var bestEff float64
 	for _, b := range q.bands {
 		if b.n == 0 {
 			continue
+		}
+		if top == nil {
+			top = b
 		}
 		eff := float64(b.priority)
 		if q.cfg.Aging > 0 {
@@ -200,7 +215,10 @@ func (q *Queue) pickBand(now time.Time) *band {
 			best, bestEff = b, eff
 		}
 	}
-	return best
+	if best != top && q.credit < 1 {
+		return top, false
+	}
+	return best, best != top
 }
 
 func pickTenant(b *band) *tenantQueue {

@@ -23,7 +23,9 @@ import (
 // Config configures the gateway's HTTP surface.
 type Config struct {
 	// APIKeys are the data-plane keys: a client must send one of them as "Authorization: Bearer
-	// KEY" (401 otherwise). Empty: the data plane needs no key.
+	// KEY" (401 otherwise). Empty: the data plane needs no key. A key written "NAME=SECRET"
+	// names its tenant for flow control, "NAME+priority=SECRET" also lets it set priorities
+	// (auth.go, apiKey).
 	APIKeys []string
 	// AdminKey, when set, is required on the admin routes (/workers, /get_loads). Empty: the
 	// admin routes need no key, which is safe only where AdminHandler listens on loopback.
@@ -68,9 +70,15 @@ type Config struct {
 	Health worker.HealthConfig
 	// Proxy configures forwarding, timeouts and retries.
 	Proxy proxy.Config
+	// Responses bounds the memory of which worker answered each Responses API response id,
+	// which routes a follow-up turn (previous_response_id) back to it (responses.go).
+	Responses ResponsesConfig
 	// Warm warms each regular worker that joins a pool with the pool's hot prefixes
 	// (warm.go); the zero value is off.
 	Warm policy.WarmConfig
+	// Flow is flow control: the per-model queue, priorities, tenants and their limits
+	// (flow.go); the zero value is off, and requests go to a worker on arrival.
+	Flow FlowConfig
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -122,6 +130,12 @@ type Server struct {
 	probing map[string]bool
 	// warm warms joining workers between Start and Stop.
 	warm *warmer
+	// responses remembers which worker answered each response id.
+	responses *responseAffinity
+	// flow is flow control; flowOn says whether it admits requests (else it only reports the
+	// pools' saturation).
+	flow   *flowGate
+	flowOn bool
 }
 
 // Validate reports a configuration that would expose the admin plane without a key, or an
@@ -131,6 +145,9 @@ func (c Config) Validate() error {
 		return errors.New("the admin routes may be served on the main port only with an admin key")
 	}
 	if err := c.Warm.Validate(); err != nil {
+		return err
+	}
+	if err := c.Flow.Validate(); err != nil {
 		return err
 	}
 	_, err := parseHostRules(c.AllowedWorkerHosts)
@@ -151,12 +168,14 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	cfg.RegisterRetry = cmp.Or(max(cfg.RegisterRetry, 0), d.RegisterRetry)
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger,
-		apiKeys: newKeySet(cfg.APIKeys...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
-		hopID: newHopID(), probing: map[string]bool{}}
+		apiKeys: newKeySet(apiKeySecrets(cfg.APIKeys)...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
+		hopID: newHopID(), probing: map[string]bool{}, responses: newResponseAffinity(cfg.Responses, time.Now)}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
 	s.metrics = newMetrics(reg, router, loads)
+	s.flow, s.flowOn = newFlowGate(s, cfg.Flow, cfg.APIKeys), cfg.Flow.Enabled
+	s.flow.metrics.register(s.metrics.reg, s.flow)
 	cfg.Proxy.Observer = s.metrics
 	cfg.Proxy.HopID = s.hopID
 	if cfg.Proxy.Transport == nil {
@@ -177,6 +196,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 		}
 		router.Forget(e.Worker.ID)
 		s.metrics.forgetWorker(e.Worker.ID)
+		s.flow.forgetWorker(e.Worker)
 		view := reg.View()
 		for _, m := range e.Worker.Spec.Models {
 			if view.Pool(m) == nil {

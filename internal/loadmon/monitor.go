@@ -25,6 +25,8 @@ type Monitor struct {
 	dialer net.Dialer
 
 	snap atomic.Pointer[Snapshot]
+	// updated is closed, and replaced, at each round's publication (Updates).
+	updated atomic.Pointer[chan struct{}]
 
 	// pollMu serializes polling rounds; it guards states, round, targets, results and scratch.
 	pollMu  sync.Mutex
@@ -55,6 +57,8 @@ func New(reg *worker.Registry, cfg Config) *Monitor {
 	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, raw: cfg.Client == nil,
 		dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}}
 	m.snap.Store(emptySnapshot)
+	ch := make(chan struct{})
+	m.updated.Store(&ch)
 	reg.Subscribe(m.onEvent)
 	return m
 }
@@ -137,6 +141,10 @@ func (m *Monitor) run(ctx context.Context) {
 		}
 	}
 }
+
+// Updates returns a channel closed when the next polling round's snapshot is published, so that
+// a waiter (the gateway's queue) acts on fresh load without polling the Monitor.
+func (m *Monitor) Updates() <-chan struct{} { return *m.updated.Load() }
 
 // Snapshot returns the current snapshot; never nil.
 func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
@@ -344,6 +352,8 @@ func (m *Monitor) publish(view *worker.View, targets []*pollState, results []res
 		}
 	}
 	m.snap.Store(s)
+	next := make(chan struct{})
+	close(*m.updated.Swap(&next))
 }
 
 // setReplicas stamps every entry of a round with the round's replica estimate.
