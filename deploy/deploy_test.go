@@ -171,6 +171,39 @@ func TestPlainManifests(t *testing.T) {
 	objs := manifests(t, "kubernetes")
 	checkGateway(t, objs, "kvgate")
 	checkWorkers(t, objs, gatewayConfig(t, objs))
+	for _, d := range find[*appsv1.Deployment](objs) {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if !pinned(c.Image) {
+				t.Errorf("%s: image %q is not pinned to a release", d.Name, c.Image)
+			}
+		}
+	}
+	// The plain manifests deploy the release the chart does.
+	chart, err := os.ReadFile("helm/kvgate/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(chart, &meta); err != nil || meta.AppVersion == "" {
+		t.Fatalf("Chart.yaml appVersion: %v", err)
+	}
+	for _, d := range find[*appsv1.Deployment](objs) {
+		if img := d.Spec.Template.Spec.Containers[0].Image; d.Name == "kvgate" && img != "ghcr.io/kvgate/kvgate:"+meta.AppVersion {
+			t.Errorf("gateway image %q, want the chart's appVersion %s", img, meta.AppVersion)
+		}
+	}
+}
+
+// pinned reports whether an image reference names a tag other than latest (or a digest).
+func pinned(image string) bool {
+	if strings.Contains(image, "@sha256:") {
+		return true
+	}
+	slash := strings.LastIndex(image, "/")
+	_, tag, ok := strings.Cut(image[slash+1:], ":")
+	return ok && tag != "" && tag != "latest"
 }
 
 // gatewayConfig returns the kvgate config file held by the manifests' ConfigMap.
@@ -255,9 +288,18 @@ func checkGateway(t *testing.T, objs []object, deployment string) {
 	if !slices.Contains(c.Args, "--config") {
 		t.Error("the gateway does not read its ConfigMap")
 	}
+	if img := c.Image; !pinned(img) {
+		t.Errorf("gateway image %q: want a release tag, not latest", img)
+	}
 	sel := labels.SelectorFromSet(gw.Spec.Selector.MatchLabels)
-	if svcs := find[*corev1.Service](objs); len(svcs) != 1 || !sel.Matches(labels.Set(svcs[0].Spec.Selector)) {
-		t.Error("want one Service selecting the gateway's pods")
+	var clientSvcs []*corev1.Service
+	for _, s := range find[*corev1.Service](objs) {
+		if s.Spec.ClusterIP != corev1.ClusterIPNone {
+			clientSvcs = append(clientSvcs, s)
+		}
+	}
+	if len(clientSvcs) != 1 || !sel.Matches(labels.Set(clientSvcs[0].Spec.Selector)) {
+		t.Error("want one client Service selecting the gateway's pods")
 	}
 	if pdbs := find[*policyv1.PodDisruptionBudget](objs); len(pdbs) != 1 {
 		t.Error("want one PodDisruptionBudget")
@@ -317,6 +359,9 @@ func checkWorkers(t *testing.T, objs []object, cfg map[string]any) {
 			continue
 		}
 		found[role]++
+		if role == "regular" {
+			found["regular "+tpl.Annotations["kvgate.io/runtime"]]++
+		}
 		if !labels.SelectorFromSet(d.Spec.Selector.MatchLabels).Matches(l) {
 			t.Errorf("%s: the Deployment's selector does not match its pods", d.Name)
 		}
@@ -333,8 +378,8 @@ func checkWorkers(t *testing.T, objs []object, cfg map[string]any) {
 			t.Errorf("%s: no readiness probe: the pod would be routed to before its model loads", d.Name)
 		}
 	}
-	if found["regular"] == 0 || found["prefill"] == 0 || found["decode"] == 0 {
-		t.Errorf("example workers by role: %v; want vLLM regular and SGLang prefill/decode", found)
+	if found["regular vllm"] == 0 || found["regular sglang"] == 0 || found["prefill"] == 0 || found["decode"] == 0 {
+		t.Errorf("example workers by role: %v; want regular vLLM and SGLang workers, and SGLang prefill/decode", found)
 	}
 }
 

@@ -41,7 +41,12 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"bad rate scale", []string{"--fleet", "--rate", "1", "--requests", "5", "--rate-scale", "0"}, "--rate-scale"},
 		{"bad split", []string{"--fleet", "--rate", "1", "--requests", "5", "--gateways", "2", "--gateway-splits", "80/x"}, "gateway split"},
 		{"split without its gateways", []string{"--fleet", "--rate", "1", "--requests", "5", "--gateway-splits", "80/20"}, "needs a run at 2 gateways"},
-		{"bad timing", []string{"--fleet", "--rate", "1", "--requests", "5", "--engine-timing", "chunked"}, "--engine-timing"},
+		{"bad timing", []string{"--fleet", "--rate", "1", "--requests", "5", "--engine-timing", "chunked"}, "engine timing"},
+		{"suite without fleet", []string{"--suite", "cost-model"}, "add --fleet"},
+		{"unknown suite", []string{"--fleet", "--suite", "speed"}, "unknown suite"},
+		{"suite seeds", []string{"--fleet", "--suite", "cost-model", "--suite-seeds", "x"}, "--suite-seeds"},
+		{"suite timings", []string{"--fleet", "--suite", "cost-model", "--suite-timings", "fast"}, "--suite-timings"},
+		{"suite jsonl trace", []string{"--fleet", "--suite", "cost-model", "--trace", "t.jsonl"}, "--trace-format mooncake"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,5 +164,41 @@ func TestBenchFleetDefaults(t *testing.T) {
 	}
 	if rep.Rows[0].Split != "" || rep.Rows[1].Split != "80/20" || !strings.Contains(rep.Rows[1].Label, "split 80/20") {
 		t.Errorf("splits %+v", rep.Rows)
+	}
+}
+
+// TestBenchSuite: --suite prints the target table of the rows it is given.
+func TestBenchSuite(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--fleet", "--suite", "cost-model", "--suite-workloads", "multi-turn", "--suite-shapes", "4x8",
+		"--suite-timings", "per-slot", "--suite-seeds", "2", "--duration", "10s", "--warmup", "2s"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for _, want := range []string{"multi-turn 4x8  per-slot     2", "80/20÷even", "targets:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("suite table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if errb.Len() != 0 {
+		t.Errorf("progress written to a buffer, not a terminal: %q", errb.String())
+	}
+}
+
+// TestProgressOnlyOnATerminal: progress is drawn on a terminal, never into a file or a buffer.
+func TestProgressOnlyOnATerminal(t *testing.T) {
+	fh, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if progressTo(fh) || progressTo(&bytes.Buffer{}) {
+		t.Fatal("progress would be drawn into a file or a buffer")
+	}
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		if !progressTo(tty) {
+			t.Error("no progress on a terminal")
+		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // command is one subcommand of kvgate.
@@ -118,51 +120,78 @@ version. With no command kvgate serves, so "kvgate --port 8080" runs the gateway
 // for `go install ...@v1.2.3`, "(devel)" for a build from a checkout.
 var version string
 
-// versionString describes this binary: version, VCS revision and time when the build recorded
-// them (go build in a git checkout does, unless -buildvcs=false), and the Go toolchain.
-func versionString(bi *debug.BuildInfo, ok bool) string {
-	v := version
-	var rev, when string
-	modified := false
+// buildInfo is what this binary knows of its own build.
+type buildInfo struct {
+	// version is the release (the -X main.version value, else the module version), or
+	// "(unknown)" without build information.
+	version string
+	// revision, revTime and modified are the VCS revision, its commit time and whether the
+	// checkout had local changes; revision is "" when the build did not record it.
+	revision, revTime string
+	modified          bool
+}
+
+// readBuildInfo reads the version and VCS revision from bi (debug.ReadBuildInfo: go build in a git
+// checkout records them, unless -buildvcs=false) and the link-time version.
+func readBuildInfo(bi *debug.BuildInfo, ok bool) buildInfo {
+	b := buildInfo{version: version}
 	if ok {
-		if v == "" {
-			v = bi.Main.Version
+		if b.version == "" {
+			b.version = bi.Main.Version
 		}
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				rev = s.Value
+				b.revision = s.Value
 			case "vcs.time":
-				when = s.Value
+				b.revTime = s.Value
 			case "vcs.modified":
-				modified = s.Value == "true"
+				b.modified = s.Value == "true"
 			}
 		}
 	}
-	if v == "" {
-		v = "(unknown)"
+	if b.version == "" {
+		b.version = "(unknown)"
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "kvgate %s", v)
-	if rev != "" {
-		fmt.Fprintf(&b, " revision %s", rev)
-		if when != "" {
-			fmt.Fprintf(&b, " (%s)", when)
+	return b
+}
+
+// ownBuild is this binary's build information.
+func ownBuild() buildInfo { return readBuildInfo(debug.ReadBuildInfo()) }
+
+// String is the line `kvgate version` prints: version, revision with its time, and the Go
+// toolchain.
+func (b buildInfo) String() string {
+	var s strings.Builder
+	fmt.Fprintf(&s, "kvgate %s", b.version)
+	if b.revision != "" {
+		fmt.Fprintf(&s, " revision %s", b.revision)
+		if b.revTime != "" {
+			fmt.Fprintf(&s, " (%s)", b.revTime)
 		}
-		if modified {
-			b.WriteString(" with local changes")
+		if b.modified {
+			s.WriteString(" with local changes")
 		}
 	}
-	fmt.Fprintf(&b, " %s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	return b.String()
+	fmt.Fprintf(&s, " %s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return s.String()
+}
+
+// registerBuildInfo adds kvgate_build_info{version,revision,goversion} 1 to reg, the usual way
+// to see in Prometheus which release each replica runs (during a rollout, for one).
+func registerBuildInfo(reg prometheus.Registerer, b buildInfo) error {
+	return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "kvgate_build_info",
+		Help:        "Always 1; the labels say which kvgate build this is.",
+		ConstLabels: prometheus.Labels{"version": b.version, "revision": b.revision, "goversion": runtime.Version()},
+	}, func() float64 { return 1 }))
 }
 
 func runVersion(_ context.Context, args []string, stdout, _ io.Writer) error {
 	if len(args) > 0 {
 		return fmt.Errorf("version: unexpected argument %q", args[0])
 	}
-	bi, ok := debug.ReadBuildInfo()
-	fmt.Fprintln(stdout, versionString(bi, ok))
+	fmt.Fprintln(stdout, ownBuild())
 	return nil
 }
 

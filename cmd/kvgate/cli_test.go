@@ -11,6 +11,9 @@ import (
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // runCLI runs kvgate with args and returns what it wrote to stdout and stderr.
@@ -58,7 +61,7 @@ func TestVersionString(t *testing.T) {
 			old := version
 			version = tc.linked
 			defer func() { version = old }()
-			got := versionString(tc.bi, tc.ok)
+			got := readBuildInfo(tc.bi, tc.ok).String()
 			for _, w := range tc.want {
 				if !strings.Contains(got, w) {
 					t.Errorf("got %q, want it to contain %q", got, w)
@@ -70,6 +73,22 @@ func TestVersionString(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// kvgate_build_info names the build, so that a rollout can be followed in Prometheus.
+func TestBuildInfoMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	b := buildInfo{version: "v0.4.0", revision: "0123abcd"}
+	if err := registerBuildInfo(reg, b); err != nil {
+		t.Fatal(err)
+	}
+	want := `# HELP kvgate_build_info Always 1; the labels say which kvgate build this is.
+# TYPE kvgate_build_info gauge
+kvgate_build_info{goversion="` + runtime.Version() + `",revision="0123abcd",version="v0.4.0"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvgate_build_info"); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -66,7 +67,7 @@ func startEventRig(t *testing.T, engines, replicas int) *eventRig {
 	t.Cleanup(func() {
 		cancel()
 		for _, d := range stopped {
-			<-d
+			testutil.Recv(t, d, "a gateway's exit")
 		}
 		fleet.Close()
 	})

@@ -142,6 +142,8 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.Float64Var(&p.Sticky.QueueRatio, "sticky-queue-ratio", p.Sticky.QueueRatio, "sticky sessions: a worker whose engine queues more than this share of its running batch is saturated")
 	fs.Float64Var(&g.AccessLogSample, "access-log-sample", 0, "share of requests, 0 to 1, logged as one \"access\" line each (request id, model, worker, branch, status, TTFT, duration, tokens); 5xx answers always are")
 	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to responses (every data-plane client sees them)")
+	fs.IntVar(&g.Responses.MaxEntries, "responses-affinity-entries", 65536, "/v1/responses: response ids remembered with the worker that answered them, so a follow-up turn (previous_response_id) goes back to it; least recently used dropped past it (negative = off)")
+	fs.DurationVar(&g.Responses.TTL, "responses-affinity-ttl", time.Hour, "/v1/responses: how long after its answer a response id is remembered")
 	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
 	fs.DurationVar(&o.loadMon.Timeout, "load-monitor-timeout", 0, "bound on one load poll (0 = min(500ms, interval/2))")
 	fs.StringVar(&o.loadMonMode, "load-mode", "scaled", "load the policies see: effective, scaled, local, snapshot or max")
@@ -267,6 +269,9 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	}
 	defer stopTracing()
 	gw := gateway.New(o.gw, reg, router, loads)
+	if err := registerBuildInfo(gw.Metrics().Registry(), ownBuild()); err != nil {
+		return err
+	}
 	registerKVEventMetrics(gw, kv)
 
 	bg, stopBG := context.WithCancel(context.Background())
@@ -409,7 +414,7 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 		}
 	}
 	logPlanes(log, o, addrs.api, addrs.admin, addrs.metrics)
-	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName)
+	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName, "version", ownBuild().version)
 	errc := make(chan error, len(servers))
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()

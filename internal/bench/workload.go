@@ -1,12 +1,3 @@
-// Package bench holds what kvgate's two measuring instruments share: the seeded workloads, the
-// arrival processes, the per-request records and their summaries, the report formats (table, JSON,
-// PNG charts), the goodput sweep, and the live driver that runs a workload against any
-// OpenAI-compatible endpoint over HTTP. The fleet simulator (internal/fleet) runs the same
-// workloads in virtual time and reports through the same Summary, so a live row and a simulated
-// row are comparable column by column.
-//
-// A workload is a deterministic function of its seed: session k has the same text whatever the
-// order in which sessions are started or finish, so two runs with one seed send the same bytes.
 package bench
 
 import (

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -514,7 +515,7 @@ func TestInFlightRequestFinishesWhenPodGoesUnready(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	<-e.started
+	testutil.Recv(t, e.started, "the stream at the engine")
 	br := bufio.NewReader(resp.Body)
 	if line, _ := br.ReadString('\n'); !strings.Contains(line, `"a"`) {
 		t.Fatalf("first chunk: %q", line)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/loadmon"
@@ -35,6 +37,9 @@ type Experiment struct {
 	Seed     uint64
 	// Parallel is how many runs go at once. Zero means GOMAXPROCS. Results do not depend on it.
 	Parallel int
+	// Progress, when set, gets a line as each run of the grid ends (the CLI sets it only on a
+	// terminal). Results do not depend on it.
+	Progress io.Writer
 }
 
 // Configs returns the grid's fleet configurations in report order: by policy, then mode, then
@@ -108,7 +113,7 @@ func (x *Experiment) Run(ctx context.Context) ([]bench.Summary, error) {
 		s, err := x.runOne(ctx, cfgs[i], x.Arrivals)
 		out[i] = s
 		return err
-	})
+	}, func(i int) string { return cfgs[i].Label() + fmt.Sprintf(" at %d gateways", cfgs[i].Gateways) })
 	if err == nil {
 		versusOracle(out)
 	}
@@ -157,6 +162,8 @@ func (x *Experiment) Sweep(ctx context.Context, sc bench.SweepConfig) ([]bench.S
 		})
 		out[i] = res
 		return err
+	}, func(i int) string {
+		return "sweep of " + cfgs[i].Label() + fmt.Sprintf(" at %d gateways", cfgs[i].Gateways)
 	})
 	if err == nil {
 		for i := range out {
@@ -189,8 +196,9 @@ func (x *Experiment) runOne(ctx context.Context, c Config, a bench.Arrivals) (be
 }
 
 // each calls fn(0..n-1) on up to Parallel goroutines, which it owns and waits for; the first
-// error cancels the remaining calls.
-func (x *Experiment) each(ctx context.Context, n int, fn func(i int) error) error {
+// error cancels the remaining calls. With Progress set, each call that ends is reported under
+// name(i).
+func (x *Experiment) each(ctx context.Context, n int, fn func(i int) error, name func(i int) string) error {
 	par := x.Parallel
 	if par <= 0 {
 		par = runtime.GOMAXPROCS(0)
@@ -201,13 +209,23 @@ func (x *Experiment) each(ctx context.Context, n int, fn func(i int) error) erro
 	next := make(chan int)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	var mu sync.Mutex // serializes progress lines and counts them
+	done, start := 0, time.Now()
 	for range par {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range next {
+				t := time.Now()
 				if errs[i] = fn(i); errs[i] != nil {
 					cancel()
+				}
+				if x.Progress != nil && errs[i] == nil {
+					mu.Lock()
+					done++
+					fmt.Fprintf(x.Progress, "fleet: %d/%d done: %s (%v; %v so far)\n", done, n, name(i),
+						time.Since(t).Round(100*time.Millisecond), time.Since(start).Round(time.Second))
+					mu.Unlock()
 				}
 			}
 		}()

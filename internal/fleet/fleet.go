@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
@@ -95,8 +96,10 @@ type Config struct {
 	// Seed seeds the gateway choice, the policies' randomness and the poll phases. The workload's
 	// own seed is separate.
 	Seed uint64
-	// Failover changes the fleet during the run (failover.go); empty means none.
-	Failover []WorkerChange
+	// Failover changes the fleet during the run (failover.go): a removal names an engine by its
+	// index (Arg; "" is engine 0), an addition makes a new engine with the next index and names
+	// nothing. Empty means none.
+	Failover []bench.Change
 	// Timeline, when positive, windows the run by send time (Summary.Timeline) with this width.
 	Timeline time.Duration
 	// Flow models the gateways' flow control (flow.go); the zero value is off.
@@ -138,6 +141,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PolicyConfig.CacheAware == (policy.CacheAwareConfig{}) && c.PolicyConfig.PrefixHash == (policy.PrefixHashConfig{}) {
 		c.PolicyConfig.CacheAware, c.PolicyConfig.PrefixHash = d.PolicyConfig.CacheAware, d.PolicyConfig.PrefixHash
+	}
+	if c.PolicyConfig.Cost == (policy.CostConfig{}) {
+		c.PolicyConfig.Cost = d.PolicyConfig.Cost
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = d.PollInterval

@@ -32,6 +32,10 @@ const (
 	headerWorker    = "X-Kvgate-Worker"
 	headerRoute     = "X-Kvgate-Route"
 	headerPredicted = "X-Kvgate-Predicted-Hit"
+	// headerCost and headerCostRunnerUp carry the cost terms of the chosen worker and of the
+	// runner-up (policy.Terms.String), for the cost-based policies.
+	headerCost         = "X-Kvgate-Cost"
+	headerCostRunnerUp = "X-Kvgate-Cost-Runner-Up"
 
 	// auditBodyMax is the largest non-streaming body whose usage is read.
 	auditBodyMax = 64 << 10
@@ -83,6 +87,12 @@ func (a *auditWriter) WriteHeader(code int) {
 			h.Set(headerRoute, route)
 			if d.HasPrediction {
 				h.Set(headerPredicted, strconv.FormatFloat(a.promptShare(), 'f', 3, 64))
+			}
+			if d.HasCost {
+				h.Set(headerCost, d.Chosen.String())
+				if d.RunnerUp.Worker != "" {
+					h.Set(headerCostRunnerUp, d.RunnerUp.String())
+				}
 			}
 		}
 	}
@@ -187,13 +197,23 @@ func lastIndexUsage(b []byte) int {
 	}
 }
 
-// usageIn reads the object after the last `"usage":` in b.
+// usageIn reads the object after the last `"usage":` in b: an OpenAI usage (prompt_tokens,
+// prompt_tokens_details), or else a Responses API one (input_tokens, input_tokens_details).
 func usageIn(b []byte) (auditUsage, bool) {
-	var u auditUsage
 	v, ok := usageValue(b)
 	if !ok {
-		return u, false
+		return auditUsage{}, false
 	}
+	if u, ok := scanUsage(v, "prompt_tokens", "prompt_tokens_details"); ok {
+		return u, true
+	}
+	return scanUsage(v, "input_tokens", "input_tokens_details")
+}
+
+// scanUsage reads the usage object v with the prompt's token count and details under the given
+// keys.
+func scanUsage(v []byte, tokensKey, detailsKey string) (auditUsage, bool) {
+	var u auditUsage
 	var (
 		sc                   = jsonscan.New(v)
 		cached               int
@@ -211,11 +231,11 @@ func usageIn(b []byte) (auditUsage, bool) {
 	}
 	sc.Object(func(key []byte) {
 		switch {
-		case jsonscan.KeyIs(key, "prompt_tokens"):
+		case jsonscan.KeyIs(key, tokensKey):
 			if !sc.Null() {
 				u.PromptTokens = integer()
 			}
-		case jsonscan.KeyIs(key, "prompt_tokens_details"):
+		case jsonscan.KeyIs(key, detailsKey):
 			if sc.Null() {
 				hasDetails, hasCache = false, false
 				return

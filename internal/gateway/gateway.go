@@ -70,6 +70,9 @@ type Config struct {
 	Health worker.HealthConfig
 	// Proxy configures forwarding, timeouts and retries.
 	Proxy proxy.Config
+	// Responses bounds the memory of which worker answered each Responses API response id,
+	// which routes a follow-up turn (previous_response_id) back to it (responses.go).
+	Responses ResponsesConfig
 	// Warm warms each regular worker that joins a pool with the pool's hot prefixes
 	// (warm.go); the zero value is off.
 	Warm policy.WarmConfig
@@ -127,6 +130,8 @@ type Server struct {
 	probing map[string]bool
 	// warm warms joining workers between Start and Stop.
 	warm *warmer
+	// responses remembers which worker answered each response id.
+	responses *responseAffinity
 	// flow is flow control; flowOn says whether it admits requests (else it only reports the
 	// pools' saturation).
 	flow   *flowGate
@@ -164,7 +169,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger,
 		apiKeys: newKeySet(apiKeySecrets(cfg.APIKeys)...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
-		hopID: newHopID(), probing: map[string]bool{}}
+		hopID: newHopID(), probing: map[string]bool{}, responses: newResponseAffinity(cfg.Responses, time.Now)}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -164,7 +165,7 @@ func TestInflightReturnsToZero(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.cancel {
-				<-arrived
+				testutil.Recv(t, arrived, "the request at the worker")
 				if n := totalInflight(g.Server); n != 1 {
 					t.Errorf("in flight during the stream = %d, want 1", n)
 				}
@@ -274,7 +275,7 @@ func TestConcurrencyLimit429(t *testing.T) {
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	<-arrived
+	testutil.Recv(t, arrived, "the first request at the worker")
 	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
 	if resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("second request: status %d, want 429", resp.StatusCode)

@@ -118,7 +118,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
 	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
-	aw.observer, _ = pol.(policy.CacheObserver)
+	aw.observer, _ = policy.As[policy.CacheObserver](pol)
 	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)
 	if s.flowOn {
@@ -135,8 +135,14 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	rq.forward = proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}
-	res := s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(pol, candidates, preq, tr, &rq.ticket))
+	var res proxy.Result
+	if kind == kindResponses {
+		res = s.forwardResponses(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket), candidates, &p, preq, pol.Name(), tr)
+	} else {
+		res = s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket))
+	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	s.calibrate(&preq.Decision, &res, p.Stream)
 	if s.cfg.AccessLogSample > 0 {
 		o.usage, o.hasUsage = aw.usage() // before finish recycles what it kept
 	}
@@ -165,7 +171,7 @@ func upstreamPath(route string, r *http.Request) string {
 // picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
 // retry sees those not yet tried while any of them is available, else all again. The first pick
 // ends the request's flow-control hold t (the worker's in-flight count takes it over).
-func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request, t *flowTicket) proxy.Picker {
+func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request, t *flowTicket) proxy.Picker {
 	return func(tried []*worker.Worker) *worker.Worker {
 		t.pick()
 		c := candidates
@@ -180,9 +186,10 @@ func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *pol
 				c = rest
 			}
 		}
-		w := policy.Choose(pol, c, req)
+		w := policy.Choose(ctx, pol, c, req)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
+			s.routed(ctx, pol.Name(), &req.Decision)
 		}
 		if tr != nil {
 			d := &req.Decision

@@ -113,6 +113,8 @@ func (m *Metrics) forgetWorker(id string) {
 		m.circuitTo.DeletePartialMatch(l)
 		m.selections.DeletePartialMatch(l)
 		m.upstream.DeletePartialMatch(l)
+		m.predictedTTFT.DeletePartialMatch(l)
+		m.ttftError.DeletePartialMatch(l)
 	}, func(k hotKey) bool { return k.worker == id })
 }
 

@@ -15,6 +15,7 @@ func (s *Server) Handler() http.Handler {
 		"/v1/completions":      kindCompletion,
 		"/v1/embeddings":       kindEmbedding,
 		"/generate":            kindGenerate,
+		"/v1/responses":        kindResponses,
 	} {
 		mux.Handle("POST "+path, s.clientAuth(s.inference(path, kind)))
 	}

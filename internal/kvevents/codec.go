@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -412,8 +413,13 @@ func (d *decoder) events() ([]Event, error) {
 			return nil, err
 		}
 		if e.Kind != 0 {
-			if err := d.charge(eventSize); err != nil {
-				return nil, err
+			if len(out) == cap(out) {
+				// Charged by capacity, so that the slack of growing counts too.
+				more := min(max(8, cap(out)), n-len(out))
+				if err := d.charge(more * eventSize); err != nil {
+					return nil, err
+				}
+				out = slices.Grow(out, more)
 			}
 			out = append(out, e)
 		}

@@ -53,7 +53,8 @@ type Config struct {
 	// MaxFrame bounds one message frame in bytes. Default 8 MiB.
 	MaxFrame int
 	// MaxBuffered bounds, in bytes over every publisher, the frames being received and the
-	// messages waiting to be applied. Default 32 MiB.
+	// messages waiting to be applied (past it, messages are dropped: a gap). Default 24 MiB;
+	// with MaxDecoded, what hostile publishers can make ingestion hold stays under 64 MiB.
 	MaxBuffered int64
 	// MaxDecoded bounds what one batch decodes to, in bytes; batches are decoded one at a time.
 	// Default 16 MiB.
@@ -96,7 +97,7 @@ func (c Config) withDefaults() Config {
 		c.MaxFrame = 8 << 20
 	}
 	if c.MaxBuffered <= 0 {
-		c.MaxBuffered = 32 << 20
+		c.MaxBuffered = 24 << 20
 	}
 	c.MaxBuffered = max(c.MaxBuffered, 2*int64(c.MaxFrame))
 	if c.MaxDecoded <= 0 {
@@ -462,6 +463,7 @@ func (s *Service) read(sock *zmtp.Socket) {
 		}
 		s.handle(sock, m)
 		m.Release()
+		m = zmtp.Message{} // its frames are garbage now, whatever AfterMessage does
 		if s.cfg.AfterMessage != nil {
 			s.cfg.AfterMessage()
 		}

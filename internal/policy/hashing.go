@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"math"
 	"slices"
 
@@ -79,7 +80,7 @@ func (p *ConsistentHashing) Decisions() map[string]uint64 { return p.dec.snapsho
 
 // Pick returns the available worker with the highest rendezvous score for req.Key, or a random
 // available worker when the key is empty.
-func (p *ConsistentHashing) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+func (p *ConsistentHashing) Pick(_ context.Context, candidates []*worker.Worker, req *Request) *worker.Worker {
 	if req.Key == "" {
 		var buf [64]*worker.Worker
 		av := available(buf[:0], candidates)
@@ -146,7 +147,7 @@ func (p *PrefixHash) Decisions() map[string]uint64 { return p.dec.snapshot() }
 // walks the available workers in rendezvous order, returning the first whose load is below the
 // bound ⌈LoadFactor × (total load + 1) / n⌉: the mean counts the request being placed, and the
 // ceiling guarantees that some worker fits. With nothing to hash it returns the least loaded.
-func (p *PrefixHash) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+func (p *PrefixHash) Pick(_ context.Context, candidates []*worker.Worker, req *Request) *worker.Worker {
 	var buf [64]cand
 	av, minI := gatherLoads(buf[:0], candidates, p.loads)
 	if len(av) == 0 {

@@ -29,7 +29,7 @@ var builtins = []spec{
 	{name: "cache_aware", aliases: []string{"cacheaware", "cache-aware"}, loadAware: true, build: func(c Config) (Policy, error) { return NewCacheAware(c), nil }},
 	{name: "consistent_hashing", aliases: []string{"consistenthashing", "consistent-hashing"}, build: func(c Config) (Policy, error) { return NewConsistentHashing(c), nil }},
 	{name: "prefix_hash", aliases: []string{"prefixhash", "prefix-hash"}, loadAware: true, build: func(c Config) (Policy, error) { return NewPrefixHash(c), nil }},
-	{name: "cache_aware_hash", aliases: []string{"cacheawarehash", "cache-aware-hash"}, loadAware: true, build: func(c Config) (Policy, error) { return NewCacheAwareHash(c), nil }},
+	{name: "cache_aware_hash", aliases: []string{"cacheawarehash", "cache-aware-hash", "cost"}, loadAware: true, build: func(c Config) (Policy, error) { return NewCacheAwareHash(c), nil }},
 	{name: "precise_prefix", aliases: []string{"preciseprefix", "precise-prefix", "precise"}, loadAware: true, build: func(c Config) (Policy, error) { return NewPrecisePrefix(c), nil }},
 	{name: "least_load", aliases: []string{"leastload", "least-load"}, loadAware: true, build: func(c Config) (Policy, error) { return NewLeastLoad(c), nil }},
 }

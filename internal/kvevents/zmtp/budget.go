@@ -59,6 +59,17 @@ func (b *Budget) acquire(ctx context.Context, n int64) error {
 	}
 }
 
+// tryAcquire charges n bytes if there is room now.
+func (b *Budget) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used+n > b.limit {
+		return false
+	}
+	b.used += n
+	return true
+}
+
 // release returns n bytes to the budget.
 func (b *Budget) release(n int64) {
 	if n == 0 {

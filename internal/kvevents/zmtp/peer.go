@@ -115,19 +115,22 @@ func (s *Socket) serve(c net.Conn, endpoint string) (joined bool) {
 // byte; an idle connection may stay idle.
 func (s *Socket) readLoop(p *peer, r *bufio.Reader) {
 	b := s.opts.Budget
-	mt := &meter{
-		charge:  func(n int) error { return b.acquire(s.ctx, int64(n)) },
-		release: func(n int) { b.release(int64(n)) },
-	}
+	mt := &meter{ctx: s.ctx, budget: b}
 	for {
 		if _, err := r.Peek(1); err != nil {
 			return
 		}
 		p.conn.SetReadDeadline(time.Now().Add(s.opts.MessageTimeout))
 		m, held, err := readMessage(r, s.lim, mt)
+		if err == errDropped {
+			s.dropped.Add(1)
+			p.conn.SetReadDeadline(time.Time{})
+			continue
+		}
 		if err != nil {
 			return
 		}
+		mt.done()
 		p.conn.SetReadDeadline(time.Time{})
 		msg := Message{Frames: m.frames, Peer: p.info, budget: b, held: int64(held)}
 		switch {

@@ -13,6 +13,8 @@ package zmtp
 
 import (
 	"bufio"
+	"cmp"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -87,23 +89,46 @@ type limits struct {
 // doubling as they do, so a peer that announces a large frame and sends little holds little.
 const firstChunk = 64 << 10
 
-// meter accounts for the bytes a reader allocates: charge is asked before every allocation (its
-// error ends the read), release is told of every buffer given up. A nil *meter accounts nothing.
+// meter accounts for the bytes one connection's reader allocates against a Budget. A reader
+// that holds nothing waits for room; one that holds part of a message never waits (two readers
+// each holding half the budget and waiting for the other would wait forever): when the budget
+// is spent it drops the message instead, reading the rest of it into nothing, as a ZeroMQ
+// socket drops at its high-water mark. A nil *meter accounts nothing.
 type meter struct {
-	charge  func(n int) error
-	release func(n int)
+	ctx    context.Context
+	budget *Budget
+	held   int // charged for the message being read
 }
 
+// errDropped reports a message read to its end and dropped for want of budget.
+var errDropped = errors.New("zmtp: message dropped: receive budget spent")
+
 func (mt *meter) take(n int) error {
-	if mt == nil {
+	if mt == nil || n == 0 {
 		return nil
 	}
-	return mt.charge(n)
+	if mt.held > 0 {
+		if !mt.budget.tryAcquire(int64(n)) {
+			return errDropped
+		}
+	} else if err := mt.budget.acquire(mt.ctx, int64(n)); err != nil {
+		return err
+	}
+	mt.held += n
+	return nil
 }
 
 func (mt *meter) give(n int) {
 	if mt != nil && n > 0 {
-		mt.release(n)
+		mt.held -= n
+		mt.budget.release(int64(n))
+	}
+}
+
+// done hands the message's charge over to it (released by Message.Release).
+func (mt *meter) done() {
+	if mt != nil {
+		mt.held = 0
 	}
 }
 
@@ -148,6 +173,9 @@ func readMessage(r *bufio.Reader, lim limits, mt *meter) (m message, held int, e
 			return m, held, ErrTooManyFrames
 		}
 		body, err := readBody(r, int(size), mt)
+		if err == errDropped {
+			return m, held, discardRest(r, flags, lim.maxFrames-len(m.frames)-1, lim.maxFrame)
+		}
 		if err != nil {
 			return m, held, err
 		}
@@ -167,6 +195,45 @@ func readMessage(r *bufio.Reader, lim limits, mt *meter) (m message, held int, e
 	}
 }
 
+// discardRest reads the frames that follow one whose flags were flags, up to frames more of up
+// to maxFrame bytes each, into nothing; it returns errDropped once the message is over.
+func discardRest(r *bufio.Reader, flags byte, frames, maxFrame int) error {
+	for flags&flagMore != 0 {
+		if frames == 0 {
+			return ErrTooManyFrames
+		}
+		frames--
+		var err error
+		if flags, err = r.ReadByte(); err != nil {
+			return err
+		}
+		if flags&^(flagMore|flagLong) != 0 {
+			return fmt.Errorf("%w: frame flags %#x inside a message", ErrProtocol, flags)
+		}
+		var size uint64
+		if flags&flagLong != 0 {
+			var b [8]byte
+			if _, err := io.ReadFull(r, b[:]); err != nil {
+				return err
+			}
+			size = binary.BigEndian.Uint64(b[:])
+		} else {
+			b, err := r.ReadByte()
+			if err != nil {
+				return err
+			}
+			size = uint64(b)
+		}
+		if size > uint64(maxFrame) {
+			return ErrFrameTooLarge
+		}
+		if _, err := r.Discard(int(size)); err != nil {
+			return err
+		}
+	}
+	return errDropped
+}
+
 // readBody reads a frame body of size bytes into a buffer that grows (doubling) as they arrive,
 // each buffer charged to mt before it is allocated and released when outgrown; the returned
 // body's capacity stays charged. On error nothing stays charged.
@@ -182,12 +249,20 @@ func readBody(r *bufio.Reader, size int, mt *meter) ([]byte, error) {
 		return nil
 	}
 	if err := grow(min(size, firstChunk)); err != nil {
+		if err == errDropped {
+			_, err = r.Discard(size)
+			err = cmp.Or(err, errDropped)
+		}
 		return nil, err
 	}
 	for len(body) < size {
 		if len(body) == cap(body) {
 			if err := grow(min(size, 2*cap(body))); err != nil {
 				mt.give(cap(body))
+				if err == errDropped {
+					_, err = r.Discard(size - len(body))
+					err = cmp.Or(err, errDropped)
+				}
 				return nil, err
 			}
 		}
