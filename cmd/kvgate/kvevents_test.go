@@ -37,7 +37,7 @@ func startEventRig(t *testing.T, engines, replicas int) *eventRig {
 	}
 	r := &eventRig{fleet: fleet}
 	args := []string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "-1", "--policy", "precise_prefix",
-		"--worker-urls", strings.Join(fleet.URLs(), ","), "--tokenizer-timeout", "5s", "--audit-headers"}
+		"--worker-urls", strings.Join(fleet.URLs(), ","), "--tokenizer-timeout", "5s"}
 	for i, s := range fleet.Servers() {
 		pub, _ := s.EventsAddr()
 		args = append(args, "--worker-label", fmt.Sprintf("kv_events_endpoint=tcp://%s@%s", pub, fleet.URLs()[i]))
