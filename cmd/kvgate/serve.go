@@ -102,6 +102,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&g.MaxPayloadSize, "max-payload-size", g.MaxPayloadSize, "largest request body in bytes")
 	fs.DurationVar(&g.Proxy.RequestTimeout, "request-timeout", g.Proxy.RequestTimeout, "bound on one request, retries included")
 	fs.DurationVar(&g.Proxy.AttemptTimeout, "attempt-timeout", 0, "bound on one attempt up to the response headers (0 = request-timeout only)")
+	fs.DurationVar(&g.Proxy.StreamIdleTimeout, "stream-idle-timeout", g.Proxy.StreamIdleTimeout, "end a streamed answer on which the worker sent nothing for this long, with an SSE error event (0 = off)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&g.MaxConcurrentRequests, "max-concurrent-requests", 0, "requests in flight above which clients get 429 (0 = no cap)")
