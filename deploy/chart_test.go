@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -14,8 +15,10 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 )
 
-// render renders the chart as `helm template` would, with overrides over values.yaml.
-func render(t *testing.T, overrides map[string]any) []object {
+// renderFiles renders the chart as `helm template` would, with overrides over values.yaml, and
+// returns every rendered file by name (NOTES.txt included), or the error helm would print:
+// values.schema.json is checked here, as helm install and helm template check it.
+func renderFiles(t *testing.T, overrides map[string]any) (map[string]string, error) {
 	t.Helper()
 	ch, err := loader.Load("helm/kvgate")
 	if err != nil {
@@ -24,12 +27,21 @@ func render(t *testing.T, overrides map[string]any) []object {
 	if err := ch.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	if ch.Schema == nil {
+		t.Fatal("the chart has no values.schema.json")
+	}
 	vals, err := chartutil.ToRenderValues(ch, overrides,
 		chartutil.ReleaseOptions{Name: "kvgate", Namespace: "llm", IsInstall: true}, chartutil.DefaultCapabilities)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	files, err := new(engine.Engine).Render(ch, vals)
+	return new(engine.Engine).Render(ch, vals)
+}
+
+// render renders the chart and decodes every manifest strictly.
+func render(t *testing.T, overrides map[string]any) []object {
+	t.Helper()
+	files, err := renderFiles(t, overrides)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +72,97 @@ func TestChartDefaults(t *testing.T) {
 	d := find[*appsv1.Deployment](objs)[0]
 	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
 		t.Errorf("replicas: got %v, want 2", d.Spec.Replicas)
+	}
+	ch, err := loader.Load("helm/kvgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "ghcr.io/kvgate/kvgate:" + ch.Metadata.AppVersion; d.Spec.Template.Spec.Containers[0].Image != want {
+		t.Errorf("image %q, want %q: the chart deploys its appVersion", d.Spec.Template.Spec.Containers[0].Image, want)
+	}
+	if c := d.Spec.Template.Spec.Containers[0]; slices.Contains(c.Args, "--admin-host") || len(c.Ports) != 2 {
+		t.Errorf("by default the admin plane stays on loopback: args %v, ports %v", c.Args, c.Ports)
+	}
+}
+
+// values.schema.json turns a mistyped or out-of-range value into an install error instead of a
+// silently different deployment.
+func TestChartSchemaRejectsBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vals map[string]any
+		want string
+	}{
+		{"antiAffinity", map[string]any{"antiAffinity": "bogus"}, "antiAffinity"},
+		{"unknown top-level key", map[string]any{"replicaCont": 3}, "replicaCont"},
+		{"misspelt nested key", map[string]any{"autoscaling": map[string]any{"enable": true}}, "enable"},
+		{"port out of range", map[string]any{"metricsPort": 70000}, "metricsPort"},
+		{"replicas a string", map[string]any{"replicaCount": "two"}, "replicaCount"},
+		{"pull policy", map[string]any{"image": map[string]any{"pullPolicy": "Sometimes"}}, "pullPolicy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := renderFiles(t, tc.vals)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want a schema error naming %s", err, tc.want)
+			}
+		})
+	}
+	for _, ok := range []string{"soft", "hard", "none"} {
+		if _, err := renderFiles(t, map[string]any{"antiAffinity": ok}); err != nil {
+			t.Errorf("antiAffinity %s: %v", ok, err)
+		}
+	}
+}
+
+// NOTES.txt tells the installer how to reach the API and the admin plane of this release.
+func TestChartNotes(t *testing.T) {
+	files, err := renderFiles(t, map[string]any{"keys": map[string]any{"adminKey": "k"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes := files["kvgate/templates/NOTES.txt"]
+	for _, want := range []string{
+		"http://kvgate.llm.svc/v1",
+		"kubectl -n llm port-forward svc/kvgate 8080:80",
+		"kubectl -n llm port-forward deploy/kvgate 30001:30001",
+		"app.kubernetes.io/component=llm-worker",
+		"Authorization: Bearer $ADMIN_KEY",
+		"/readiness/workers",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("NOTES.txt lacks %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, "<no value>") || strings.Contains(notes, "%!") {
+		t.Errorf("NOTES.txt renders a missing value:\n%s", notes)
+	}
+}
+
+// admin.service exposes each replica's admin plane through a headless Service, and only with a
+// key: the gateway would refuse to start otherwise, so the chart refuses first.
+func TestChartAdminService(t *testing.T) {
+	if _, err := renderFiles(t, map[string]any{"admin": map[string]any{"service": map[string]any{"enabled": true}}}); err == nil ||
+		!strings.Contains(err.Error(), "admin key") {
+		t.Fatalf("admin service without a key: got %v, want a refusal", err)
+	}
+	objs := render(t, map[string]any{"admin": map[string]any{"service": map[string]any{"enabled": true}},
+		"keys": map[string]any{"existingSecret": "my-keys"}})
+	var admin *corev1.Service
+	for _, s := range find[*corev1.Service](objs) {
+		if s.Name == "kvgate-admin" {
+			admin = s
+		}
+	}
+	if admin == nil || admin.Spec.ClusterIP != corev1.ClusterIPNone || len(admin.Spec.Ports) != 1 ||
+		admin.Spec.Ports[0].Port != 30001 || admin.Spec.Ports[0].TargetPort.StrVal != "admin" {
+		t.Fatalf("want a headless admin Service on port 30001, got %+v", admin)
+	}
+	c := find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0]
+	if i := slices.Index(c.Args, "--admin-host"); i < 0 || c.Args[i+1] != "0.0.0.0" {
+		t.Errorf("args %v: want --admin-host 0.0.0.0", c.Args)
+	}
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "admin" && p.ContainerPort == 30001 }) {
+		t.Errorf("ports %v: want admin 30001", c.Ports)
 	}
 }
 

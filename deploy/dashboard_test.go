@@ -111,9 +111,74 @@ func TestDashboardNamesExportedMetrics(t *testing.T) {
 	}
 	for _, want := range []string{"kvgate_requests_total", "kvgate_ttft_seconds", "kvgate_request_duration_seconds",
 		"kvgate_policy_decisions_total", "kvgate_worker_effective_load", "kvgate_worker_reported_backlog",
-		"kvgate_worker_circuit_state", "kvgate_worker_health", "kvgate_policy_tree_chars", "kvgate_worker_load_report_age_seconds"} {
+		"kvgate_worker_circuit_state", "kvgate_worker_health", "kvgate_policy_tree_chars", "kvgate_worker_load_report_age_seconds",
+		"kvgate_pool_saturation", "kvgate_queue_requests", "kvgate_queue_wait_seconds", "kvgate_queue_shed_total"} {
 		if !slices.Contains(seen, want) {
 			t.Errorf("the dashboard shows nothing of %s", want)
+		}
+	}
+}
+
+// dashboardVar is one templating variable of the dashboard.
+type dashboardVar struct {
+	Name, Type string
+	Current    struct {
+		Value string `json:"value"`
+	} `json:"current"`
+}
+
+// The dashboard imports through Grafana's UI with a data-source prompt (__inputs: every
+// ${DS_PROMETHEUS} in the file becomes the chosen source), and provisioned from a file as it is:
+// the panels query the ${datasource} variable, whose default is that input, so a provisioned
+// copy (never substituted) falls back to the default Prometheus instead of a missing source.
+func TestDashboardImportPrompt(t *testing.T) {
+	raw, err := os.ReadFile("grafana/kvgate-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Inputs []struct {
+			Name, Type, PluginID string
+		} `json:"__inputs"`
+		Panels []struct {
+			Title      string `json:"title"`
+			Datasource struct {
+				Type, UID string
+			} `json:"datasource"`
+			Targets []struct {
+				Datasource struct {
+					Type, UID string
+				} `json:"datasource"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []dashboardVar `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Inputs) != 1 || d.Inputs[0].Name != "DS_PROMETHEUS" || d.Inputs[0].Type != "datasource" || d.Inputs[0].PluginID != "prometheus" {
+		t.Fatalf("__inputs: got %+v, want one Prometheus data-source input DS_PROMETHEUS", d.Inputs)
+	}
+	i := slices.IndexFunc(d.Templating.List, func(v dashboardVar) bool { return v.Name == "datasource" })
+	if i < 0 || d.Templating.List[i].Type != "datasource" || d.Templating.List[i].Current.Value != "${DS_PROMETHEUS}" {
+		t.Fatal("want a datasource variable defaulting to ${DS_PROMETHEUS}")
+	}
+	for _, p := range d.Panels {
+		if p.Datasource.UID != "${datasource}" {
+			t.Errorf("panel %q queries %q, not the ${datasource} variable", p.Title, p.Datasource.UID)
+		}
+		for _, tg := range p.Targets {
+			if tg.Datasource.UID != "${datasource}" {
+				t.Errorf("panel %q: a query on %q, not the ${datasource} variable", p.Title, tg.Datasource.UID)
+			}
+		}
+	}
+	// Every ${DS_...} placeholder is one Grafana will prompt for.
+	for _, m := range regexp.MustCompile(`\$\{(DS_[A-Z_]+)\}`).FindAllStringSubmatch(string(raw), -1) {
+		if m[1] != "DS_PROMETHEUS" {
+			t.Errorf("placeholder %s has no __inputs entry", m[0])
 		}
 	}
 }

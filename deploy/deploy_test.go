@@ -65,6 +65,31 @@ type inferencePool struct {
 	} `json:"spec"`
 }
 
+// scaledObject is the part of KEDA's keda.sh/v1alpha1 ScaledObject that the autoscaling example
+// uses, decoded strictly like the others.
+type scaledObject struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		ScaleTargetRef struct {
+			Name string `json:"name"`
+		} `json:"scaleTargetRef"`
+		MinReplicaCount int32 `json:"minReplicaCount"`
+		MaxReplicaCount int32 `json:"maxReplicaCount"`
+		PollingInterval int32 `json:"pollingInterval,omitempty"`
+		CooldownPeriod  int32 `json:"cooldownPeriod,omitempty"`
+		Advanced        *struct {
+			HorizontalPodAutoscalerConfig struct {
+				Behavior autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior"`
+			} `json:"horizontalPodAutoscalerConfig"`
+		} `json:"advanced,omitempty"`
+		Triggers []struct {
+			Type     string            `json:"type"`
+			Metadata map[string]string `json:"metadata"`
+		} `json:"triggers"`
+	} `json:"spec"`
+}
+
 // kinds maps apiVersion/kind to the Go type a manifest must decode into.
 var kinds = map[string]func() any{
 	"v1/ServiceAccount":                            func() any { return &corev1.ServiceAccount{} },
@@ -78,6 +103,7 @@ var kinds = map[string]func() any{
 	"autoscaling/v2/HorizontalPodAutoscaler":       func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":      func() any { return &serviceMonitor{} },
 	"inference.networking.k8s.io/v1/InferencePool": func() any { return &inferencePool{} },
+	"keda.sh/v1alpha1/ScaledObject":                func() any { return &scaledObject{} },
 }
 
 // object is one decoded manifest with where it came from.
@@ -171,6 +197,39 @@ func TestPlainManifests(t *testing.T) {
 	objs := manifests(t, "kubernetes")
 	checkGateway(t, objs, "kvgate")
 	checkWorkers(t, objs, gatewayConfig(t, objs))
+	for _, d := range find[*appsv1.Deployment](objs) {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if !pinned(c.Image) {
+				t.Errorf("%s: image %q is not pinned to a release", d.Name, c.Image)
+			}
+		}
+	}
+	// The plain manifests deploy the release the chart does.
+	chart, err := os.ReadFile("helm/kvgate/Chart.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(chart, &meta); err != nil || meta.AppVersion == "" {
+		t.Fatalf("Chart.yaml appVersion: %v", err)
+	}
+	for _, d := range find[*appsv1.Deployment](objs) {
+		if img := d.Spec.Template.Spec.Containers[0].Image; d.Name == "kvgate" && img != "ghcr.io/kvgate/kvgate:"+meta.AppVersion {
+			t.Errorf("gateway image %q, want the chart's appVersion %s", img, meta.AppVersion)
+		}
+	}
+}
+
+// pinned reports whether an image reference names a tag other than latest (or a digest).
+func pinned(image string) bool {
+	if strings.Contains(image, "@sha256:") {
+		return true
+	}
+	slash := strings.LastIndex(image, "/")
+	_, tag, ok := strings.Cut(image[slash+1:], ":")
+	return ok && tag != "" && tag != "latest"
 }
 
 // gatewayConfig returns the kvgate config file held by the manifests' ConfigMap.
@@ -255,9 +314,18 @@ func checkGateway(t *testing.T, objs []object, deployment string) {
 	if !slices.Contains(c.Args, "--config") {
 		t.Error("the gateway does not read its ConfigMap")
 	}
+	if img := c.Image; !pinned(img) {
+		t.Errorf("gateway image %q: want a release tag, not latest", img)
+	}
 	sel := labels.SelectorFromSet(gw.Spec.Selector.MatchLabels)
-	if svcs := find[*corev1.Service](objs); len(svcs) != 1 || !sel.Matches(labels.Set(svcs[0].Spec.Selector)) {
-		t.Error("want one Service selecting the gateway's pods")
+	var clientSvcs []*corev1.Service
+	for _, s := range find[*corev1.Service](objs) {
+		if s.Spec.ClusterIP != corev1.ClusterIPNone {
+			clientSvcs = append(clientSvcs, s)
+		}
+	}
+	if len(clientSvcs) != 1 || !sel.Matches(labels.Set(clientSvcs[0].Spec.Selector)) {
+		t.Error("want one client Service selecting the gateway's pods")
 	}
 	if pdbs := find[*policyv1.PodDisruptionBudget](objs); len(pdbs) != 1 {
 		t.Error("want one PodDisruptionBudget")
@@ -317,6 +385,9 @@ func checkWorkers(t *testing.T, objs []object, cfg map[string]any) {
 			continue
 		}
 		found[role]++
+		if role == "regular" {
+			found["regular "+tpl.Annotations["kvgate.io/runtime"]]++
+		}
 		if !labels.SelectorFromSet(d.Spec.Selector.MatchLabels).Matches(l) {
 			t.Errorf("%s: the Deployment's selector does not match its pods", d.Name)
 		}
@@ -333,8 +404,8 @@ func checkWorkers(t *testing.T, objs []object, cfg map[string]any) {
 			t.Errorf("%s: no readiness probe: the pod would be routed to before its model loads", d.Name)
 		}
 	}
-	if found["regular"] == 0 || found["prefill"] == 0 || found["decode"] == 0 {
-		t.Errorf("example workers by role: %v; want vLLM regular and SGLang prefill/decode", found)
+	if found["regular vllm"] == 0 || found["regular sglang"] == 0 || found["prefill"] == 0 || found["decode"] == 0 {
+		t.Errorf("example workers by role: %v; want regular vLLM and SGLang workers, and SGLang prefill/decode", found)
 	}
 }
 

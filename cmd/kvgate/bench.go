@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,137 +17,62 @@ import (
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/fleet"
-	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/fleet/suite"
 	"github.com/kvgate/kvgate/internal/policy"
 )
-
-// benchFlags are the flags of `kvgate bench`.
-type benchFlags struct {
-	// Workload and arrivals, shared by both instruments.
-	workload    string
-	trace       string
-	traceFormat string
-	blockTokens int
-	timeScale   float64
-	from, to    time.Duration
-	traceOut    string
-	gen         bench.MooncakeGen
-	seed        uint64
-	rate        float64
-	concurrency int
-	speedup     float64
-	duration    time.Duration
-	requests    int
-	warmup      time.Duration
-	prefixes    int
-	prefixWords int
-	outTokens   int
-
-	// Output.
-	out    string
-	asJSON bool
-	label  string
-
-	// Worker changes during the run, and the timeline that shows them.
-	failover string
-	timeline time.Duration
-	admin    string
-	changes  []bench.Change
-
-	// Live driver.
-	target        string
-	model         string
-	apiKey        string
-	api           string
-	timeout       time.Duration
-	maxInflight   int
-	ignoreEOS     bool
-	sessionHeader bool
-	noProgress    bool
-
-	// Fleet simulator.
-	fleet fleetFlags
-}
-
-func newBenchFlagSet(f *benchFlags, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("kvgate bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, `usage: kvgate bench (--target URL | --fleet) [flags]
-
-Runs a seeded workload live against any OpenAI-compatible endpoint (--target), or in virtual time
-against a simulated fleet of gateways and engines running the real policy and engine code (--fleet).
-
-`)
-		fs.PrintDefaults()
-	}
-	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
-	fs.StringVar(&f.trace, "trace", "", "trace file to replay (implies --workload trace)")
-	fs.StringVar(&f.traceFormat, "trace-format", "jsonl", "trace file format: jsonl (kvgate's) or mooncake (FAST'25: timestamp, input_length, output_length, hash_ids)")
-	fs.IntVar(&f.blockTokens, "block-tokens", 512, "mooncake: tokens per hash id")
-	fs.Float64Var(&f.timeScale, "time-scale", 1, "mooncake: multiply the trace's arrival times (0.5 replays twice as fast)")
-	fs.DurationVar(&f.from, "from", 0, "mooncake: replay the trace from this offset (trace time)")
-	fs.DurationVar(&f.to, "to", 0, "mooncake: replay the trace up to this offset (trace time; 0 = its end)")
-	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth: also write the generated trace to this file (Mooncake format)")
-	gd := bench.NewMooncakeGen(0)
-	f.gen = *gd
-	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth: length of the generated trace")
-	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "mooncake-synth: mean requests per second")
-	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "mooncake-synth: opening blocks every request shares")
-	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "mooncake-synth: mean unique tokens of a conversation's first prompt")
-	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "mooncake-synth: mean turns per conversation")
-	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "mooncake-synth: mean time between turns")
-	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "mooncake-synth: coefficient of variation of conversation inter-arrival gaps (1 = Poisson)")
-	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, arrivals and simulation")
-	fs.Float64Var(&f.rate, "rate", 0, "open loop: new sessions per second (Poisson)")
-	fs.IntVar(&f.concurrency, "concurrency", 0, "closed loop: sessions in progress")
-	fs.Float64Var(&f.speedup, "speedup", 0, "trace replay: divide recorded arrival times by this (0 = 1)")
-	fs.DurationVar(&f.duration, "duration", 0, "stop sending new requests after this long (virtual time under --fleet)")
-	fs.IntVar(&f.requests, "requests", 0, "stop after sending this many requests")
-	fs.DurationVar(&f.warmup, "warmup", 0, "send but do not measure the requests of the run's first part (cold caches)")
-	fs.IntVar(&f.prefixes, "prefixes", 0, "shared-prefix: number of system prompts (0 = 16); long-context: tenants (0 = 150)")
-	fs.IntVar(&f.prefixWords, "prefix-words", 0, "shared-prefix: words per system prompt (0 = 200); long-context: words per context (0 = 6000)")
-	fs.IntVar(&f.outTokens, "output-tokens", 0, "shared-prefix and long-context: output tokens per request (0 = 64)")
-	fs.StringVar(&f.out, "out", "", "directory for report.json, report.txt and PNG charts")
-	fs.BoolVar(&f.asJSON, "json", false, "print the JSON report instead of the table")
-	fs.StringVar(&f.label, "label", "", "row label of a live run (default: the target host)")
-	fs.StringVar(&f.target, "target", "", "live: base URL of an OpenAI-compatible server; several comma-separated URLs take requests in turn")
-	fs.StringVar(&f.model, "model", "", "live: model id (default: the first one in GET /v1/models)")
-	fs.StringVar(&f.apiKey, "api-key", "", "live: bearer token (default $KVGATE_BENCH_API_KEY)")
-	fs.StringVar(&f.api, "api", "chat", "live: chat or completions")
-	fs.DurationVar(&f.timeout, "timeout", 5*time.Minute, "live: per-request timeout")
-	fs.IntVar(&f.maxInflight, "max-inflight", 2048, "live, open loop: most requests in flight")
-	fs.BoolVar(&f.ignoreEOS, "ignore-eos", false, "live: send ignore_eos so SGLang/vLLM generate exactly max_tokens")
-	fs.BoolVar(&f.sessionHeader, "session-header", true, "live: send each session's key as x-session-id")
-	fs.BoolVar(&f.noProgress, "no-progress", false, "live: no progress bar")
-	fs.StringVar(&f.failover, "failover", "", "worker changes during the run, comma-separated: remove[:WHICH]@TIME, add[:URL]@TIME (fleet: WHICH is an engine index, add makes a new engine; live: WHICH is an index by URL order or a URL, and add needs the URL; uses --admin)")
-	fs.DurationVar(&f.timeline, "timeline", 0, "window the run by send time with this width: hit rate and TTFT over time, in the report and as charts (default 5s with --failover)")
-	fs.StringVar(&f.admin, "admin", "", "live failover: the gateway's admin base URL (key from $KVGATE_BENCH_ADMIN_KEY)")
-	f.fleet.register(fs)
-	return fs
-}
 
 // runBench runs the bench rig.
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var f benchFlags
 	fs := newBenchFlagSet(&f, stderr)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
 	}
+	fs.Visit(func(fl *flag.Flag) { f.set = append(f.set, fl.Name) })
+	writeOnly := f.target == "" && !f.fleet.on && f.traceOut != ""
 	switch {
+	case f.fleet.suite != "" && !f.fleet.on:
+		return errors.New("bench: --suite runs in the fleet simulator; add --fleet")
 	case f.target != "" && f.fleet.on:
 		return errors.New("bench: choose --target URL (live) or --fleet (simulated), not both")
-	case f.target == "" && !f.fleet.on:
-		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated)")
+	case f.target == "" && !f.fleet.on && !writeOnly:
+		return errors.New("bench: say what to measure: --target URL (live) or --fleet (simulated), or give --trace-out FILE to write a generated trace")
+	}
+	if f.fleet.suite != "" {
+		if err := f.runSuite(ctx, stdout, stderr); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		return nil
 	}
 	w, err := f.buildWorkload()
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
+	if writeOnly {
+		m, ok := w.(*bench.Mooncake)
+		if !ok {
+			return fmt.Errorf("bench: --trace-out writes a generated trace (--workload mooncake-synth or mooncake-agent), not %s", w.Name())
+		}
+		_, err := fmt.Fprintf(stdout, "wrote %s: %s\n", f.traceOut, bench.MeasureMooncake(m.Entries(), f.blockTokens))
+		return err
+	}
 	arr := bench.Arrivals{Rate: f.rate, Concurrency: f.concurrency, Speedup: f.speedup}
+	switch {
+	case !(f.rateScale > 0 && f.rateScale <= 1e6):
+		return fmt.Errorf("bench: --rate-scale %v must be in (0, 1e6]", f.rateScale)
+	case f.rateScale != 1 && arr.Closed():
+		return errors.New("bench: --rate-scale scales an open loop; a closed loop (--concurrency) has no rate")
+	case f.rateScale == 1:
+	case arr.Rate > 0:
+		arr.Rate *= f.rateScale
+	case arr.Speedup > 0:
+		arr.Speedup *= f.rateScale
+	default:
+		arr.Speedup = f.rateScale
+	}
 	lim := bench.Limits{Duration: f.duration, Requests: f.requests, Warmup: f.warmup}
 	// Validate once here so that flag mistakes are reported before anything runs.
 	if _, err := bench.NewSchedule(w, arr, lim, f.seed); err != nil {
@@ -162,10 +88,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if f.timeline < 0 {
 		return errors.New("bench: --timeline must be >= 0")
 	}
-	f.fleet.timeline = f.timeline
-	if f.fleet.failover, err = fleet.FromChanges(f.changes); f.fleet.on && err != nil {
-		return fmt.Errorf("bench: --failover: %w", err)
-	}
+	f.fleet.timeline, f.fleet.noProgress = f.timeline, f.noProgress
+	f.fleet.failover = f.changes
 	if f.target != "" {
 		err = f.runLive(ctx, w, arr, lim, rep, stderr)
 	} else {
@@ -177,67 +101,60 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return f.emit(rep, stdout)
 }
 
-// buildWorkload makes the workload the flags name.
+// spec returns the workload the flags name.
+func (f *benchFlags) spec() bench.Spec {
+	s := bench.Spec{
+		Name: f.workload, Trace: f.trace, TraceFormat: f.traceFormat, Seed: f.seed,
+		Mooncake: bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to},
+		Prefixes: f.prefixes, PrefixWords: f.prefixWords, OutputTokens: f.outTokens,
+	}
+	if s.Generated() {
+		s.Gen = f.generator()
+	}
+	return s
+}
+
+// buildWorkload makes the workload the flags name, and writes a generated trace to --trace-out.
 func (f *benchFlags) buildWorkload() (bench.Workload, error) {
-	if f.prefixes < 0 || f.prefixWords < 0 || f.outTokens < 0 {
-		return nil, errors.New("--prefixes, --prefix-words and --output-tokens must be >= 0")
-	}
-	mopt := bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed}
-	if f.trace != "" {
-		if f.workload != "shared-prefix" && f.workload != "trace" {
-			return nil, fmt.Errorf("--trace replays a trace; it cannot be combined with --workload %s", f.workload)
-		}
-		switch f.traceFormat {
-		case "jsonl", "":
-			return bench.LoadTrace(f.trace, f.seed)
-		case "mooncake":
-			return bench.LoadMooncake(f.trace, mopt)
-		}
-		return nil, fmt.Errorf("--trace-format %q: want jsonl or mooncake", f.traceFormat)
-	}
-	if f.workload == "mooncake-synth" {
-		g := f.gen
-		g.Seed, g.BlockTokens = f.seed, f.blockTokens
+	spec := f.spec()
+	if f.traceOut != "" && spec.Generated() {
+		g, _ := spec.Generator()
 		es, err := g.Generate()
 		if err != nil {
-			return nil, fmt.Errorf("mooncake-synth: %w", err)
+			return nil, fmt.Errorf("%s: %w", spec.Name, err)
 		}
-		if f.traceOut != "" {
-			if err := writeMooncake(f.traceOut, es); err != nil {
-				return nil, err
-			}
+		if err := writeMooncake(f.traceOut, es); err != nil {
+			return nil, err
 		}
-		return bench.NewMooncake(es, mopt)
+		return bench.NewMooncake(es, bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed})
 	}
-	w, err := bench.NewWorkload(f.workload, f.seed)
-	if err != nil {
-		return nil, err
+	return spec.Build()
+}
+
+// generator returns the trace generator of --workload: its defaults, with the --gen-* flags
+// that were given.
+func (f *benchFlags) generator() bench.MooncakeGen {
+	g := *bench.DefaultGenerator(f.workload, f.seed)
+	for _, name := range f.set {
+		switch name {
+		case "gen-duration":
+			g.Duration = f.gen.Duration
+		case "gen-rate":
+			g.Rate = f.gen.Rate
+		case "gen-shared-blocks":
+			g.SharedBlocks = f.gen.SharedBlocks
+		case "gen-context-tokens":
+			g.ContextTokens = f.gen.ContextTokens
+		case "gen-turns":
+			g.TurnsMean = f.gen.TurnsMean
+		case "gen-think":
+			g.Think = f.gen.Think
+		case "gen-burstiness":
+			g.Burstiness = f.gen.Burstiness
+		}
 	}
-	switch w := w.(type) {
-	case *bench.SharedPrefix:
-		if f.prefixes > 0 {
-			w.Prefixes = f.prefixes
-		}
-		if f.prefixWords > 0 {
-			w.PrefixWords = f.prefixWords
-		}
-		if f.outTokens > 0 {
-			w.OutputTokens = f.outTokens
-		}
-		w.Init()
-	case *bench.LongContext:
-		if f.prefixes > 0 {
-			w.Tenants = f.prefixes
-		}
-		if f.prefixWords > 0 {
-			w.ContextWords = f.prefixWords
-		}
-		if f.outTokens > 0 {
-			w.OutputTokens = f.outTokens
-		}
-		w.Init()
-	}
-	return w, nil
+	g.BlockTokens = f.blockTokens
+	return g
 }
 
 // writeMooncake writes a generated trace to path.
@@ -271,17 +188,18 @@ func (f *benchFlags) runLive(ctx context.Context, w bench.Workload, arr bench.Ar
 		MaxInflight: f.maxInflight, IgnoreEOS: f.ignoreEOS, SessionHeader: f.sessionHeader,
 		Timeline: f.timeline, Failover: f.changes, Admin: f.admin, AdminKey: os.Getenv("KVGATE_BENCH_ADMIN_KEY"),
 	}
-	if !f.noProgress {
+	if !f.noProgress && progressTo(stderr) {
 		cfg.Progress = stderr
 	}
 	label := f.label
 	if label == "" {
-		label = strings.TrimPrefix(strings.TrimPrefix(f.target, "http://"), "https://")
+		label = "live"
 	}
 	res, err := bench.RunLive(ctx, cfg, sched, label)
 	if err != nil {
 		return err
 	}
+	res.Summary.Target = strings.TrimPrefix(strings.TrimPrefix(f.target, "http://"), "https://")
 	res.Summary.Workload = w.Name()
 	rep.Title = fmt.Sprintf("live: %s against %s, %s", w.Name(), f.target, arr)
 	rep.Rows = append(rep.Rows, res.Summary)
@@ -324,136 +242,24 @@ func (f *benchFlags) emit(rep *bench.Report, stdout io.Writer) error {
 	return rep.WriteTable(stdout)
 }
 
-// fleetFlags are the flags of the fleet simulator.
-type fleetFlags struct {
-	on           bool
-	engines      int
-	gateways     string
-	policies     string
-	modes        string
-	spread       string
-	pollInterval time.Duration
-	staleAfter   time.Duration
-	parallel     int
-	engine       engine.Config
-	cacheThresh  float64
-	balanceAbs   int64
-	balanceRel   float64
-	treeSize     int
-	engineMix    string
-	sticky       bool
-	stickyPlace  string
-	kvEvents     fleet.KVEvents
-	warm         policy.WarmConfig
-
-	sweep      bool
-	slo        time.Duration
-	sweepLo    float64
-	sweepHi    float64
-	sweepSteps int
-
-	// Set from the bench flags: the run's worker changes and timeline window.
-	failover []fleet.WorkerChange
-	timeline time.Duration
-}
-
-func (ff *fleetFlags) register(fs *flag.FlagSet) {
-	d := engine.DefaultConfig()
-	pd := policy.DefaultConfig()
-	fs.BoolVar(&ff.on, "fleet", false, "simulate a fleet in virtual time instead of driving a live target")
-	fs.IntVar(&ff.engines, "engines", 8, "fleet: number of engines")
-	fs.StringVar(&ff.engineMix, "engine-mix", "", `fleet: heterogeneous engines as COUNTxSPEED[:KV] classes, e.g. "6x1,2x0.5" (a quarter half as fast); sets --engines`)
-	fs.StringVar(&ff.gateways, "gateways", "1", "fleet: comma-separated gateway replica counts, one run each (e.g. 1,2,4,8)")
-	fs.StringVar(&ff.policies, "policies", "cache_aware", "fleet: comma-separated policies, one run each, or all ("+strings.Join(policy.Names(), ", ")+"); oracle is the simulator's exact-knowledge bound")
-	fs.StringVar(&ff.modes, "load-modes", "effective", "fleet: comma-separated load modes, one run each (scaled, effective, local, snapshot, max; the gateway defaults to scaled)")
-	fs.StringVar(&ff.spread, "spread", "uniform", "fleet: how requests reach gateways: uniform or session")
-	fs.DurationVar(&ff.pollInterval, "poll-interval", time.Second, "fleet: load monitor interval")
-	fs.DurationVar(&ff.staleAfter, "stale-after", 0, "fleet: report staleness bound (0 = 3 intervals)")
-	fs.IntVar(&ff.parallel, "parallel", 0, "fleet: simulations run at once (0 = GOMAXPROCS; results do not depend on it)")
-	fs.IntVar(&ff.engine.KVTokens, "kv-tokens", d.KVTokens, "fleet engine: KV-cache capacity in tokens")
-	fs.IntVar(&ff.engine.MaxRunning, "max-running", d.MaxRunning, "fleet engine: most running requests")
-	fs.IntVar(&ff.engine.PrefillChunk, "prefill-chunk", d.PrefillChunk, "fleet engine: prefill tokens per step")
-	fs.Float64Var(&ff.engine.PrefillTPS, "prefill-tps", d.PrefillTPS, "fleet engine: prefill tokens per second")
-	fs.DurationVar(&ff.engine.DecodeBase, "decode-base", d.DecodeBase, "fleet engine: fixed cost of a decode step")
-	fs.DurationVar(&ff.engine.DecodePerReq, "decode-per-req", d.DecodePerReq, "fleet engine: added step cost per decoding request")
-	fs.Float64Var(&ff.cacheThresh, "cache-threshold", pd.CacheAware.CacheThreshold, "fleet policy: cache_aware match ratio above which affinity wins")
-	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
-	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
-	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
-	fs.BoolVar(&ff.sticky, "sticky-sessions", false, "fleet policy: wrap every policy in sticky sessions (keyed by the session)")
-	fs.StringVar(&ff.stickyPlace, "sticky-placement", policy.PlaceHash, "fleet policy: where a new sticky session goes: hash or policy")
-	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
-	fs.DurationVar(&ff.kvEvents.TokenizeBase, "tokenize-base", time.Millisecond, "fleet precise_prefix: fixed cost of one tokenization (added to the request's TTFT)")
-	fs.Float64Var(&ff.kvEvents.TokenizeTPS, "tokenize-tps", 2e6, "fleet precise_prefix: tokenizer speed in tokens per second")
-	fs.IntVar(&ff.warm.Prefixes, "warm-prefixes", 0, "fleet: warm each engine --failover adds with up to this many hot prefixes, as kvgate serve --warm-prefixes does (0 = off)")
-	fs.IntVar(&ff.warm.MaxTokens, "warm-max-tokens", 0, "fleet: prompt tokens one warm-up may send (0 = the serve default)")
-	fs.IntVar(&ff.warm.Concurrency, "warm-concurrency", 0, "fleet: warm requests in flight at once (0 = the serve default)")
-	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
-	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
-	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")
-	fs.IntVar(&ff.sweepSteps, "sweep-steps", 6, "fleet sweep: bisection steps")
-}
-
 // experiment builds the grid the flags describe.
 func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench.Limits, seed uint64) (*fleet.Experiment, error) {
-	x := &fleet.Experiment{Workload: w, Arrivals: arr, Limits: lim, Seed: seed, Parallel: ff.parallel}
-	spread, err := fleet.ParseSpread(ff.spread)
-	if err != nil {
-		return nil, err
-	}
 	pc := policy.DefaultConfig()
 	pc.CacheAware.CacheThreshold = ff.cacheThresh
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
 	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
 	pc.CacheAware.MaxTreeSize = ff.treeSize
+	pc.Cost = ff.cost
 	pc.Sticky.Enabled, pc.Sticky.Placement = ff.sticky, ff.stickyPlace
-	x.Base = fleet.Config{
-		Engines: ff.engines, Gateways: 1, Policy: "cache_aware", PolicyConfig: pc, Spread: spread,
-		PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter, Engine: ff.engine, Seed: seed,
-		Failover: ff.failover, Timeline: ff.timeline,
-		KVEvents: ff.kvEvents, Warm: ff.warm,
+	spec := fleet.GridSpec{
+		Base: fleet.Config{
+			Engines: ff.engines, PolicyConfig: pc, PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter,
+			Engine: ff.engine, Failover: ff.failover, Timeline: ff.timeline, KVEvents: ff.kvEvents, Warm: ff.warm,
+		},
+		Policies: ff.policies, Gateways: ff.gateways, LoadModes: ff.modes, Splits: ff.splits,
+		EngineMix: ff.engineMix, Spread: ff.spread, Timing: ff.timing, Parallel: ff.parallel,
 	}
-	if ff.engineMix != "" {
-		mix, err := fleet.ParseEngineMix(ff.engineMix)
-		if err != nil {
-			return nil, fmt.Errorf("--engine-mix: %w", err)
-		}
-		x.Base.EngineMix, x.Base.Engines = mix, 0
-	}
-	if ff.engines < 1 {
-		return nil, fmt.Errorf("--engines %d must be at least 1", ff.engines)
-	}
-	if ff.parallel < 0 {
-		return nil, fmt.Errorf("--parallel %d must be >= 0", ff.parallel)
-	}
-	for _, p := range splitList(ff.policies) {
-		if p == "all" {
-			x.Policies = append(x.Policies, policy.Names()...)
-			continue
-		}
-		if _, err := policy.Canonical(p); err != nil && !strings.EqualFold(p, fleet.OraclePolicy) {
-			return nil, fmt.Errorf("--policies: %w", err)
-		}
-		x.Policies = append(x.Policies, p)
-	}
-	for _, g := range splitList(ff.gateways) {
-		n, err := strconv.Atoi(g)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("--gateways: %q is not a positive count", g)
-		}
-		x.Gateways = append(x.Gateways, n)
-	}
-	for _, m := range splitList(ff.modes) {
-		mode, err := loadmon.ParseMode(m)
-		if err != nil {
-			return nil, fmt.Errorf("--load-modes: %w", err)
-		}
-		x.Modes = append(x.Modes, mode)
-	}
-	if len(x.Policies) == 0 || len(x.Gateways) == 0 || len(x.Modes) == 0 {
-		return nil, errors.New("--policies, --gateways and --load-modes must each name at least one value")
-	}
-	return x, x.Validate()
+	return spec.Build(w, arr, lim, seed)
 }
 
 // splitList splits a comma-separated flag value, dropping blanks.
@@ -473,6 +279,9 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 	if err != nil {
 		return err
 	}
+	if !ff.noProgress && progressTo(stderr) {
+		x.Progress = stderr
+	}
 	if os.Getenv("GOGC") == "" {
 		// The engines' prefix caches are millions of small live objects that every GC cycle
 		// scans; a simulation is a short batch job, so trade memory for a quarter less CPU...
@@ -484,11 +293,7 @@ func (ff *fleetFlags) run(ctx context.Context, w bench.Workload, arr bench.Arriv
 		// works harder instead.
 		debug.SetMemoryLimit(4 << 30)
 	}
-	engines := fmt.Sprintf("%d engines", ff.engines)
-	if ff.engineMix != "" {
-		engines = "engines " + ff.engineMix
-	}
-	rep.Title = fmt.Sprintf("fleet: %s, %s, %s, spread %s, seed %d", w.Name(), arr, engines, ff.spread, seed)
+	rep.Title = x.Title()
 	if ff.sweep {
 		if arr.Rate <= 0 {
 			return errors.New("--sweep needs --rate, the first rate tried")
@@ -526,4 +331,61 @@ func saveTimelines(dir, title string, rows []bench.Summary) error {
 		return err
 	}
 	return p99.SavePNG(filepath.Join(dir, "timeline-p99.png"))
+}
+
+// runSuite runs --suite: the fleet flags give the base fleet (engine costs, polls, policy
+// knobs), the first of --policies and --load-modes the policy under test and its load signal.
+func (f *benchFlags) runSuite(ctx context.Context, stdout, stderr io.Writer) error {
+	if f.trace != "" && f.traceFormat != "mooncake" {
+		return errors.New("--suite replays its conversation rows from a Mooncake-format trace: add --trace-format mooncake")
+	}
+	// A one-request placeholder workload lets the fleet flags build and validate the base.
+	x, err := f.fleet.experiment(bench.NewSharedPrefix(f.seed), bench.Arrivals{Rate: 1}, bench.Limits{Requests: 1}, f.seed)
+	if err != nil {
+		return err
+	}
+	o := suite.Options{
+		Policy: x.Policies[0], LoadMode: x.Modes[0], Base: x.Base, Trace: f.trace,
+		Window: f.fleet.suiteWindow, Hour: f.fleet.suiteHour, Duration: f.duration, Warmup: f.warmup,
+		Workloads: splitList(f.fleet.suiteWorkloads), Shapes: splitList(f.fleet.suiteShapes), Parallel: f.fleet.parallel,
+		Slots: f.fleet.suiteSlots,
+	}
+	for _, t := range splitList(f.fleet.suiteTimings) {
+		tm, err := engine.ParseTimingModel(t)
+		if err != nil {
+			return fmt.Errorf("--suite-timings: %w", err)
+		}
+		o.Timings = append(o.Timings, tm)
+	}
+	for _, s := range splitList(f.fleet.suiteSeeds) {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("--suite-seeds: %q is not a seed", s)
+		}
+		o.Seeds = append(o.Seeds, n)
+	}
+	if !f.noProgress && progressTo(stderr) {
+		o.Progress = stderr
+	}
+	res, err := suite.Run(ctx, f.fleet.suite, o)
+	if err != nil {
+		return err
+	}
+	if f.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	return res.WriteTable(stdout)
+}
+
+// progressTo reports whether w is a terminal, where progress lines belong; into a file or a
+// pipe they would only bury the report.
+func progressTo(w io.Writer) bool {
+	fh, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := fh.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -3,10 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/policy"
 )
 
 func TestBenchFlagErrors(t *testing.T) {
@@ -33,6 +37,16 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"bad engine mix", []string{"--fleet", "--engine-mix", "8", "--rate", "1", "--requests", "1"}, "COUNTxSPEED"},
 		{"bad window", []string{"--fleet", "--workload", "mooncake-synth", "--from", "10m", "--to", "5m"}, "window"},
 		{"sweep closed loop", []string{"--fleet", "--sweep", "--concurrency", "2", "--requests", "5"}, "--sweep needs --rate"},
+		{"rate scale closed loop", []string{"--fleet", "--concurrency", "2", "--requests", "5", "--rate-scale", "2"}, "closed loop"},
+		{"bad rate scale", []string{"--fleet", "--rate", "1", "--requests", "5", "--rate-scale", "0"}, "--rate-scale"},
+		{"bad split", []string{"--fleet", "--rate", "1", "--requests", "5", "--gateways", "2", "--gateway-splits", "80/x"}, "gateway split"},
+		{"split without its gateways", []string{"--fleet", "--rate", "1", "--requests", "5", "--gateway-splits", "80/20"}, "needs a run at 2 gateways"},
+		{"bad timing", []string{"--fleet", "--rate", "1", "--requests", "5", "--engine-timing", "chunked"}, "engine timing"},
+		{"suite without fleet", []string{"--suite", "cost-model"}, "add --fleet"},
+		{"unknown suite", []string{"--fleet", "--suite", "speed"}, "unknown suite"},
+		{"suite seeds", []string{"--fleet", "--suite", "cost-model", "--suite-seeds", "x"}, "--suite-seeds"},
+		{"suite timings", []string{"--fleet", "--suite", "cost-model", "--suite-timings", "fast"}, "--suite-timings"},
+		{"suite jsonl trace", []string{"--fleet", "--suite", "cost-model", "--trace", "t.jsonl"}, "--trace-format mooncake"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,6 +101,104 @@ func TestBenchMooncakeReplay(t *testing.T) {
 	for _, want := range []string{`"workload": "mooncake"`, `"policy": "oracle"`, `"ideal_hit_rate"`, `"hit_vs_oracle"`, `"ok": 40,`} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %s:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestBenchWritesAgentTrace: --trace-out without an instrument writes the generated trace and
+// prints its measured shape; the file replays.
+func TestBenchWritesAgentTrace(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "agent.jsonl")
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--workload", "mooncake-agent", "--gen-duration", "2m", "--trace-out", trace}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	if !strings.Contains(out.String(), "0 blocks shared by all") || !strings.Contains(out.String(), "ideal reuse") {
+		t.Fatalf("shape line %q", out.String())
+	}
+	out.Reset()
+	args = []string{"bench", "--fleet", "--trace", trace, "--trace-format", "mooncake", "--requests", "30",
+		"--policies", "round_robin", "--engines", "2", "--json"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	if !strings.Contains(out.String(), `"ok": 30,`) {
+		t.Fatalf("replay report:\n%s", out.String())
+	}
+	if err := run(context.Background(), []string{"bench", "--workload", "multi-turn", "--trace-out", trace}, &out, &errb); err == nil ||
+		!strings.Contains(err.Error(), "generated trace") {
+		t.Fatalf("--trace-out of a non-trace workload: %v", err)
+	}
+}
+
+// TestBenchFleetDefaults: with no --policies and --load-modes a fleet run measures the gateway's
+// own defaults; --rate-scale doubles the offered rate; a split runs beside the even one.
+func TestBenchFleetDefaults(t *testing.T) {
+	defPolicy, defMode := gatewayDefaults()
+	var o serveOptions
+	if err := newServeFlags(&o, io.Discard).Parse(nil); err != nil || o.policyName != defPolicy || o.loadMonMode != defMode {
+		t.Fatalf("serve defaults %q/%q, bench defaults %q/%q (%v)", o.policyName, o.loadMonMode, defPolicy, defMode, err)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--fleet", "--engines", "2", "--rate", "2", "--rate-scale", "2", "--duration", "10s",
+		"--gateways", "2", "--gateway-splits", "even,80/20", "--json"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var rep struct {
+		Rows []struct {
+			Label, Policy, LoadMode, Arrivals, Split string `json:",omitempty"`
+		}
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 2 {
+		t.Fatalf("%d rows, want the even split and 80/20:\n%s", len(rep.Rows), out.String())
+	}
+	for i, r := range rep.Rows {
+		if p, _ := policy.Canonical(defPolicy); r.Policy != p || !strings.Contains(r.Arrivals, "4") {
+			t.Errorf("row %d: policy %q (want %q), arrivals %q (want rate 4)", i, r.Policy, p, r.Arrivals)
+		}
+	}
+	if rep.Rows[0].Split != "" || rep.Rows[1].Split != "80/20" || !strings.Contains(rep.Rows[1].Label, "split 80/20") {
+		t.Errorf("splits %+v", rep.Rows)
+	}
+}
+
+// TestBenchSuite: --suite prints the target table of the rows it is given.
+func TestBenchSuite(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--fleet", "--suite", "cost-model", "--suite-workloads", "multi-turn", "--suite-shapes", "4x8",
+		"--suite-timings", "per-slot", "--suite-seeds", "2", "--duration", "10s", "--warmup", "2s"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for _, want := range []string{"multi-turn 4x8  per-slot     2", "80/20÷even", "targets:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("suite table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if errb.Len() != 0 {
+		t.Errorf("progress written to a buffer, not a terminal: %q", errb.String())
+	}
+}
+
+// TestProgressOnlyOnATerminal: progress is drawn on a terminal, never into a file or a buffer.
+func TestProgressOnlyOnATerminal(t *testing.T) {
+	fh, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if progressTo(fh) || progressTo(&bytes.Buffer{}) {
+		t.Fatal("progress would be drawn into a file or a buffer")
+	}
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		defer tty.Close()
+		if !progressTo(tty) {
+			t.Error("no progress on a terminal")
 		}
 	}
 }

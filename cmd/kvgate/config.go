@@ -50,7 +50,7 @@ func applyConfigFile(fs *flag.FlagSet, path string) error {
 			return fmt.Errorf("--config %s: a config file cannot name another", path)
 		}
 		if fs.Lookup(name) == nil {
-			return fmt.Errorf("--config %s: unknown key %q", path, k)
+			return fmt.Errorf("--config %s: unknown key %q%s", path, k, didYouMean(name, flagNames(fs), ""))
 		}
 		if set[name] {
 			continue // the command line wins

@@ -2,22 +2,24 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/kvgate/kvgate/internal/discovery"
 	"github.com/kvgate/kvgate/internal/gateway"
+	"github.com/kvgate/kvgate/internal/worker"
 )
 
 // discoveryOptions are the Kubernetes service-discovery flags.
@@ -122,17 +124,11 @@ func startDiscovery(ctx context.Context, o *discoveryOptions, gw *gateway.Server
 	}
 	rc.UserAgent = "kvgate"
 	klog.SetSlogLogger(log.With("component", "client-go")) // client-go logs through ours
-	pods, err := kubernetes.NewForConfig(rc)
+	client, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("service discovery: %w", err)
 	}
-	var pools dynamic.Interface
-	if cfg.InferencePool != "" {
-		if pools, err = dynamic.NewForConfig(rc); err != nil {
-			return nil, fmt.Errorf("service discovery: %w", err)
-		}
-	}
-	d, err := discovery.New(cfg, pods, pools, gw)
+	d, err := discovery.New(cfg, client, gatewayRegistrar{gw})
 	if err != nil {
 		return nil, err
 	}
@@ -142,4 +138,25 @@ func startDiscovery(ctx context.Context, o *discoveryOptions, gw *gateway.Server
 		return nil, err
 	}
 	return d.Stop, nil
+}
+
+// gatewayRegistrar registers discovered workers through the gateway's admin registration path
+// (probe, validation, labels), exactly as POST /workers would, and drains them through its
+// registry.
+type gatewayRegistrar struct{ gw *gateway.Server }
+
+var _ discovery.Registrar = gatewayRegistrar{}
+
+func (g gatewayRegistrar) Register(ctx context.Context, r discovery.Registration) (*worker.Worker, error) {
+	w, err := g.gw.Register(ctx, gateway.AddWorkerRequest{URL: r.URL, ModelID: r.ModelID, WorkerType: r.Type.String(),
+		BootstrapPort: r.BootstrapPort, Labels: r.Labels, Runtime: r.Runtime, Source: r.Source})
+	var re *gateway.RegisterError
+	if errors.As(err, &re) && re.Status == http.StatusBadRequest {
+		return nil, fmt.Errorf("%w: %w", discovery.ErrRejected, err)
+	}
+	return w, err
+}
+
+func (g gatewayRegistrar) Remove(id string) (*worker.Worker, error) {
+	return g.gw.Registry().Remove(id)
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/gateway"
@@ -19,10 +20,11 @@ type kvEventOptions struct {
 }
 
 func registerKVEventFlags(fs *flag.FlagSet, o *kvEventOptions) {
-	fs.StringVar(&o.events.Bind, "kv-events-bind", "", "SUB endpoint engines publish KV-cache events to, tcp://host:port (empty: none); bind it to the engines' network only")
+	fs.StringVar(&o.events.Bind, "kv-events-bind", "", "SUB endpoint engines publish KV-cache events to, tcp://host:port (empty: none; no host: loopback); beyond loopback it needs --kv-events-allowed-hosts")
+	fs.Var((*listFlag)(&o.events.AllowedHosts), "kv-events-allowed-hosts", "addresses, CIDRs and host names whose connections --kv-events-bind accepts, comma-separated (empty: loopback only); a publisher may still speak only for workers on its own host unless a worker's "+kvevents.PublisherLabel+" label allows it")
 	fs.IntVar(&o.events.Port, "kv-events-port", 0, "dial every worker's KV-cache event publisher on this port of its host (vLLM: 5557; 0: only workers labelled "+kvevents.EndpointLabel+")")
 	fs.IntVar(&o.events.ReplayPort, "kv-events-replay-port", 0, "every worker's event replay port, asked after a sequence gap (0: only workers labelled "+kvevents.ReplayLabel+")")
-	fs.IntVar(&o.events.MaxBlocks, "kv-events-max-blocks", 1<<20, "KV blocks kept per event stream; the oldest go first past it")
+	fs.IntVar(&o.events.MaxBlocks, "kv-events-max-blocks", 1<<18, fmt.Sprintf("KV blocks kept per worker over all its event streams, at most %d bytes each; the oldest go first past it", kvevents.BytesPerBlock))
 	fs.DurationVar(&o.events.Resync, "kv-events-resync", 10*time.Second, "after a gap no replay filled, how long the prefix tree routes the worker's model while events rebuild its picture")
 	fs.StringVar(&o.tokenizer, "tokenizer", "worker", "how precise_prefix tokenizes: worker (a worker's POST /tokenize, the engine's own chat template)")
 	fs.DurationVar(&o.tok.Timeout, "tokenizer-timeout", 100*time.Millisecond, "deadline of one tokenization; past it the prefix tree routes the request")
@@ -66,7 +68,12 @@ func startKVEvents(o *kvEventOptions, reg *worker.Registry, log *slog.Logger) (*
 		return nil, nil, err
 	}
 	if svc.BindAddr != "" {
-		log.Info("kv events: listening for engine publishers", "addr", svc.BindAddr)
+		openTo := "processes on this machine (loopback)"
+		if len(cfg.AllowedHosts) > 0 {
+			openTo = "connections from " + strings.Join(cfg.AllowedHosts, ", ")
+		}
+		log.Info("kv events: listening for engine publishers", "addr", svc.BindAddr, "open_to", openTo,
+			"may_publish_for", "workers on the publisher's own host, or allowed by their "+kvevents.PublisherLabel+" label")
 	}
 	reg.Subscribe(func(e worker.Event) {
 		if e.Removed {

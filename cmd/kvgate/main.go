@@ -5,6 +5,8 @@
 //	kvgate [serve] [flags]   run the gateway (the default)
 //	kvgate sim [flags]       serve simulated inference engines on real ports
 //	kvgate bench [flags]     drive workloads against a URL or a virtual-time fleet
+//	kvgate version           print the version and VCS revision (also --version)
+//	kvgate help [command]    list the commands, or one command's flags (also -h)
 package main
 
 import (
@@ -12,10 +14,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 )
 
@@ -29,24 +29,4 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kvgate:", err)
 		os.Exit(2)
 	}
-}
-
-// run dispatches to a subcommand; with none (or a leading flag) it serves.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
-	}
-	switch cmd {
-	case "serve":
-		return runServe(ctx, args, stdout, stderr)
-	case "sim":
-		return runSim(ctx, args, stdout, stderr)
-	case "bench":
-		return runBench(ctx, args, stdout, stderr)
-	case "help":
-		fmt.Fprintln(stdout, "usage: kvgate [serve|sim|bench] [flags]; kvgate CMD -h for a command's flags")
-		return nil
-	}
-	return fmt.Errorf("unknown command %q (want serve, sim or bench)", cmd)
 }

@@ -134,6 +134,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&ca.EvictionInterval, "eviction-interval", ca.EvictionInterval, "cache_aware: how often prefix trees are trimmed")
 	fs.IntVar(&ca.MaxTreeSize, "max-tree-size", ca.MaxTreeSize, "cache_aware: characters kept per worker per model")
 	fs.Int64Var(&ca.TreeBudget, "tree-budget", ca.TreeBudget, "cache_aware: characters kept by all prefix trees together, every model and worker (0 = no gateway-wide bound)")
+	costFlags(fs, &p.Cost, "")
 	fs.IntVar(&p.PrefixHash.PrefixChars, "prefix-chars", p.PrefixHash.PrefixChars, "prefix_hash: leading characters hashed")
 	fs.Float64Var(&p.PrefixHash.LoadFactor, "prefix-hash-load-factor", p.PrefixHash.LoadFactor, "prefix_hash: load over mean at which a key moves on")
 	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (x-kvgate-routing-key, x-session-id or x-user-id header, else the body's user) on one worker until it saturates, around any policy")
@@ -142,7 +143,11 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&p.Sticky.Placement, "sticky-placement", policy.PlaceHash, "sticky sessions: where a new session goes: hash (rendezvous order of its key; replicas agree) or policy (the routing policy's choice)")
 	fs.Float64Var(&p.Sticky.QueueRatio, "sticky-queue-ratio", p.Sticky.QueueRatio, "sticky sessions: a worker whose engine queues more than this share of its running batch is saturated")
 	fs.Float64Var(&g.AccessLogSample, "access-log-sample", 0, "share of requests, 0 to 1, logged as one \"access\" line each (request id, model, worker, branch, status, TTFT, duration, tokens); 5xx answers always are")
-	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to responses (every data-plane client sees them)")
+	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker (opaque), x-kvgate-route and x-kvgate-predicted-hit (tenths) to the responses of requests that carry the admin key or a key named in --audit-headers-clients")
+	fs.Var((*listFlag)(&g.AuditHeadersClients), "audit-headers-clients", "names of data-plane keys (--api-key NAME=SECRET) whose requests get the audit headers (none = only requests carrying the admin key)")
+	fs.Var(secretFlag{&g.AuditIDKey}, "audit-id-key", "key (16 bytes or more) of the HMAC that makes x-kvgate-worker opaque; the same on every replica for ids that agree (also $KVGATE_AUDIT_ID_KEY; none = random per process)")
+	fs.IntVar(&g.Responses.MaxEntries, "responses-affinity-entries", 65536, "/v1/responses: response ids remembered with the worker that answered them, so a follow-up turn (previous_response_id) goes back to it; least recently used dropped past it (negative = off)")
+	fs.DurationVar(&g.Responses.TTL, "responses-affinity-ttl", time.Hour, "/v1/responses: how long after its answer a response id is remembered")
 	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
 	fs.DurationVar(&o.loadMon.Timeout, "load-monitor-timeout", 0, "bound on one load poll (0 = min(500ms, interval/2))")
 	fs.StringVar(&o.loadMonMode, "load-mode", "scaled", "load the policies see: effective, scaled, local, snapshot or max")
@@ -150,6 +155,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&o.shutdownGrace, "shutdown-grace-period", 30*time.Second, "how long in-flight requests may finish after SIGTERM")
 	addSecurityFlags(fs, o)
 	addWarmFlags(fs, &g.Warm)
+	addFlowFlags(fs, &g.Flow)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
 	return fs
@@ -160,7 +166,7 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	o := &serveOptions{}
 	fs := newServeFlags(o, stderr)
 	args = joinMultiValues(args)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -198,11 +204,13 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	if err := o.gw.Breaker.Validate(); err != nil {
 		return nil, err
 	}
-	for _, n := range []string{o.policyName, o.prefillPolicy, o.decodePolicy} {
-		if n != "" {
-			if _, err := policy.Canonical(n); err != nil {
+	for _, n := range []*string{&o.policyName, &o.prefillPolicy, &o.decodePolicy} {
+		if *n != "" {
+			c, err := policy.Canonical(*n)
+			if err != nil {
 				return nil, err
 			}
+			*n = c // logged and labelled by its canonical name, whatever alias was typed
 		}
 	}
 	return o, nil
@@ -265,6 +273,9 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	}
 	defer stopTracing()
 	gw := gateway.New(o.gw, reg, router, loads)
+	if err := registerBuildInfo(gw.Metrics().Registry(), ownBuild()); err != nil {
+		return err
+	}
 	registerKVEventMetrics(gw, kv)
 
 	bg, stopBG := context.WithCancel(context.Background())
@@ -298,6 +309,15 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		o.workerURLs = fleet.URLs()
 		log.Warn("no workers given: serving on built-in SIMULATED workers (kvgate sim engines, model "+sim.DefaultModel+"); pass --worker-urls to route to real servers",
 			"count", len(o.workerURLs), "urls", strings.Join(o.workerURLs, ","))
+	}
+	// The gateway refuses to register itself: tell it where it is about to listen (listen tells
+	// it the real addresses once the listeners are open).
+	gw.ListeningOn(net.JoinHostPort(o.host, strconv.Itoa(o.port)))
+	if o.sec.adminPort > 0 {
+		gw.ListeningOn(net.JoinHostPort(o.sec.adminHost, strconv.Itoa(o.sec.adminPort)))
+	}
+	if o.promPort > 0 {
+		gw.ListeningOn(net.JoinHostPort(o.host, strconv.Itoa(o.promPort)))
 	}
 	regs, err := registrations(o)
 	if err != nil {
@@ -378,6 +398,7 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 		srv := &http.Server{Handler: h, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 			BaseContext: func(net.Listener) context.Context { return base }}
 		gw.ConfigureServer(srv)
+		gw.ListeningOn(ln.Addr().String())
 		servers, listeners = append(servers, srv), append(listeners, ln)
 		return ln.Addr().String(), nil
 	}
@@ -397,7 +418,7 @@ func listenAndServe(ctx context.Context, o *serveOptions, gw *gateway.Server, lo
 		}
 	}
 	logPlanes(log, o, addrs.api, addrs.admin, addrs.metrics)
-	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName)
+	log.Info("kvgate serving", "api", "http://"+addrs.api, "policy", o.policyName, "version", ownBuild().version)
 	errc := make(chan error, len(servers))
 	for i := range servers {
 		go func() { errc <- servers[i].Serve(listeners[i]) }()

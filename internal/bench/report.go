@@ -114,6 +114,10 @@ type Summary struct {
 	// Gateways and Engines describe a simulated fleet; zero for a live run.
 	Gateways int `json:"gateways,omitempty"`
 	Engines  int `json:"engines,omitempty"`
+	// Split is how traffic was split over the gateways when not evenly (for example "80/20").
+	Split string `json:"split,omitempty"`
+	// Target is the endpoint a live run measured (host and path); "" for a simulated run.
+	Target string `json:"target,omitempty"`
 	// LoadMode is the load signal the policy read (effective, local, snapshot, max).
 	LoadMode string `json:"load_mode,omitempty"`
 
@@ -286,19 +290,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if len(r.Rows) > 0 {
 		b.WriteByte('\n')
-		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "policy\tgw\tok\terr\treq/s\tout tok/s\thit\tideal\t÷oracle\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\tstall\tbatch\t")
-		for _, s := range r.Rows {
-			gw := "-"
-			if s.Gateways > 0 {
-				gw = fmt.Sprint(s.Gateways)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-				s.Label, gw, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate, fmtRatio(s.IdealHitRate), fmtRatio(s.HitVsOracle),
-				fmtMS(s.TTFTP50), fmtMS(s.TTFTP90), fmtMS(s.TTFTP99), fmtMS(s.ITLP50),
-				fmtMS(s.E2EP50), fmtMS(s.E2EP99), fmtSpread(s.Spread), fmtRatio(s.Stall), fmtBatch(s.Batch))
-		}
-		if err := tw.Flush(); err != nil {
+		if err := writeRows(&b, r.Rows); err != nil {
 			return err
 		}
 	}
@@ -322,8 +314,131 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Warnings) > 0 {
 		b.WriteByte('\n')
 	}
+	if len(r.Rows) > 0 {
+		b.WriteString("\n" + ColumnHelp(r.Rows))
+	}
+	if hasPrediction(r.Rows) {
+		b.WriteString(PredictionHelp())
+	}
+	if len(r.Sweeps) > 0 {
+		b.WriteString(SweepHelp())
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeRows writes the main table: one line per row. A live row names its target in a column
+// of its own; a simulated row names its policy.
+func writeRows(b *strings.Builder, rows []Summary) error {
+	live := false
+	for _, s := range rows {
+		live = live || s.Target != ""
+	}
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "policy\tgw\t"
+	if live {
+		head = "label\ttarget\t"
+	}
+	fmt.Fprintln(tw, head+"ok\terr\treq/s\tout tok/s\thit\tideal\t÷oracle\tTTFT p50\tp90\tp99\tITL p50\tE2E p50\tp99\tspread\tstall\tbatch\t")
+	for _, s := range rows {
+		second := "-"
+		switch {
+		case live:
+			second = s.Target
+		case s.Gateways > 0:
+			second = fmt.Sprint(s.Gateways)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			s.Label, second, s.OK, s.Errors, s.ReqPerSec, s.OutTokSec, s.HitRate, fmtRatio(s.IdealHitRate), fmtRatio(s.HitVsOracle),
+			fmtMS(s.TTFTP50), fmtMS(s.TTFTP90), fmtMS(s.TTFTP99), fmtMS(s.ITLP50),
+			fmtMS(s.E2EP50), fmtMS(s.E2EP99), fmtSpread(s.Spread), fmtRatio(s.Stall), fmtBatch(s.Batch))
+	}
+	return tw.Flush()
+}
+
+// Columns explains every column of the main table, in order: what `kvgate bench -h` prints and
+// what ColumnHelp selects from.
+var Columns = [][2]string{
+	{"policy", "the routing policy (fleet), with its variant: +sticky, +warm, /LOAD-MODE when not the gateway's default, split W/W"},
+	{"label", "the row's name (live: --label)"},
+	{"target", "the endpoint a live row measured"},
+	{"gw", "gateway replicas in front of the engines (fleet)"},
+	{"ok, err", "measured requests that succeeded and failed (warm-up requests are not measured)"},
+	{"req/s, out tok/s", "successful requests and output tokens per second of the measured span"},
+	{"hit", "token-weighted prefix-cache hit rate: cached prompt tokens ÷ prompt tokens, as the engines reported them"},
+	{"ideal", "the hit rate of one engine with an infinite cache sent every request in the same order: no router can beat it (fleet)"},
+	{"÷oracle", "hit ÷ the oracle's hit at the same gateway count, when the grid has an oracle row (fleet)"},
+	{"TTFT p50, p90, p99", "time to first token percentiles over successful requests"},
+	{"ITL p50", "the median over requests of each request's mean inter-token latency"},
+	{"E2E p50, p99", "end-to-end latency percentiles (send to last token)"},
+	{"spread", "load spread: max ÷ min over engines of the time-averaged backlog (running + waiting); inf when an engine never had work (fleet)"},
+	{"stall", "share of engine time decoding waited behind prefill: steps that ran longer than their decode cost because of the prefill chunk they carried (fleet, batched timing)"},
+	{"batch", "mean running requests per engine, sampled at every poll (fleet)"},
+}
+
+// PredictionColumns explain the prediction table (rows whose policy predicts a cached share).
+var PredictionColumns = [][2]string{
+	{"predicted, of ok", "successful requests whose policy predicted a cached share, of all successful ones"},
+	{"MAE", "mean absolute error of the predicted share against the engine's reported cached ÷ prompt tokens"},
+	{"bias", "mean signed error of that prediction (positive: the policy expected more hits than it got)"},
+}
+
+// SweepColumns explain the goodput table of --sweep.
+var SweepColumns = [][2]string{
+	{"SLO TTFT p99", "the objective a rate must meet (--slo)"},
+	{"goodput req/s", "the highest offered rate found whose TTFT p99 met the SLO with under 0.1 % errors"},
+	{"÷oracle", "goodput ÷ the oracle's at the same gateway count"},
+	{"hit at goodput", "the hit rate at that rate"},
+	{"probes", "rates simulated by the search"},
+}
+
+// PredictionHelp explains the prediction table's columns.
+func PredictionHelp() string { return helpLines("prediction columns", PredictionColumns) }
+
+// SweepHelp explains the sweep table's columns.
+func SweepHelp() string { return helpLines("sweep columns", SweepColumns) }
+
+func hasPrediction(rows []Summary) bool {
+	for _, s := range rows {
+		if s.Predicted > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func helpLines(title string, cols [][2]string) string {
+	var b strings.Builder
+	b.WriteString(title + ":\n")
+	for _, c := range cols {
+		fmt.Fprintf(&b, "  %-20s %s\n", c[0], c[1])
+	}
+	return b.String()
+}
+
+// ColumnHelp explains the columns the rows' table shows (all of them when rows is nil).
+func ColumnHelp(rows []Summary) string {
+	live, fleet := rows == nil, rows == nil
+	for _, s := range rows {
+		live = live || s.Target != ""
+		fleet = fleet || s.Target == ""
+	}
+	var b strings.Builder
+	b.WriteString("columns:\n")
+	for _, c := range Columns {
+		switch c[0] {
+		case "policy", "gw":
+			if !fleet || live && rows != nil {
+				continue
+			}
+		case "label", "target":
+			if !live {
+				continue
+			}
+		}
+		fmt.Fprintf(&b, "  %-20s %s\n", c[0], c[1])
+	}
+	return b.String()
 }
 
 // fmtMS formats milliseconds with a unit that keeps three significant figures readable.
@@ -399,4 +514,23 @@ func writeAccuracy(b *strings.Builder, rows []Summary) error {
 		}
 	}
 	return nil
+}
+
+// WarmStats counts the warm-up requests a fleet run sent to the engines it added
+// (policy.PlanWarm): none of them is a client request, so none is in the run's figures.
+type WarmStats struct {
+	// Sent counts warm requests sent; Failed those that did not succeed in time (or whose
+	// worker left); Recorded the prefixes recorded for their new worker.
+	Sent     int `json:"sent"`
+	Failed   int `json:"failed"`
+	Recorded int `json:"recorded"`
+	// PromptTokens and CachedTokens are the engines' counts for the warm requests.
+	PromptTokens int64 `json:"prompt_tokens"`
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+// String summarizes the warm-ups on one line.
+func (w WarmStats) String() string {
+	return fmt.Sprintf("warm-up: %d requests, %d failed, %d prefixes recorded, %d prompt tokens (%d cached)",
+		w.Sent, w.Failed, w.Recorded, w.PromptTokens, w.CachedTokens)
 }

@@ -136,3 +136,55 @@ func TestChartsRender(t *testing.T) {
 		t.Fatal("non-PNG path accepted")
 	}
 }
+
+// TestTableColumns: a live row's target has its own column, and every column shown is
+// explained under the table.
+func TestTableColumns(t *testing.T) {
+	var b strings.Builder
+	live := &Report{Rows: []Summary{{Label: "live", Target: "127.0.0.1:30000", OK: 3, TTFTP99: 12}}}
+	if err := live.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	head := strings.Fields(strings.Split(strings.TrimLeft(out, "\n"), "\n")[0])
+	if head[0] != "label" || head[1] != "target" || !strings.Contains(out, "live  127.0.0.1:30000") {
+		t.Errorf("live table:\n%s", out)
+	}
+	if strings.Contains(out, "  policy ") || !strings.Contains(out, "  target ") {
+		t.Errorf("live column help:\n%s", out)
+	}
+	b.Reset()
+	fleet := &Report{Rows: []Summary{{Label: "round_robin", Policy: "round_robin", Gateways: 2, OK: 3}}}
+	if err := fleet.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"policy", "gw", "hit", "ideal", "÷oracle", "TTFT p50", "ITL p50", "E2E p50", "spread", "stall", "batch"} {
+		if !strings.Contains(b.String(), "\n  "+h) {
+			t.Errorf("column %q is not explained:\n%s", h, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "  target ") {
+		t.Errorf("a fleet table explains the live target column:\n%s", b.String())
+	}
+}
+
+// TestLogTicks: a log axis gets at least three labelled ticks over any range a report draws.
+func TestLogTicks(t *testing.T) {
+	for _, r := range [][2]float64{{75, 330}, {3, 90000}, {0.5, 0.9}, {10, 10000}, {120, 130}} {
+		labels := 0
+		for _, tk := range (logTicks{}).Ticks(r[0], r[1]) {
+			if tk.Value < r[0]*(1-1e-9) || tk.Value > r[1]*(1+1e-9) {
+				t.Errorf("range %v: tick %v outside it", r, tk.Value)
+			}
+			if tk.Label != "" {
+				labels++
+			}
+		}
+		if labels < 2 || (r[1]/r[0] > 2 && labels < 3) {
+			t.Errorf("range %v: %d labelled ticks", r, labels)
+		}
+	}
+	if got := formatTick(20000); got != "20000" {
+		t.Errorf("formatTick(20000) = %q", got)
+	}
+}

@@ -1,12 +1,3 @@
-// Package bench holds what kvgate's two measuring instruments share: the seeded workloads, the
-// arrival processes, the per-request records and their summaries, the report formats (table, JSON,
-// PNG charts), the goodput sweep, and the live driver that runs a workload against any
-// OpenAI-compatible endpoint over HTTP. The fleet simulator (internal/fleet) runs the same
-// workloads in virtual time and reports through the same Summary, so a live row and a simulated
-// row are comparable column by column.
-//
-// A workload is a deterministic function of its seed: session k has the same text whatever the
-// order in which sessions are started or finish, so two runs with one seed send the same bytes.
 package bench
 
 import (
@@ -296,7 +287,7 @@ func (w *LongContext) Session(k int) (Session, bool) {
 }
 
 // WorkloadNames lists the names NewWorkload accepts.
-var WorkloadNames = []string{"shared-prefix", "multi-turn", "long-context", "trace", "mooncake-synth"}
+var WorkloadNames = []string{"shared-prefix", "multi-turn", "long-context", "trace", "mooncake-synth", "mooncake-agent"}
 
 // NewWorkload builds a named synthetic workload with its defaults. A trace is loaded with
 // LoadTrace instead.
@@ -310,8 +301,12 @@ func NewWorkload(name string, seed uint64) (Workload, error) {
 		return NewLongContext(seed), nil
 	case "trace":
 		return nil, fmt.Errorf("workload trace needs a trace file (--trace FILE)")
-	case "mooncake-synth":
-		es, err := NewMooncakeGen(seed).Generate()
+	case "mooncake-synth", "mooncake-agent":
+		g := NewMooncakeGen(seed)
+		if name == "mooncake-agent" {
+			g = NewMooncakeAgentGen(seed)
+		}
+		es, err := g.Generate()
 		if err != nil {
 			return nil, err
 		}

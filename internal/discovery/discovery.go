@@ -1,5 +1,6 @@
 // Package discovery finds workers in Kubernetes: it watches the pods of one namespace with
-// client-go informers and keeps the gateway's worker registry in step with them (DESIGN.md §7).
+// client-go informers and keeps a worker registry in step with them, through the Registrar
+// interface (the gateway's registration path implements it).
 //
 // A pod matched by a selector becomes a worker while it is Running, Ready, not terminating and
 // has an IP; it is drained (its in-flight requests finish, no new ones reach it) as soon as one
@@ -10,6 +11,11 @@
 //
 // Informer callbacks only queue pod keys; a few reconcile goroutines turn each key into
 // registrations, so that a slow registration probe never stalls the watch.
+//
+// Pods and InferencePools are both read with client-go's dynamic client and a plain shared
+// informer, not the typed clientset and its informer factory: those two packages alone pull in
+// every Kubernetes API group's client, lister and informer, which more than quadrupled the
+// binary's Kubernetes code for the one resource discovery reads.
 package discovery
 
 import (
@@ -18,7 +24,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/http"
 	"reflect"
 	"slices"
 	"sync"
@@ -27,18 +32,22 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 
-	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// Defaults of DESIGN.md §7.
+// PodsGVR names the core v1 pods resource, which discovery watches.
+var PodsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+// Defaults of service discovery.
 const (
 	// DefaultPort is the worker port when neither a named port nor an InferencePool gives one.
 	DefaultPort = 8000
@@ -105,23 +114,51 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// Gateway is what discovery changes: the gateway's registration path (probe, validation, labels)
-// and its registry, which drains a removed worker. *gateway.Server implements it.
-type Gateway interface {
-	Register(ctx context.Context, a gateway.AddWorkerRequest) (*worker.Worker, error)
-	Registry() *worker.Registry
+// Registration is one worker discovery asks for: one port of one pod, with what the pod's labels
+// and annotations say about it.
+type Registration struct {
+	// URL is the worker's base URL, http://POD_IP:PORT.
+	URL string
+	// ModelID is the served model from the pod's model-id label; "" means the registrar learns it
+	// from the worker (its /v1/models).
+	ModelID string
+	// Type is regular, prefill or decode, from the selector that matched.
+	Type worker.Type
+	// BootstrapPort is a prefill pod's KV bootstrap port; nil when it has none.
+	BootstrapPort *int
+	// Labels are the pod's kvgate.io/ annotations without the prefix (policy, breaker and health
+	// settings); nil when it has none.
+	Labels map[string]string
+	// Runtime is the kvgate.io/runtime annotation (sglang, vllm); "" means detected.
+	Runtime string
+	// Source is "kubernetes:NAMESPACE/POD", recorded on the worker so that the admin API
+	// refuses to delete it while its pod exists.
+	Source string
 }
+
+// Registrar is what discovery changes: a registration path that probes and validates a worker
+// before adding it, and removes (drains) a worker it added. The command wires the gateway's
+// admin registration to it.
+type Registrar interface {
+	// Register adds the worker, or fails; an error wrapping ErrRejected says that the
+	// registration itself is invalid, so that retrying it cannot help.
+	Register(ctx context.Context, r Registration) (*worker.Worker, error)
+	// Remove drains and removes the worker of that id.
+	Remove(id string) (*worker.Worker, error)
+}
+
+// ErrRejected marks a registration that is invalid as it stands (a pod annotation that does not
+// parse): discovery waits for the pod to change instead of retrying it.
+var ErrRejected = errors.New("registration rejected")
 
 // Discovery keeps a gateway's workers in step with the pods of one namespace. Create it with
 // New, then Start and Stop.
 type Discovery struct {
-	cfg   Config
-	log   *slog.Logger
-	gw    Gateway
-	pods  kubernetes.Interface
-	pools dynamic.Interface
+	cfg    Config
+	log    *slog.Logger
+	reg    Registrar
+	client dynamic.Interface
 
-	factory     informers.SharedInformerFactory
 	podInformer cache.SharedIndexInformer
 	pool        *poolWatch
 	queue       workqueue.TypedRateLimitingInterface[string]
@@ -138,18 +175,18 @@ type Discovery struct {
 
 // registration is one worker that discovery registered for a pod.
 type registration struct {
-	req gateway.AddWorkerRequest
+	req Registration
 	id  string
 }
 
-// New returns a Discovery over the pods client and, when cfg.InferencePool is set, the dynamic
-// client the InferencePool is read with (it may be nil otherwise).
-func New(cfg Config, pods kubernetes.Interface, pools dynamic.Interface, gw Gateway) (*Discovery, error) {
+// New returns a Discovery that reads pods (and the InferencePool, when cfg.InferencePool is set)
+// with client and registers their workers with reg.
+func New(cfg Config, client dynamic.Interface, reg Registrar) (*Discovery, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.InferencePool != "" && pools == nil {
-		return nil, errors.New("service discovery: --inference-pool needs a dynamic client")
+	if client == nil || reg == nil {
+		return nil, errors.New("service discovery: no Kubernetes client or no registrar")
 	}
 	if cfg.Port == 0 {
 		cfg.Port = DefaultPort
@@ -160,7 +197,7 @@ func New(cfg Config, pods kubernetes.Interface, pools dynamic.Interface, gw Gate
 	if cfg.Reconcilers <= 0 {
 		cfg.Reconcilers = 4
 	}
-	d := &Discovery{cfg: cfg, log: cfg.Logger, gw: gw, pods: pods, pools: pools, owned: map[string][]registration{}}
+	d := &Discovery{cfg: cfg, log: cfg.Logger, reg: reg, client: client, owned: map[string][]registration{}}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -169,9 +206,10 @@ func New(cfg Config, pods kubernetes.Interface, pools dynamic.Interface, gw Gate
 	// A pod that failed to register is retried at 0.5 s, 1 s, 2 s, ... up to 30 s: long enough
 	// not to hammer a worker that is still loading, short enough to notice it soon.
 	d.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](500*time.Millisecond, 30*time.Second))
-	d.factory = informers.NewSharedInformerFactoryWithOptions(pods, 0,
-		informers.WithNamespace(cfg.Namespace), informers.WithTransform(slimPod))
-	d.podInformer = d.factory.Core().V1().Pods().Informer()
+	d.podInformer = newInformer(client, PodsGVR, cfg.Namespace, nil)
+	if err := d.podInformer.SetTransform(slimPod); err != nil {
+		return nil, err
+	}
 	if _, err := d.podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    d.enqueue,
 		UpdateFunc: func(_, obj any) { d.enqueue(obj) },
@@ -180,7 +218,7 @@ func New(cfg Config, pods kubernetes.Interface, pools dynamic.Interface, gw Gate
 		return nil, err
 	}
 	if cfg.InferencePool != "" {
-		pw, err := newPoolWatch(pools, cfg.Namespace, cfg.InferencePool, d.log, d.setPool)
+		pw, err := newPoolWatch(client, cfg.Namespace, cfg.InferencePool, d.log, d.setPool)
 		if err != nil {
 			return nil, err
 		}
@@ -194,7 +232,7 @@ func New(cfg Config, pods kubernetes.Interface, pools dynamic.Interface, gw Gate
 // with the reason, rather than as an endless stream of watch errors. ctx bounds the start only:
 // discovery then runs until Stop.
 func (d *Discovery) Start(ctx context.Context) error {
-	if _, err := d.pods.CoreV1().Pods(d.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+	if _, err := d.client.Resource(PodsGVR).Namespace(d.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
 		return fmt.Errorf("service discovery: listing pods in namespace %q: %w", d.cfg.Namespace, err)
 	}
 	if d.pool != nil {
@@ -204,11 +242,18 @@ func (d *Discovery) Start(ctx context.Context) error {
 	}
 	run, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.stop = cancel
-	d.factory.Start(run.Done())
-	synced := []cache.InformerSynced{d.podInformer.HasSynced}
+	informers := []cache.SharedIndexInformer{d.podInformer}
 	if d.pool != nil {
-		d.pool.start(run.Done())
-		synced = append(synced, d.pool.informer.HasSynced)
+		informers = append(informers, d.pool.informer)
+	}
+	var synced []cache.InformerSynced
+	for _, inf := range informers {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			inf.RunWithContext(run)
+		}()
+		synced = append(synced, inf.HasSynced)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		d.Stop()
@@ -235,10 +280,28 @@ func (d *Discovery) Stop() {
 	d.stop()
 	d.queue.ShutDown()
 	d.wg.Wait()
-	d.factory.Shutdown()
-	if d.pool != nil {
-		d.pool.factory.Shutdown()
+}
+
+// newInformer returns an informer over one resource of one namespace, read as unstructured
+// objects; tweak, when set, narrows each list and watch (a field selector).
+func newInformer(client dynamic.Interface, gvr schema.GroupVersionResource, namespace string, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	res := client.Resource(gvr).Namespace(namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			if tweak != nil {
+				tweak(&o)
+			}
+			return res.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			if tweak != nil {
+				tweak(&o)
+			}
+			return res.Watch(ctx, o)
+		},
 	}
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(lw, client),
+		&unstructured.Unstructured{}, cache.SharedIndexInformerOptions{ObjectDescription: gvr.String()})
 }
 
 func (d *Discovery) enqueue(obj any) {
@@ -291,7 +354,7 @@ func (d *Discovery) reconcileNext(ctx context.Context) bool {
 
 // reconcile makes the registrations for pod key match the pod; it reports whether to try again.
 func (d *Discovery) reconcile(ctx context.Context, key string) (retry bool) {
-	var want []gateway.AddWorkerRequest
+	var want []Registration
 	obj, exists, err := d.podInformer.GetIndexer().GetByKey(key)
 	if err == nil && exists {
 		want = d.targets(obj.(*corev1.Pod), d.roles.Load())
@@ -300,7 +363,7 @@ func (d *Discovery) reconcile(ctx context.Context, key string) (retry bool) {
 	have := d.owned[key]
 	var keep, drop []registration
 	for _, r := range have {
-		if slices.ContainsFunc(want, func(a gateway.AddWorkerRequest) bool { return sameRequest(a, r.req) }) {
+		if slices.ContainsFunc(want, func(a Registration) bool { return sameRequest(a, r.req) }) {
 			keep = append(keep, r)
 		} else {
 			drop = append(drop, r)
@@ -310,7 +373,7 @@ func (d *Discovery) reconcile(ctx context.Context, key string) (retry bool) {
 	d.mu.Unlock()
 
 	for _, r := range drop {
-		if w, err := d.gw.Registry().Remove(r.id); err == nil {
+		if w, err := d.reg.Remove(r.id); err == nil {
 			d.log.Info("worker drained", "pod", key, "worker", w.ID, "url", w.Spec.URL, "inflight", w.Inflight())
 		}
 	}
@@ -318,10 +381,9 @@ func (d *Discovery) reconcile(ctx context.Context, key string) (retry bool) {
 		if slices.ContainsFunc(keep, func(r registration) bool { return sameRequest(a, r.req) }) {
 			continue
 		}
-		w, err := d.gw.Register(ctx, a)
+		w, err := d.reg.Register(ctx, a)
 		if err != nil {
-			var re *gateway.RegisterError
-			if errors.As(err, &re) && re.Status == http.StatusBadRequest {
+			if errors.Is(err, ErrRejected) {
 				// The pod's annotations do not parse: no retry until the pod changes.
 				d.log.Warn("pod not registered: bad settings", "pod", key, "url", a.URL, "err", err)
 				continue
@@ -352,8 +414,8 @@ func (d *Discovery) setOwned(key string, rs []registration) {
 }
 
 // sameRequest compares two registrations by everything that makes the worker.
-func sameRequest(a, b gateway.AddWorkerRequest) bool {
-	return a.URL == b.URL && a.ModelID == b.ModelID && a.WorkerType == b.WorkerType &&
+func sameRequest(a, b Registration) bool {
+	return a.URL == b.URL && a.ModelID == b.ModelID && a.Type == b.Type &&
 		a.Runtime == b.Runtime && reflect.DeepEqual(a.BootstrapPort, b.BootstrapPort) && maps.Equal(a.Labels, b.Labels)
 }
 

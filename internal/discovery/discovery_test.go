@@ -3,6 +3,7 @@ package discovery
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,13 +22,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/dynamic"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -65,17 +65,37 @@ func newEngine(t *testing.T, model string) *engine {
 	return e
 }
 
-// harness is a gateway fed by discovery over fake clients, with the registry's events on a
-// channel.
+// newClient returns a fake API server holding objs, serving pods and InferencePools.
+func newClient(objs ...runtime.Object) *dynamicfake.FakeDynamicClient {
+	return dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{PodsGVR: "PodList", InferencePoolGVR: "InferencePoolList"}, objs...)
+}
+
+// registrar registers through the gateway's admin path, as the command wires it.
+type registrar struct{ gw *gateway.Server }
+
+func (r registrar) Register(ctx context.Context, a Registration) (*worker.Worker, error) {
+	w, err := r.gw.Register(ctx, gateway.AddWorkerRequest{URL: a.URL, ModelID: a.ModelID, WorkerType: a.Type.String(),
+		BootstrapPort: a.BootstrapPort, Labels: a.Labels, Runtime: a.Runtime, Source: a.Source})
+	if re := (*gateway.RegisterError)(nil); errors.As(err, &re) && re.Status == http.StatusBadRequest {
+		return nil, fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	return w, err
+}
+
+func (r registrar) Remove(id string) (*worker.Worker, error) { return r.gw.Registry().Remove(id) }
+
+// harness is a gateway fed by discovery over a fake API server, with the registry's events on
+// a channel.
 type harness struct {
 	t      *testing.T
-	cs     *fake.Clientset
+	cs     *dynamicfake.FakeDynamicClient
 	gw     *gateway.Server
 	d      *Discovery
 	events chan worker.Event
 }
 
-func newHarness(t *testing.T, cfg Config, cs *fake.Clientset, dyn *dynamicfake.FakeDynamicClient) *harness {
+func newHarness(t *testing.T, cfg Config, cs *dynamicfake.FakeDynamicClient) *harness {
 	t.Helper()
 	reg := worker.NewRegistry()
 	router, err := policy.NewRouter("round_robin", policy.DefaultConfig())
@@ -91,11 +111,7 @@ func newHarness(t *testing.T, cfg Config, cs *fake.Clientset, dyn *dynamicfake.F
 	reg.Subscribe(func(e worker.Event) { h.events <- e })
 	cfg.Namespace = ns
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	var pools dynamic.Interface // a nil *FakeDynamicClient must stay a nil interface
-	if dyn != nil {
-		pools = dyn
-	}
-	d, err := New(cfg, cs, pools, h.gw)
+	d, err := New(cfg, cs, registrar{h.gw})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,21 +150,28 @@ func (h *harness) quiet() {
 func (h *harness) apply(p *corev1.Pod) {
 	h.t.Helper()
 	ctx := context.Background()
-	pods := h.cs.CoreV1().Pods(ns)
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion("v1")
+	u.SetKind("Pod")
+	pods := h.cs.Resource(PodsGVR).Namespace(ns)
 	if _, err := pods.Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
-		if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		if _, err := pods.Update(ctx, u, metav1.UpdateOptions{}); err != nil {
 			h.t.Fatal(err)
 		}
 		return
 	}
-	if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
+	if _, err := pods.Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		h.t.Fatal(err)
 	}
 }
 
 func (h *harness) delete(name string) {
 	h.t.Helper()
-	if err := h.cs.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+	if err := h.cs.Resource(PodsGVR).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -172,7 +195,7 @@ func addr(ip string, port int) string { return "http://" + net.JoinHostPort(ip, 
 
 func TestPodLifecycle(t *testing.T) {
 	e := newEngine(t, "served-model")
-	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http", ModelIDLabel: "model"}, fake.NewClientset(), nil)
+	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http", ModelIDLabel: "model"}, newClient())
 	sel := map[string]string{"app": "engine", "model": "llama"}
 
 	p := pod("a", "127.0.0.1", e.port, false, sel)
@@ -256,7 +279,7 @@ func TestPodLifecycle(t *testing.T) {
 
 func TestModelLearnedFromWorker(t *testing.T) {
 	e := newEngine(t, "learned-model")
-	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, Port: e.port}, fake.NewClientset(), nil)
+	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, Port: e.port}, newClient())
 	h.apply(pod("a", "127.0.0.1", 1, true, map[string]string{"app": "engine"}))
 	w := h.next().Worker
 	if got := w.Spec.Models; len(got) != 1 || got[0] != "learned-model" || w.Runtime() != "vllm" {
@@ -270,7 +293,7 @@ func TestPrefillDecodeSelection(t *testing.T) {
 		PrefillSelector: map[string]string{"role": "prefill"},
 		DecodeSelector:  map[string]string{"role": "decode"},
 		PortName:        "http", ModelIDLabel: "model",
-	}, fake.NewClientset(), nil)
+	}, newClient())
 	pp := pod("p", "127.0.0.1", pe.port, true, map[string]string{"role": "prefill", "model": "m"})
 	pp.Annotations[DefaultBootstrapPortAnnotation] = "8998"
 	h.apply(pp)
@@ -296,7 +319,7 @@ func TestPrefillDecodeSelection(t *testing.T) {
 
 func TestBadAnnotationWaitsForAFix(t *testing.T) {
 	e := newEngine(t, "m")
-	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, fake.NewClientset(), nil)
+	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, newClient())
 	p := pod("a", "127.0.0.1", e.port, true, map[string]string{"app": "engine"})
 	p.Annotations["kvgate.io/cb_failure_threshold"] = "many"
 	h.apply(p)
@@ -312,7 +335,7 @@ func TestBadAnnotationWaitsForAFix(t *testing.T) {
 // never removes a worker it did not register, even at the same address.
 func TestCoexistsWithAdminWorkers(t *testing.T) {
 	e1, e2 := newEngine(t, "m"), newEngine(t, "m")
-	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, fake.NewClientset(), nil)
+	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, newClient())
 	admin, err := h.gw.Register(context.Background(), gateway.AddWorkerRequest{URL: e1.URL})
 	if err != nil {
 		t.Fatal(err)
@@ -366,11 +389,10 @@ func inferencePool(name string, match map[string]any, ports ...int64) *unstructu
 
 func TestInferencePoolChanges(t *testing.T) {
 	e1, e2, e3 := newEngine(t, "m"), newEngine(t, "m"), newEngine(t, "m")
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{InferencePoolGVR: "InferencePoolList"},
+	dyn := newClient(
 		inferencePool("pool", map[string]any{"app": "vllm"}, int64(e1.port), int64(e2.port)),
 		inferencePool("unrelated", map[string]any{"app": "other"}, int64(e3.port)))
-	h := newHarness(t, Config{InferencePool: "pool", ModelIDLabel: "model"}, fake.NewClientset(), dyn)
+	h := newHarness(t, Config{InferencePool: "pool", ModelIDLabel: "model"}, dyn)
 	h.apply(pod("a", "127.0.0.1", 1, true, map[string]string{"app": "vllm", "model": "m"}))
 	h.apply(pod("b", "127.0.0.1", 1, true, map[string]string{"app": "other", "model": "m"}))
 	urls := map[string]bool{}
@@ -440,7 +462,7 @@ func TestParsePool(t *testing.T) {
 // A watch that fails is resumed: the reflector lists again and a pod created meanwhile joins.
 func TestWatchErrorResumes(t *testing.T) {
 	e := newEngine(t, "m")
-	cs := fake.NewClientset()
+	cs := newClient()
 	first := watch.NewRaceFreeFake()
 	var watches atomic.Int32
 	rewatched := make(chan struct{})
@@ -456,7 +478,7 @@ func TestWatchErrorResumes(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, cs, nil)
+	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, cs)
 	// Created while the watch is the broken one: only a fresh list can see it.
 	h.apply(pod("a", "127.0.0.1", e.port, true, map[string]string{"app": "engine"}))
 	h.quiet()
@@ -480,7 +502,7 @@ func TestWatchErrorResumes(t *testing.T) {
 func TestInFlightRequestFinishesWhenPodGoesUnready(t *testing.T) {
 	e := newEngine(t, "m")
 	e.hold = make(chan struct{})
-	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, fake.NewClientset(), nil)
+	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, PortName: "http"}, newClient())
 	p := pod("a", "127.0.0.1", e.port, true, map[string]string{"app": "engine"})
 	h.apply(p)
 	w := h.next().Worker
@@ -493,7 +515,7 @@ func TestInFlightRequestFinishesWhenPodGoesUnready(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	<-e.started
+	testutil.Recv(t, e.started, "the stream at the engine")
 	br := bufio.NewReader(resp.Body)
 	if line, _ := br.ReadString('\n'); !strings.Contains(line, `"a"`) {
 		t.Fatalf("first chunk: %q", line)

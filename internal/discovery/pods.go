@@ -7,9 +7,11 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -83,7 +85,7 @@ func Routable(p *corev1.Pod) bool {
 
 // targets returns the registrations the pod should have now: none unless it is selected and
 // routable, else one per port.
-func (d *Discovery) targets(p *corev1.Pod, r *roles) []gateway.AddWorkerRequest {
+func (d *Discovery) targets(p *corev1.Pod, r *roles) []Registration {
 	typ, ok := r.typeOf(p.Labels)
 	if !ok || !Routable(p) {
 		return nil
@@ -99,7 +101,7 @@ func (d *Discovery) targets(p *corev1.Pod, r *roles) []gateway.AddWorkerRequest 
 		}
 		ports = []int{port}
 	}
-	base := gateway.AddWorkerRequest{WorkerType: typ.String(), Source: SourcePrefix + p.Namespace + "/" + p.Name}
+	base := Registration{Type: typ, Source: SourcePrefix + p.Namespace + "/" + p.Name}
 	if d.cfg.ModelIDLabel != "" {
 		base.ModelID = p.Labels[d.cfg.ModelIDLabel]
 	}
@@ -130,7 +132,7 @@ func (d *Discovery) targets(p *corev1.Pod, r *roles) []gateway.AddWorkerRequest 
 			}
 		}
 	}
-	out := make([]gateway.AddWorkerRequest, 0, len(ports))
+	out := make([]Registration, 0, len(ports))
 	for _, port := range ports {
 		a := base
 		a.URL = (&url.URL{Scheme: "http", Host: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(port))}).String()
@@ -151,12 +153,20 @@ func namedPort(p *corev1.Pod, name string) int {
 	return 0
 }
 
-// slimPod keeps only what discovery reads, so that the informer's cache of a busy namespace
-// stays small: names, labels, annotations, container ports, phase, IP and the Ready condition.
+// slimPod turns a pod read by the dynamic client into a *corev1.Pod holding only what discovery
+// reads, so that the informer's cache of a busy namespace stays small: names, labels,
+// annotations, container ports, phase, IP and the Ready condition.
 func slimPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
+	u, ok := obj.(*unstructured.Unstructured)
 	if !ok {
-		return obj, nil // a tombstone on delete
+		return obj, nil // a tombstone on delete, or already slim
+	}
+	p := &corev1.Pod{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
+		// A pod that does not read as one is no worker: keep its name only, so that a worker
+		// it had is drained (an error here would stall the whole watch instead).
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: u.GetName(), Namespace: u.GetNamespace(),
+			UID: u.GetUID(), ResourceVersion: u.GetResourceVersion()}}, nil
 	}
 	slim := &corev1.Pod{}
 	slim.Name, slim.Namespace, slim.UID, slim.ResourceVersion = p.Name, p.Namespace, p.UID, p.ResourceVersion

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -58,16 +57,14 @@ type poolWatch struct {
 	client    dynamic.Interface
 	namespace string
 	name      string
-	factory   dynamicinformer.DynamicSharedInformerFactory
 	informer  cache.SharedIndexInformer
 }
 
 func newPoolWatch(client dynamic.Interface, namespace, name string, log *slog.Logger, set func(*poolSpec)) (*poolWatch, error) {
 	pw := &poolWatch{client: client, namespace: namespace, name: name}
-	pw.factory = dynamicinformer.NewFilteredDynamicSharedInformerFactory(client, 0, namespace, func(o *metav1.ListOptions) {
+	pw.informer = newInformer(client, InferencePoolGVR, namespace, func(o *metav1.ListOptions) {
 		o.FieldSelector = "metadata.name=" + name
 	})
-	pw.informer = pw.factory.ForResource(InferencePoolGVR).Informer()
 	apply := func(obj any) {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok || u.GetName() != name {
@@ -105,5 +102,3 @@ func (pw *poolWatch) check(ctx context.Context) error {
 	}
 	return nil
 }
-
-func (pw *poolWatch) start(stop <-chan struct{}) { pw.factory.Start(stop) }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -355,7 +356,7 @@ func TestDrillClientDisconnect(t *testing.T) {
 	}
 	left := time.Now()
 	cancel()
-	<-done
+	testutil.Recv(t, done, "the abandoned client's return")
 	// The engine's abort is visible only in its load; poll it, bounded.
 	deadline := time.Now().Add(5 * time.Second)
 	for r.engines[busy].running() != 0 {

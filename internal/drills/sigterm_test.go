@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // kvgate is a kvgate binary running as a child process.
@@ -60,7 +62,7 @@ func startKvgate(t *testing.T, args ...string) *kvgate {
 	}()
 	t.Cleanup(func() {
 		_ = k.cmd.Process.Kill()
-		<-k.exited
+		testutil.Recv(t, k.exited, "the killed gateway's exit")
 	})
 	select {
 	case a := <-addr:

@@ -186,10 +186,11 @@ func BenchmarkFleet64(b *testing.B) {
 	for _, mode := range []struct {
 		name   string
 		tokens bool
-	}{{"fast", false}, {"tokens", true}} {
+		timing TimingModel
+	}{{"fast", false, TimingBatched}, {"tokens", true, TimingBatched}, {"per-slot-fast", false, TimingPerSlot}, {"per-slot-tokens", true, TimingPerSlot}} {
 		b.Run(mode.name, func(b *testing.B) {
 			cfg := DefaultConfig()
-			cfg.EmitTokens = mode.tokens
+			cfg.EmitTokens, cfg.Timing = mode.tokens, mode.timing
 			var res fleetResult
 			cpu0 := cpuTime()
 			start := time.Now()

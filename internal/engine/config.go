@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -27,6 +28,17 @@ type Config struct {
 	// StatsWindow is the time constant of the moving averages in Load (generation throughput,
 	// cache hit rate). Default 10 s.
 	StatsWindow time.Duration
+	// Timing is the timing model: TimingBatched (the zero value) or TimingPerSlot.
+	Timing TimingModel
+	// PrefillOverhead is a fixed cost added to every request's prefill under TimingPerSlot
+	// (llm-d-inference-sim's prefill-overhead); TimingBatched ignores it. Default 0.
+	PrefillOverhead time.Duration
+	// LoadFactor is the slowdown under load of TimingPerSlot (llm-d-inference-sim's
+	// time-factor-under-load): a request's prefill and inter-token times are multiplied by
+	// 1 + (LoadFactor − 1)·(running − 1)/(MaxRunning − 1), from 1 with one request running to
+	// LoadFactor with MaxRunning. Must be in [1, 100]; TimingBatched ignores it. Default 1 (no
+	// slowdown).
+	LoadFactor float64
 	// EmitTokens makes every decode step an event: NextEvent reports each step end and Advance
 	// reports a Tokens event per request per step, which a streaming front needs to pace its
 	// output. When false (the zero value, the fleet simulator's fast mode) NextEvent skips over
@@ -37,7 +49,8 @@ type Config struct {
 
 // DefaultConfig returns the defaults of `kvgate sim`: 16-token blocks, 524288 KV tokens, 256
 // running requests, 2048-token prefill chunks, 8000 prefill tokens/s, 6 ms + 0.35 ms per decoding
-// request per step, 10 s statistics window, fast mode.
+// request per step, 10 s statistics window, the batched timing model (no prefill overhead, load
+// factor 1), fast mode.
 func DefaultConfig() Config {
 	return Config{
 		BlockSize:    16,
@@ -48,6 +61,7 @@ func DefaultConfig() Config {
 		DecodeBase:   6 * time.Millisecond,
 		DecodePerReq: 350 * time.Microsecond,
 		StatsWindow:  10 * time.Second,
+		LoadFactor:   1,
 	}
 }
 
@@ -78,6 +92,9 @@ func (c Config) WithDefaults() Config {
 	if c.StatsWindow == 0 {
 		c.StatsWindow = d.StatsWindow
 	}
+	if c.LoadFactor == 0 {
+		c.LoadFactor = d.LoadFactor
+	}
 	return c
 }
 
@@ -101,6 +118,54 @@ func (c Config) Validate() error {
 		return errors.New("engine: decode costs must not both be zero")
 	case c.StatsWindow < 0:
 		return errors.New("engine: stats window must not be negative")
+	case c.Timing != TimingBatched && c.Timing != TimingPerSlot:
+		return fmt.Errorf("engine: unknown timing model %d", c.Timing)
+	case c.PrefillOverhead < 0 || c.PrefillOverhead > time.Hour:
+		return fmt.Errorf("engine: prefill overhead %v must be in [0, 1h]", c.PrefillOverhead)
+	case !(c.LoadFactor >= 1 && c.LoadFactor <= 100):
+		return fmt.Errorf("engine: load factor %v must be in [1, 100]", c.LoadFactor)
 	}
 	return nil
+}
+
+// TimingModel says how an engine turns work into time. The zero value is TimingBatched.
+type TimingModel uint8
+
+const (
+	// TimingBatched is continuous batching with chunked prefill, as vLLM and SGLang run: each
+	// step prefills at most PrefillChunk tokens, shared by the requests in prefill oldest first,
+	// and decodes one token for every other running request; a step lasts max(prefill tokens ÷
+	// PrefillTPS, DecodeBase + DecodePerReq × decoding requests). Prefills queue behind each
+	// other and stall decoding.
+	TimingBatched TimingModel = iota
+	// TimingPerSlot is llm-d-inference-sim's model: each of the MaxRunning slots serves one
+	// request on its own clock. A request prefills its uncached prompt in PrefillOverhead +
+	// uncached tokens ÷ PrefillTPS, then produces a token every DecodeBase (the inter-token
+	// latency), both times the load factor (see LoadFactor) at its admission and at its first
+	// token respectively; DecodePerReq and PrefillChunk are unused. Prefills never wait for each
+	// other, only for a free slot. A request's KV blocks (prompt and every output token) are
+	// reserved when it is admitted, so this model never preempts.
+	TimingPerSlot
+)
+
+// String returns the flag name of m: "batched" or "per-slot".
+func (m TimingModel) String() string {
+	switch m {
+	case TimingBatched:
+		return "batched"
+	case TimingPerSlot:
+		return "per-slot"
+	}
+	return fmt.Sprintf("TimingModel(%d)", uint8(m))
+}
+
+// ParseTimingModel parses "batched" (or "") and "per-slot" (or "perslot", "per_slot").
+func ParseTimingModel(s string) (TimingModel, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "batched":
+		return TimingBatched, nil
+	case "per-slot", "perslot", "per_slot":
+		return TimingPerSlot, nil
+	}
+	return TimingBatched, fmt.Errorf("unknown engine timing model %q (want batched or per-slot)", s)
 }

@@ -45,6 +45,13 @@
 // therefore grows with the uncached prompt and with queueing, inter-token latency with the batch
 // size, and a full KV cache makes requests wait.
 //
+// That is the batched timing model (TimingBatched, the default). Under TimingPerSlot, the model
+// of llm-d-inference-sim, each of the MaxRunning slots serves one request on its own clock: a
+// request prefills its uncached prompt in PrefillOverhead + uncached tokens ÷ PrefillTPS and then
+// produces a token every DecodeBase, both scaled by Config.LoadFactor with the number of requests
+// running; prefills never wait for one another, only for a free slot, and a request's KV blocks
+// are reserved in full when it is admitted. The prefix cache and the queue are the same in both.
+//
 // Only full prompt blocks enter the prefix cache; generated tokens and the partial last prompt
 // block are private to their request and freed when it ends.
 //
@@ -153,6 +160,16 @@ type req struct {
 	toks      []uint32 // the prompt's tokens, kept only while a CacheObserver is set
 	priv      int      // private blocks held
 	uncached  int      // this request's share of Load().WaitingUncachedTokens while waiting
+
+	// TimingPerSlot only (slot.go): the time of the request's next event, its index in the
+	// engine's slot heap (-1 when not in it), its admission order (ties in the heap), when its
+	// prefill started and how long it lasts, and its inter-token latency.
+	due         time.Duration
+	slot        int
+	seq         uint64
+	prefillFrom time.Duration
+	prefillDur  time.Duration
+	itl         time.Duration
 }
 
 func (r *req) held() int { return len(r.pinned) + r.priv }
@@ -183,6 +200,10 @@ type Engine struct {
 
 	pending []Event
 	stats   stats
+
+	// TimingPerSlot only: the running requests by next event, and the admission counter.
+	slots slotHeap
+	seq   uint64
 
 	// Request records are recycled, with their key and block buffers: a request that leaves
 	// goes to retired, and from there to spare when the next step starts (only then can no
@@ -253,7 +274,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		}
 	}
 	*q = req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
-		pinned: q.pinned[:0], toks: toks}
+		pinned: q.pinned[:0], toks: toks, slot: -1}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()
@@ -335,6 +356,8 @@ func (e *Engine) NextEvent() (at time.Duration, ok bool) {
 	switch {
 	case len(e.pending) > 0:
 		return e.now, true
+	case e.cfg.Timing == TimingPerSlot:
+		return e.nextSlotEvent()
 	case e.busy && e.cfg.EmitTokens:
 		return e.stepStart + time.Duration(e.done+1)*e.stepDur, true
 	case e.busy:
@@ -359,6 +382,10 @@ func (e *Engine) Advance(now time.Duration, dst []Event) []Event {
 // start exactly at now is started only when inclusive is set, so that a Submit at now can still
 // join it.
 func (e *Engine) advance(now time.Duration, inclusive bool) {
+	if e.cfg.Timing == TimingPerSlot {
+		e.advanceSlots(now, inclusive)
+		return
+	}
 	now = max(now, e.now)
 	for {
 		if e.busy {

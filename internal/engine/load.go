@@ -63,6 +63,10 @@ func (e *Engine) Load() Load {
 		DecodeStall:           e.stats.stall,
 	}
 	for _, r := range e.running {
+		if e.cfg.Timing == TimingPerSlot {
+			l.PrefillTokens += e.slotPrefillLeft(r)
+			continue
+		}
 		l.PrefillTokens += int64(max(r.target-r.computed, 0))
 	}
 	l.TokenUsage = float64(l.UsedTokens) / float64(l.MaxTokens)

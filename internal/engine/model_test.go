@@ -49,10 +49,11 @@ func TestSameInputsSameTimings(t *testing.T) {
 
 // TestFastModeMatchesTokenMode checks that decode runs change nothing but the events reported.
 func TestFastModeMatchesTokenMode(t *testing.T) {
-	for _, kv := range []int{8192, 524288} {
-		t.Run(fmt.Sprint(kv), func(t *testing.T) {
+	for i, kv := range []int{8192, 524288, 8192} {
+		timing := TimingModel(i / 2) // the last one per-slot
+		t.Run(fmt.Sprint(timing, kv), func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.KVTokens = kv
+			cfg.KVTokens, cfg.Timing, cfg.LoadFactor = kv, timing, 2
 			fast := workload(t, cfg, 3, 300)
 			cfg.EmitTokens = true
 			slow := workload(t, cfg, 3, 300)
@@ -112,10 +113,11 @@ func TestLoadStatistics(t *testing.T) {
 // TestCacheInvariants runs random workloads on a tiny cache and checks the block accounting
 // after every event.
 func TestCacheInvariants(t *testing.T) {
-	for seed := range uint64(5) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+	for seed := range uint64(6) {
+		timing := TimingModel(seed % 2)
+		t.Run(fmt.Sprint(timing, seed), func(t *testing.T) {
 			cfg := DefaultConfig()
-			cfg.KVTokens, cfg.MaxRunning = 2048, 8
+			cfg.KVTokens, cfg.MaxRunning, cfg.Timing, cfg.LoadFactor = 2048, 8, timing, 2
 			e := mustNew(t, cfg)
 			rng := rand.New(rand.NewPCG(seed, 2))
 			now := time.Duration(0)
@@ -176,6 +178,16 @@ func checkInvariants(t *testing.T, e *Engine) {
 	if len(e.running) > e.cfg.MaxRunning {
 		t.Fatalf("%d running over the limit", len(e.running))
 	}
+	if e.cfg.Timing == TimingPerSlot {
+		if len(e.slots) != len(e.running) {
+			t.Fatalf("%d requests in the slot heap, %d running", len(e.slots), len(e.running))
+		}
+		for i, r := range e.slots {
+			if r.slot != i || r.state != running || r.due < e.now {
+				t.Fatalf("slot heap entry %d: index %d, state %d, due %v at %v", i, r.slot, r.state, r.due, e.now)
+			}
+		}
+	}
 }
 
 // FuzzEngineOps drives a small engine with an arbitrary sequence of submits, aborts, flushes and
@@ -183,9 +195,13 @@ func checkInvariants(t *testing.T, e *Engine) {
 func FuzzEngineOps(f *testing.F) {
 	f.Add([]byte{0, 10, 20, 0, 11, 40, 2, 5, 1, 3, 0, 12, 200, 2, 255})
 	f.Add([]byte{0, 1, 255, 0, 1, 255, 0, 2, 255, 2, 100, 1, 0, 3, 0})
+	f.Add([]byte{128, 10, 20, 0, 11, 40, 2, 5, 1, 3, 0, 12, 200, 2, 255, 1, 2, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		cfg := DefaultConfig()
 		cfg.KVTokens, cfg.MaxRunning, cfg.PrefillChunk = 1024, 4, 64
+		if len(ops) > 0 && ops[0]&0x80 != 0 {
+			cfg.Timing, cfg.LoadFactor = TimingPerSlot, 3
+		}
 		e := mustNew(t, cfg)
 		now, id := time.Duration(0), uint64(0)
 		for i := 0; i+2 < len(ops) && i < 300; i += 3 {

@@ -1,6 +1,9 @@
 package engine
 
-import "time"
+import (
+	"container/heap"
+	"time"
+)
 
 // startStep composes the step (or run of identical decode steps) that starts at t, or leaves
 // the engine idle when there is nothing to do.
@@ -107,6 +110,10 @@ func (e *Engine) admit(t time.Duration) {
 		r.pinned, evictable = e.cache.lookup(r.keys, r.pinned[:0])
 		m := len(r.pinned)
 		need := ceilDiv(r.target, bs) - m
+		if e.cfg.Timing == TimingPerSlot {
+			// Reserve the output's blocks too: a slot never grows, so it never preempts.
+			need = ceilDiv(r.target+r.maxTokens-r.generated, bs) - m
+		}
 		if need > e.cache.supply()-evictable {
 			r.pinned = r.pinned[:0]
 			return
@@ -124,6 +131,8 @@ func (e *Engine) admit(t time.Duration) {
 		}
 		e.uncached -= int64(r.uncached)
 		r.state = running
+		r.seq = e.seq
+		e.seq++
 		e.running = append(e.running, r)
 		if r.admitted {
 			continue
@@ -222,6 +231,9 @@ func (e *Engine) releaseKV(r *req) {
 }
 
 func (e *Engine) removeRunning(r *req) {
+	if r.slot >= 0 {
+		heap.Remove(&e.slots, r.slot)
+	}
 	for i, x := range e.running {
 		if x == r {
 			copy(e.running[i:], e.running[i+1:])

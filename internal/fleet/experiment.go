@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/loadmon"
@@ -23,6 +26,9 @@ type Experiment struct {
 	Policies []string
 	Gateways []int
 	Modes    []loadmon.Mode
+	// Splits are gateway splits (Config.GatewayWeights) to run at every gateway count with as
+	// many weights; nil in the list is the even split. Empty means Base's split alone.
+	Splits [][]float64
 	// Workload, Arrivals, Limits and Seed make each run's schedule (a fresh one per run, so all
 	// runs see the same requests at the same times).
 	Workload bench.Workload
@@ -31,6 +37,9 @@ type Experiment struct {
 	Seed     uint64
 	// Parallel is how many runs go at once. Zero means GOMAXPROCS. Results do not depend on it.
 	Parallel int
+	// Progress, when set, gets a line as each run of the grid ends (the CLI sets it only on a
+	// terminal). Results do not depend on it.
+	Progress io.Writer
 }
 
 // Configs returns the grid's fleet configurations in report order: by policy, then mode, then
@@ -46,13 +55,22 @@ func (x *Experiment) Configs() []Config {
 	if len(modes) == 0 {
 		modes = []loadmon.Mode{x.Base.LoadMode}
 	}
+	splits := x.Splits
+	if len(splits) == 0 {
+		splits = [][]float64{x.Base.GatewayWeights}
+	}
 	var out []Config
 	for _, p := range pols {
 		for _, m := range modes {
 			for _, g := range gws {
-				c := x.Base
-				c.Policy, c.Gateways, c.LoadMode = p, g, m
-				out = append(out, c)
+				for _, sp := range splits {
+					if len(sp) > 0 && len(sp) != g {
+						continue // a split is for its own gateway count
+					}
+					c := x.Base
+					c.Policy, c.Gateways, c.LoadMode, c.GatewayWeights = p, g, m, sp
+					out = append(out, c)
+				}
 			}
 		}
 	}
@@ -66,6 +84,15 @@ func (x *Experiment) Validate() error {
 	}
 	if _, err := bench.NewSchedule(x.Workload, x.Arrivals, x.Limits, x.Seed); err != nil {
 		return err
+	}
+	gws := x.Gateways
+	if len(gws) == 0 {
+		gws = []int{x.Base.withDefaults().Gateways}
+	}
+	for _, sp := range x.Splits {
+		if len(sp) > 0 && !slices.Contains(gws, len(sp)) {
+			return fmt.Errorf("fleet: gateway split %s needs a run at %d gateways", FormatSplit(sp), len(sp))
+		}
 	}
 	for _, c := range x.Configs() {
 		if err := c.Validate(); err != nil {
@@ -86,19 +113,19 @@ func (x *Experiment) Run(ctx context.Context) ([]bench.Summary, error) {
 		s, err := x.runOne(ctx, cfgs[i], x.Arrivals)
 		out[i] = s
 		return err
-	})
+	}, func(i int) string { return cfgs[i].Label() + fmt.Sprintf(" at %d gateways", cfgs[i].Gateways) })
 	if err == nil {
 		versusOracle(out)
 	}
 	return out, err
 }
 
-// versusOracle sets each row's HitVsOracle from the oracle row at the same gateway count, if
-// the grid has one.
+// versusOracle sets each row's HitVsOracle from the oracle row at the same gateway count and
+// split, if the grid has one.
 func versusOracle(rows []bench.Summary) {
 	for i := range rows {
 		for _, o := range rows {
-			if o.Policy == OraclePolicy && o.Gateways == rows[i].Gateways && o.HitRate > 0 {
+			if o.Policy == OraclePolicy && o.Gateways == rows[i].Gateways && o.Split == rows[i].Split && o.HitRate > 0 {
 				rows[i].HitVsOracle = round3(rows[i].HitRate / o.HitRate)
 				break
 			}
@@ -135,11 +162,13 @@ func (x *Experiment) Sweep(ctx context.Context, sc bench.SweepConfig) ([]bench.S
 		})
 		out[i] = res
 		return err
+	}, func(i int) string {
+		return "sweep of " + cfgs[i].Label() + fmt.Sprintf(" at %d gateways", cfgs[i].Gateways)
 	})
 	if err == nil {
 		for i := range out {
 			for j, o := range out {
-				if p, _ := canonical(cfgs[j].Policy); p == OraclePolicy && cfgs[j].Gateways == cfgs[i].Gateways && o.Goodput > 0 {
+				if p, _ := canonical(cfgs[j].Policy); p == OraclePolicy && cfgs[j].Gateways == cfgs[i].Gateways && slices.Equal(cfgs[j].GatewayWeights, cfgs[i].GatewayWeights) && o.Goodput > 0 {
 					out[i].GoodputVsOracle = round3(out[i].Goodput / o.Goodput)
 					break
 				}
@@ -167,8 +196,9 @@ func (x *Experiment) runOne(ctx context.Context, c Config, a bench.Arrivals) (be
 }
 
 // each calls fn(0..n-1) on up to Parallel goroutines, which it owns and waits for; the first
-// error cancels the remaining calls.
-func (x *Experiment) each(ctx context.Context, n int, fn func(i int) error) error {
+// error cancels the remaining calls. With Progress set, each call that ends is reported under
+// name(i).
+func (x *Experiment) each(ctx context.Context, n int, fn func(i int) error, name func(i int) string) error {
 	par := x.Parallel
 	if par <= 0 {
 		par = runtime.GOMAXPROCS(0)
@@ -179,13 +209,23 @@ func (x *Experiment) each(ctx context.Context, n int, fn func(i int) error) erro
 	next := make(chan int)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
+	var mu sync.Mutex // serializes progress lines and counts them
+	done, start := 0, time.Now()
 	for range par {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range next {
+				t := time.Now()
 				if errs[i] = fn(i); errs[i] != nil {
 					cancel()
+				}
+				if x.Progress != nil && errs[i] == nil {
+					mu.Lock()
+					done++
+					fmt.Fprintf(x.Progress, "fleet: %d/%d done: %s (%v; %v so far)\n", done, n, name(i),
+						time.Since(t).Round(100*time.Millisecond), time.Since(start).Round(time.Second))
+					mu.Unlock()
 				}
 			}
 		}()

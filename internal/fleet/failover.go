@@ -15,50 +15,9 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// WorkerChange is one change of the fleet during a run: an engine removed (as the admin API's
-// DELETE /workers/{id} does: no new requests, those in flight finish) or a new engine, with an
-// empty cache, added (POST /workers).
-type WorkerChange struct {
-	// At is when it happens, in virtual time from the start.
-	At time.Duration
-	// Remove is true for a removal, false for an addition.
-	Remove bool
-	// Engine is the index of the engine removed; ignored for an addition, which gets the next
-	// free index.
-	Engine int
-}
-
-// String returns c in the form bench.ParseChanges reads.
-func (c WorkerChange) String() string {
-	if c.Remove {
-		return fmt.Sprintf("remove:%d@%v", c.Engine, c.At)
-	}
-	return fmt.Sprintf("add@%v", c.At)
-}
-
-// FromChanges turns a parsed schedule into worker changes of the simulated fleet: a removal's
-// argument is an engine index (none: engine 0); an addition takes no argument.
-func FromChanges(cs []bench.Change) ([]WorkerChange, error) {
-	out := make([]WorkerChange, 0, len(cs))
-	for _, c := range cs {
-		wc := WorkerChange{At: c.At, Remove: c.Remove}
-		switch {
-		case !c.Remove && c.Arg != "":
-			return nil, fmt.Errorf("failover %v: the simulator adds a new engine; give no URL", c)
-		case c.Remove && c.Arg != "":
-			n, err := strconv.Atoi(c.Arg)
-			if err != nil || n < 0 {
-				return nil, fmt.Errorf("failover %v: name the engine by its index", c)
-			}
-			wc.Engine = n
-		}
-		out = append(out, wc)
-	}
-	return out, nil
-}
-
-// validateFailover checks that every removal names an engine that exists by then and that the
-// changes are in time order.
+// validateFailover checks that every removal names by its index an engine that exists by then,
+// that no addition names a URL (the simulator makes a new engine), and that the changes are in
+// time order.
 func validateFailover(c Config) error {
 	n := c.Engines
 	var last time.Duration
@@ -69,13 +28,20 @@ func validateFailover(c Config) error {
 		}
 		last = ch.At
 		if !ch.Remove {
+			if ch.Arg != "" {
+				return fmt.Errorf("fleet: failover %v: the simulator adds a new engine; give no URL", ch)
+			}
 			n++
 			continue
 		}
-		if ch.Engine >= n || removed[ch.Engine] {
+		i, ok := ch.Index()
+		if !ok {
+			return fmt.Errorf("fleet: failover %v: name the engine by its index", ch)
+		}
+		if i >= n || removed[i] {
 			return fmt.Errorf("fleet: failover %v: no such engine at that time", ch)
 		}
-		removed[ch.Engine] = true
+		removed[i] = true
 		if len(removed) >= n {
 			return fmt.Errorf("fleet: failover %v removes the last engine", ch)
 		}
@@ -97,8 +63,9 @@ func (s *sim) scheduleFailover() {
 func (s *sim) change(i int) {
 	ch := s.cfg.Failover[i]
 	if ch.Remove {
+		idx, _ := ch.Index() // validated
 		for _, g := range s.gws {
-			w := g.workers[ch.Engine]
+			w := g.workers[idx]
 			w.Drain()
 			g.cands = slices.DeleteFunc(slices.Clone(g.candidates()), func(x *worker.Worker) bool { return x == w })
 			if f, ok := g.pol.(policy.Forgetter); ok {
@@ -167,7 +134,8 @@ func recoveries(cfg Config, warmup time.Duration, points, base []bench.TimelineP
 		if i+1 < len(cfg.Failover) {
 			until = cfg.Failover[i+1].At.Seconds()
 		}
-		name, newName := "remove "+engineName(ch.Engine), ""
+		idx, _ := ch.Index()
+		name, newName := "remove "+engineName(idx), ""
 		if !ch.Remove {
 			newName = engineName(added)
 			added++

@@ -16,12 +16,8 @@ func TestFailoverSchedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fo, err := FromChanges(changes)
-	if err != nil {
-		t.Fatal(err)
-	}
 	x := &Experiment{
-		Base:     Config{Engines: 4, Seed: 1, Failover: fo, Timeline: 5 * time.Second},
+		Base:     Config{Engines: 4, Seed: 1, Failover: changes, Timeline: 5 * time.Second},
 		Policies: []string{"cache_aware_hash", "round_robin"},
 		Workload: bench.NewMultiTurn(1),
 		Arrivals: bench.Arrivals{Rate: 3},
@@ -55,11 +51,14 @@ func TestFailoverSchedule(t *testing.T) {
 			t.Fatalf("%s: the added engine took %d requests; recovery %+v", r.Label, added, rec)
 		}
 	}
-	if _, err := FromChanges([]bench.Change{{Remove: true, Arg: "x"}}); err == nil {
-		t.Fatal("a removal naming no engine index was accepted")
-	}
-	bad := Config{Engines: 2, Failover: []WorkerChange{{Remove: true, Engine: 0}, {At: time.Second, Remove: true, Engine: 1}}}
-	if err := bad.Validate(); err == nil {
-		t.Fatal("a schedule removing every engine was accepted")
+	for _, fo := range [][]bench.Change{
+		{{Remove: true, Arg: "x"}},                        // not an index
+		{{Arg: "http://127.0.0.1:31009"}},                 // an addition naming a URL
+		{{Remove: true}, {At: 1, Remove: true, Arg: "1"}}, // every engine
+		{{At: 2, Remove: true}, {At: 1}},                  // out of order
+	} {
+		if err := (Config{Engines: 2, Failover: fo}).Validate(); err == nil {
+			t.Errorf("schedule %v was accepted", fo)
+		}
 	}
 }

@@ -17,9 +17,11 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
@@ -77,6 +79,11 @@ type Config struct {
 	StaleAfter time.Duration
 	// Spread is how requests are spread over gateways. Zero is SpreadUniform.
 	Spread Spread
+	// GatewayWeights, when set, is each gateway's relative share of the traffic (for example
+	// 80, 20: one replica behind a load balancer that favours it), per request under
+	// SpreadUniform and per session under SpreadSession. Its length must be Gateways; each
+	// weight positive and finite. Empty means an even split.
+	GatewayWeights []float64
 	// Engine is every engine's cost model and capacity. Zero fields take engine defaults.
 	Engine engine.Config
 	// EngineMix, when set, makes the fleet heterogeneous: engine i belongs to a class that
@@ -89,10 +96,14 @@ type Config struct {
 	// Seed seeds the gateway choice, the policies' randomness and the poll phases. The workload's
 	// own seed is separate.
 	Seed uint64
-	// Failover changes the fleet during the run (failover.go); empty means none.
-	Failover []WorkerChange
+	// Failover changes the fleet during the run (failover.go): a removal names an engine by its
+	// index (Arg; "" is engine 0), an addition makes a new engine with the next index and names
+	// nothing. Empty means none.
+	Failover []bench.Change
 	// Timeline, when positive, windows the run by send time (Summary.Timeline) with this width.
 	Timeline time.Duration
+	// Flow models the gateways' flow control (flow.go); the zero value is off.
+	Flow FlowModel
 	// KVEvents configures the engines' KV-cache events that precise_prefix reads.
 	KVEvents KVEvents
 	// Warm warms each engine that Failover adds, as the gateway warms a worker that joins
@@ -131,6 +142,9 @@ func (c Config) withDefaults() Config {
 	if c.PolicyConfig.CacheAware == (policy.CacheAwareConfig{}) && c.PolicyConfig.PrefixHash == (policy.PrefixHashConfig{}) {
 		c.PolicyConfig.CacheAware, c.PolicyConfig.PrefixHash = d.PolicyConfig.CacheAware, d.PolicyConfig.PrefixHash
 	}
+	if c.PolicyConfig.Cost == (policy.CostConfig{}) {
+		c.PolicyConfig.Cost = d.PolicyConfig.Cost
+	}
 	if c.PollInterval == 0 {
 		c.PollInterval = d.PollInterval
 	}
@@ -157,6 +171,13 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fleet: stale-after %v must be at least the poll interval %v", c.StaleAfter, c.PollInterval)
 	case c.RoutingPrefixBytes < 1:
 		return errors.New("fleet: routing prefix bytes must be positive")
+	case len(c.GatewayWeights) > 0 && len(c.GatewayWeights) != c.Gateways:
+		return fmt.Errorf("fleet: %d gateway weights for %d gateways", len(c.GatewayWeights), c.Gateways)
+	}
+	for _, w := range c.GatewayWeights {
+		if !(w > 0 && w <= 1e6) {
+			return fmt.Errorf("fleet: gateway weight %v must be in (0, 1e6]", w)
+		}
 	}
 	if _, err := canonical(c.Policy); err != nil {
 		return fmt.Errorf("fleet: %w", err)
@@ -195,7 +216,8 @@ func canonical(name string) (string, error) {
 	return policy.Canonical(name)
 }
 
-// Label returns a row label for c: the policy, plus the load mode when it is not the default.
+// Label returns a row label for c: the policy, plus the load mode when it is not the gateway's
+// default (loadmon.DefaultConfig), plus the gateway split when it is not even.
 func (c Config) Label() string {
 	c = c.withDefaults()
 	name, err := canonical(c.Policy)
@@ -211,8 +233,44 @@ func (c Config) Label() string {
 	if c.Warm.Enabled() {
 		name += "+warm"
 	}
-	if c.LoadMode != loadmon.ModeEffective {
+	if c.LoadMode != loadmon.DefaultConfig().Mode {
 		name += "/" + c.LoadMode.String()
 	}
+	if len(c.GatewayWeights) > 0 {
+		name += " split " + FormatSplit(c.GatewayWeights)
+	}
 	return name
+}
+
+// ParseSplit parses a gateway split written as weights separated by "/", for example "80/20";
+// "even" (or "") is the even split, nil.
+func ParseSplit(s string) ([]float64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || strings.EqualFold(s, "even") {
+		return nil, nil
+	}
+	var out []float64
+	for _, f := range strings.Split(s, "/") {
+		w, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(w > 0 && w <= 1e6) {
+			return nil, fmt.Errorf("gateway split %q: each weight must be a number in (0, 1e6]", s)
+		}
+		out = append(out, w)
+	}
+	if len(out) > 256 {
+		return nil, fmt.Errorf("gateway split %q: more than 256 gateways", s)
+	}
+	return out, nil
+}
+
+// FormatSplit writes weights as ParseSplit reads them; nil is "even".
+func FormatSplit(w []float64) string {
+	if len(w) == 0 {
+		return "even"
+	}
+	parts := make([]string, len(w))
+	for i, x := range w {
+		parts[i] = strconv.FormatFloat(x, 'g', -1, 64)
+	}
+	return strings.Join(parts, "/")
 }

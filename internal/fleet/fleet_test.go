@@ -54,9 +54,16 @@ func TestDeterministic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := x(1, 2).Run(context.Background())
+	xb := x(1, 2)
+	var progress bytes.Buffer
+	xb.Progress = &progress
+	b, err := xb.Run(context.Background())
 	if err != nil {
 		t.Fatal(err)
+	}
+	// One line per run, and watching changes nothing (compared with a below).
+	if lines := strings.Count(progress.String(), "\n"); lines != 6 || !strings.Contains(progress.String(), "6/6 done") {
+		t.Errorf("progress of 6 runs:\n%s", progress.String())
 	}
 	if !bytes.Equal(reportBytes(t, a), reportBytes(t, b)) {
 		t.Fatal("two runs with one seed differ")

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -112,7 +113,7 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
 	g.req = policy.Request{Model: simModel, Text: text, Key: key, Chat: g.kv != nil, PromptBytes: promptBytes}
-	w := policy.Choose(g.pol, g.candidates(), &g.req)
+	w := policy.Choose(context.Background(), g.pol, g.candidates(), &g.req)
 	if w == nil {
 		return nil, -1
 	}
@@ -153,7 +154,7 @@ func rankOf(l engine.Load) loadmon.Rank {
 	return loadmon.Rank{
 		Running: float64(l.Running), Waiting: float64(l.Waiting),
 		WaitingUncachedTokens: float64(l.PrefillTokens), HasUncached: true,
-		UsedTokens: float64(l.UsedTokens), MaxTokens: float64(l.MaxTokens),
+		UsedTokens: float64(l.UsedTokens), MaxTokens: float64(l.MaxTokens), MaxRunning: float64(l.MaxRunning),
 		TokenUsage: l.TokenUsage, HasUsage: true,
 		GenThroughput: l.GenThroughput, HasThroughput: true,
 		CacheHitRate: l.CacheHitRate, HasHitRate: true,

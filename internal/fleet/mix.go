@@ -10,7 +10,7 @@ import (
 )
 
 // EngineClass is one kind of engine in a heterogeneous fleet: Count engines whose compute speed
-// (prefill rate and decode step costs) is Speed times the base engine's and whose KV cache is KV
+// (prefill rate, prefill overhead and decode step costs) is Speed times the base engine's and whose KV cache is KV
 // times its size.
 type EngineClass struct {
 	Count int
@@ -76,6 +76,7 @@ func (c Config) engineConfig(i int) engine.Config {
 		e.PrefillTPS *= cl.Speed
 		e.DecodeBase = time.Duration(float64(e.DecodeBase) / cl.Speed)
 		e.DecodePerReq = time.Duration(float64(e.DecodePerReq) / cl.Speed)
+		e.PrefillOverhead = time.Duration(float64(e.PrefillOverhead) / cl.Speed)
 		e.KVTokens = int(float64(e.KVTokens) * cl.KV)
 		return e
 	}

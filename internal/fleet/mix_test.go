@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -56,5 +57,37 @@ func TestEngineMixSlowsHalfTheFleet(t *testing.T) {
 	}
 	if o := run(OraclePolicy, mix); !(o.TTFTMean < mixed.TTFTMean) {
 		t.Fatalf("oracle TTFT mean %v not below round robin's %v on the mixed fleet", o.TTFTMean, mixed.TTFTMean)
+	}
+}
+
+func TestGatewaySplits(t *testing.T) {
+	sp, err := ParseSplit("80/20")
+	if err != nil || len(sp) != 2 || sp[0] != 80 || FormatSplit(sp) != "80/20" {
+		t.Fatalf("ParseSplit(80/20) = %v, %v", sp, err)
+	}
+	if sp, err := ParseSplit("even"); err != nil || sp != nil || FormatSplit(sp) != "even" {
+		t.Fatalf("ParseSplit(even) = %v, %v", sp, err)
+	}
+	for _, bad := range []string{"80/x", "0/1", "-1/2", "1e9/1", "NaN/1"} {
+		if _, err := ParseSplit(bad); err == nil {
+			t.Errorf("ParseSplit(%q) accepted", bad)
+		}
+	}
+	s := &sim{cfg: Config{GatewayWeights: []float64{80, 20}}}
+	for u, want := range map[float64]int{0: 0, 0.79: 0, 0.8: 1, 0.999: 1} {
+		if got := s.weightedGateway(u); got != want {
+			t.Errorf("weightedGateway(%v) = %d, want %d", u, got, want)
+		}
+	}
+	x := &Experiment{Gateways: []int{1, 2}, Splits: [][]float64{nil, {80, 20}}}
+	var got []string
+	for _, c := range x.Configs() {
+		got = append(got, fmt.Sprint(c.Gateways, " ", FormatSplit(c.GatewayWeights)))
+	}
+	if want := []string{"1 even", "2 even", "2 80/20"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("grid %v, want %v", got, want)
+	}
+	if err := (Config{Gateways: 3, GatewayWeights: []float64{1, 2}}).Validate(); err == nil {
+		t.Error("Validate accepted 2 weights for 3 gateways")
 	}
 }

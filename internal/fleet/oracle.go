@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"context"
+
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -85,7 +87,7 @@ func (a *oracleCand) better(b *oracleCand) bool {
 
 // Pick returns the available engine where req would get its first token soonest. The fleet
 // hands the oracle the whole prompt as req.Text.
-func (o *Oracle) Pick(candidates []*worker.Worker, req *policy.Request) *worker.Worker {
+func (o *Oracle) Pick(_ context.Context, candidates []*worker.Worker, req *policy.Request) *worker.Worker {
 	n := engine.TokenCount(req.Text)
 	var best oracleCand
 	for _, w := range candidates {

@@ -14,9 +14,9 @@ import (
 // removeAt > 0, removes it again then), and returns the run with warming as given.
 func warmRunSummary(t *testing.T, warm policy.WarmConfig, removeAt time.Duration) bench.Summary {
 	t.Helper()
-	fo := []WorkerChange{{At: 30 * time.Second}}
+	fo := []bench.Change{{At: 30 * time.Second}}
 	if removeAt > 0 {
-		fo = append(fo, WorkerChange{At: removeAt, Remove: true, Engine: 3})
+		fo = append(fo, bench.Change{At: removeAt, Remove: true, Arg: "3"})
 	}
 	w := (&bench.LongContext{Seed: 1, Tenants: 12, ContextWords: 600, QuestionMin: 4, QuestionMax: 8, OutputTokens: 16}).Init()
 	sched, err := bench.NewSchedule(w, bench.Arrivals{Rate: 12}, bench.Limits{Duration: 60 * time.Second}, 1)
@@ -47,8 +47,10 @@ func addedRequests(s bench.Summary) int {
 func TestWarmAddedEngine(t *testing.T) {
 	cold := warmRunSummary(t, policy.WarmConfig{}, 0)
 	warm := warmRunSummary(t, policy.WarmConfig{Prefixes: 6}, 0)
-	if cold.Warm != nil || addedRequests(cold) != 0 {
-		t.Fatalf("unwarmed: warm stats %v, added engine took %d requests; want none and 0", cold.Warm, addedRequests(cold))
+	// Unwarmed, the added engine takes only what its idle queue wins over the holders' cached
+	// prefill (the cost model sends it a miss when that is faster); warmed, it takes hits too.
+	if cold.Warm != nil || addedRequests(cold) >= addedRequests(warm) {
+		t.Fatalf("unwarmed: warm stats %v, added engine took %d requests (warmed %d); want none and fewer", cold.Warm, addedRequests(cold), addedRequests(warm))
 	}
 	if warm.Warm == nil || warm.Warm.Sent != 6 || warm.Warm.Recorded != 6 || warm.Warm.Failed != 0 {
 		t.Fatalf("warm stats %+v, want 6 sent and recorded", warm.Warm)

@@ -33,7 +33,9 @@ type AddWorkerRequest struct {
 // RegisterError is a registration failure with the status the admin API answers.
 type RegisterError struct {
 	Status int
-	Err    error
+	// Code is the error code the admin API answers; "" means the status's usual one.
+	Code string
+	Err  error
 }
 
 func (e *RegisterError) Error() string { return e.Err.Error() }
@@ -41,6 +43,11 @@ func (e *RegisterError) Unwrap() error { return e.Err }
 
 func regErr(status int, format string, args ...any) error {
 	return &RegisterError{Status: status, Err: fmt.Errorf(format, args...)}
+}
+
+// selfErr refuses a worker URL that leads back to this gateway (self.go).
+func selfErr(format string, args ...any) error {
+	return &RegisterError{Status: http.StatusConflict, Code: "worker_is_this_gateway", Err: fmt.Errorf(format, args...)}
 }
 
 // spec validates a registration and turns it into a worker spec.
@@ -92,11 +99,17 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 		return nil, regErr(http.StatusForbidden, "workers at %s may not be registered (see --allowed-worker-hosts)", u.Hostname())
 	}
 	id, shown := worker.IDFor(u), worker.Redacted(u)
+	if s.pointsAtSelf(ctx, u) {
+		return nil, selfErr("%s is one of this gateway's own listeners: a gateway cannot be its own worker", shown)
+	}
 	if err := s.startProbe(id, shown); err != nil {
 		return nil, err
 	}
 	defer s.endProbe(id)
 	models, owner, perr := s.probeModels(ctx, u.String(), spec.APIKey)
+	if errors.Is(perr, errSelf) {
+		return nil, selfErr("%s answers as this gateway itself (its hop id came back): a gateway cannot be its own worker", shown)
+	}
 	if perr != nil {
 		s.log.Warn("worker registration probe failed", "url", shown, "err", perr)
 		if len(spec.Models) == 0 {
@@ -129,6 +142,7 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 	}
 	s.log.Info("worker registered", "worker", w.ID, "url", w.Spec.URL, "models", w.Spec.Models,
 		"type", w.Spec.Type.String(), "runtime", w.Runtime(), "health", w.Health().String())
+	s.warnLabelNotApplied(w)
 	return w, nil
 }
 
@@ -164,11 +178,15 @@ func (s *Server) probeModels(ctx context.Context, base, key string) ([]string, s
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
+	req.Header.Set(HopHeader, s.hopID) // so that this gateway, if that is who answers, says so
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return nil, "", err
 	}
 	defer resp.Body.Close()
+	if s.answeredBySelf(resp) {
+		return nil, "", errSelf
+	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, "", fmt.Errorf("GET /v1/models answered %d", resp.StatusCode)
 	}
@@ -210,6 +228,18 @@ type WorkerInfo struct {
 	Warming       bool              `json:"warming,omitempty"` // held out of routing while its cache is warmed
 	Inflight      int64             `json:"inflight"`
 	Processed     int64             `json:"processed"`
+	// AuditID is the worker as the audit headers name it (x-kvgate-worker), shown while they
+	// are on.
+	AuditID string `json:"audit_id,omitempty"`
+}
+
+// info is w as the admin API shows it.
+func (s *Server) info(w *worker.Worker) WorkerInfo {
+	i := infoOf(w)
+	if s.audit.on {
+		i.AuditID = s.auditIDs.of(w.ID)
+	}
+	return i
 }
 
 func infoOf(w *worker.Worker) WorkerInfo {
@@ -259,15 +289,18 @@ func (s *Server) handleAddWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	wk, err := s.Register(r.Context(), a)
 	if err != nil {
-		status := http.StatusInternalServerError
+		status, code := http.StatusInternalServerError, ""
 		var re *RegisterError
 		if errors.As(err, &re) {
-			status = re.Status
+			status, code = re.Status, re.Code
 		}
-		writeError(w, status, registerCode(status), err.Error())
+		if code == "" {
+			code = registerCode(status)
+		}
+		writeError(w, status, code, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusCreated, infoOf(wk))
+	writeJSON(w, http.StatusCreated, s.info(wk))
 }
 
 func registerCode(status int) string {
@@ -286,7 +319,7 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, _ *http.Request) {
 	all := s.reg.View().All
 	out := make([]WorkerInfo, 0, len(all))
 	for _, wk := range all {
-		out = append(out, infoOf(wk))
+		out = append(out, s.info(wk))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"workers": out, "total": len(out)})
 }
@@ -297,7 +330,7 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "worker_not_found", fmt.Sprintf("no worker with id %q", r.PathValue("id")))
 		return
 	}
-	writeJSON(w, http.StatusOK, infoOf(wk))
+	writeJSON(w, http.StatusOK, s.info(wk))
 }
 
 // handleDeleteWorker drains and unregisters a worker: no new requests reach it at once, and the
@@ -343,28 +376,55 @@ func (s *Server) handleLiveness(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// handleReadiness answers 200 while at least one worker is routable, else 503 with the reason.
+// handleReadiness answers 200 whenever the gateway can answer requests, whatever its workers'
+// state: a pool with no ready worker is for the gateway to explain (each request gets the 503
+// JSON naming why), not a reason for a load balancer to stop sending it clients, who would then
+// get connection errors instead. The body says how many workers are ready ("workers_ready");
+// GET /readiness/workers is the probe that fails (503) while none is.
 func (s *Server) handleReadiness(w http.ResponseWriter, _ *http.Request) {
-	all := s.reg.View().All
-	ready := 0
-	for _, wk := range all {
-		if wk.Available() {
-			ready++
-		}
-	}
-	body := map[string]any{"ready_workers": ready, "total_workers": len(all)}
-	if ready == 0 {
-		body["status"] = "not_ready"
-		if len(all) == 0 {
-			body["reason"] = "no workers are registered"
-		} else {
-			body["reason"] = "no worker is ready"
-		}
+	writeJSON(w, http.StatusOK, s.workerReadiness("ready"))
+}
+
+// handleWorkersReadiness answers 200 while at least one worker is routable, else 503 with the
+// reason: for alerts and for a deployment that wants the old coupling of gateway and workers.
+func (s *Server) handleWorkersReadiness(w http.ResponseWriter, _ *http.Request) {
+	body := s.workerReadiness("ready")
+	if !body.WorkersReady {
+		body.Status = "not_ready"
 		writeJSON(w, http.StatusServiceUnavailable, body)
 		return
 	}
-	body["status"] = "ready"
 	writeJSON(w, http.StatusOK, body)
+}
+
+// readiness is the body of the readiness probes.
+type readiness struct {
+	// Status is "ready" or "not_ready": the probe's answer.
+	Status string `json:"status"`
+	// WorkersReady is true while at least one worker is routable.
+	WorkersReady bool `json:"workers_ready"`
+	ReadyWorkers int  `json:"ready_workers"`
+	TotalWorkers int  `json:"total_workers"`
+	// Reason says why no worker is ready; empty while one is.
+	Reason string `json:"reason,omitempty"`
+}
+
+func (s *Server) workerReadiness(status string) readiness {
+	all := s.reg.View().All
+	r := readiness{Status: status, TotalWorkers: len(all)}
+	for _, wk := range all {
+		if wk.Available() {
+			r.ReadyWorkers++
+		}
+	}
+	r.WorkersReady = r.ReadyWorkers > 0
+	switch {
+	case len(all) == 0:
+		r.Reason = "no workers are registered"
+	case r.ReadyWorkers == 0:
+		r.Reason = "no worker is ready"
+	}
+	return r
 }
 
 // handleGetLoads shows, per worker, its last load report with its age and freshness, why its

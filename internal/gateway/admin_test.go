@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 func adminDo(t *testing.T, g *testGateway, method, path, body, key string) (*http.Response, []byte) {
@@ -109,7 +111,7 @@ func TestDeleteDrains(t *testing.T) {
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	<-arrived
+	testutil.Recv(t, arrived, "the first request at the worker")
 	aw := g.reg.View().All[0]
 	if resp, _ := adminDo(t, g, "DELETE", "/workers/"+aw.ID, "", ""); resp.StatusCode != 200 {
 		t.Fatal("delete failed")

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"testing/iotest"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 func TestClassOf(t *testing.T) {
@@ -143,7 +145,7 @@ func TestReadBodyDeclaredAtOnce(t *testing.T) {
 	// The slow body arrives; its share of the budget comes back, and the next body is read
 	// at its full length at once again.
 	go func() { pw.Write(make([]byte, 200_000)); pw.Close() }()
-	<-done
+	testutil.Recv(t, done, "the slow body read")
 	if got := pool.ahead.Load(); got != 0 {
 		t.Fatalf("%d bytes of the budget still taken after every body was read", got)
 	}

@@ -28,7 +28,7 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		writeError(w, http.StatusInternalServerError, "policy_error", fmt.Sprint(err1, err2))
 		return proxy.Result{Status: http.StatusInternalServerError}
 	}
-	pw := ppol.Pick(pool.Prefill, preq)
+	pw := ppol.Pick(r.Context(), pool.Prefill, preq)
 	if pw == nil {
 		writeError(w, http.StatusServiceUnavailable, "no_available_worker", fmt.Sprintf("no available prefill worker for model %q", pool.Model))
 		return proxy.Result{Status: http.StatusServiceUnavailable}
@@ -68,7 +68,7 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 			return nil
 		}
 		picked = true
-		dw := dpol.Pick(pool.Decode, preq)
+		dw := dpol.Pick(dctx, pool.Decode, preq)
 		if dw != nil {
 			s.metrics.selected(dpol.Name(), pool.Model, dw)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -164,7 +165,7 @@ func TestInflightReturnsToZero(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.cancel {
-				<-arrived
+				testutil.Recv(t, arrived, "the request at the worker")
 				if n := totalInflight(g.Server); n != 1 {
 					t.Errorf("in flight during the stream = %d, want 1", n)
 				}
@@ -274,7 +275,7 @@ func TestConcurrencyLimit429(t *testing.T) {
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	<-arrived
+	testutil.Recv(t, arrived, "the first request at the worker")
 	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
 	if resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("second request: status %d, want 429", resp.StatusCode)
@@ -359,23 +360,50 @@ func TestForwardedHeaders(t *testing.T) {
 	}
 }
 
+// The gateway's readiness does not follow its workers: with none ready it stays in the Service,
+// and clients get the 503 JSON rather than connection errors. /readiness/workers is the probe
+// that follows them.
 func TestReadiness(t *testing.T) {
 	g := newTestGateway(t, Config{}, "round_robin")
-	resp, _ := http.Get(g.srv.URL + "/readiness")
-	resp.Body.Close()
-	if resp.StatusCode != 503 {
-		t.Errorf("readiness with no workers: %d", resp.StatusCode)
+	get := func(path string) (int, map[string]any) {
+		t.Helper()
+		resp, err := http.Get(g.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return resp.StatusCode, body
+	}
+	if code, body := get("/readiness"); code != 200 || body["workers_ready"] != false || body["reason"] != "no workers are registered" {
+		t.Errorf("readiness with no workers: %d %v, want 200 saying no worker is ready", code, body)
+	}
+	if code, body := get("/readiness/workers"); code != 503 || body["status"] != "not_ready" {
+		t.Errorf("worker readiness with no workers: %d %v, want 503", code, body)
+	}
+	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
+	if e := decodeError(t, resp); resp.StatusCode != 503 || e.Code != "no_available_worker" {
+		t.Errorf("a request with no workers: %d %+v, want the 503 JSON", resp.StatusCode, e)
 	}
 	f := newFakeWorker(t, "m")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
+	w, err := g.Register(context.Background(), AddWorkerRequest{URL: f.URL})
+	if err != nil {
 		t.Fatal(err)
 	}
-	resp, _ = http.Get(g.srv.URL + "/readiness")
-	var body map[string]any
-	json.NewDecoder(resp.Body).Decode(&body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || body["ready_workers"] != float64(1) {
-		t.Errorf("readiness: %d %v", resp.StatusCode, body)
+	for _, p := range []string{"/readiness", "/readiness/workers"} {
+		if code, body := get(p); code != 200 || body["ready_workers"] != float64(1) || body["workers_ready"] != true {
+			t.Errorf("%s: %d %v", p, code, body)
+		}
+	}
+	w.SetHealth(worker.NotReady)
+	if code, body := get("/readiness"); code != 200 || body["workers_ready"] != false || body["reason"] != "no worker is ready" {
+		t.Errorf("readiness with its worker down: %d %v, want 200", code, body)
+	}
+	if code, _ := get("/readiness/workers"); code != 503 {
+		t.Errorf("worker readiness with its worker down: %d, want 503", code)
 	}
 	for _, p := range []string{"/health", "/liveness"} {
 		resp, _ = http.Get(g.srv.URL + p)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
@@ -64,12 +63,6 @@ func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, path str
 // tr (nil: tracing off) what the trace shows; res is nil when it was answered before any
 // forwarding.
 func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind routeKind, o *outcome, tr *tracing.Request) (int, string, *proxy.Result) {
-	if s.looped(r) {
-		s.log.Warn("request loop: a request came back to this gateway; is its own address registered as a worker?",
-			"request_id", requestID(r), "hops", strings.Join(r.Header.Values(HopHeader), ","))
-		writeError(w, http.StatusLoopDetected, "loop_detected", "the request looped back to the gateway that sent it")
-		return http.StatusLoopDetected, "", nil
-	}
 	if max := s.cfg.MaxConcurrentRequests; max > 0 {
 		if s.inflight.Add(1) > max {
 			s.inflight.Add(-1)
@@ -124,15 +117,36 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
-	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
-	aw.observer, _ = pol.(policy.CacheObserver)
+	var ids *auditIDs
+	if s.audit.allows(r) {
+		ids = &s.auditIDs
+	}
+	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), ids)
+	aw.observer, _ = policy.As[policy.CacheObserver](pol)
 	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)
+	if s.flowOn {
+		fr := &rq.flow
+		*fr = flowRequest{model: pool.Model, candidates: candidates, pol: pol, preq: preq, body: rb, bytes: int64(len(body)), hasBodyPri: p.HasPriority, bodyPri: p.Priority}
+		if f := s.flow.admit(r, fr, &rq.ticket); f != nil {
+			writeRefusal(w, f, id)
+			return f.status, pool.Model, nil
+		}
+		defer rq.ticket.done()
+		body = rb.Bytes() // a queued request's body moved (Body.shrink)
+		preq.Body = body
+	}
 	rq.forward = proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}
-	res := s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(pol, candidates, preq, tr))
+	var res proxy.Result
+	if kind == kindResponses {
+		res = s.forwardResponses(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket), candidates, &p, preq, pol.Name(), tr)
+	} else {
+		res = s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket))
+	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	s.calibrate(&preq.Decision, &res, p.Stream)
 	if s.cfg.AccessLogSample > 0 {
 		o.usage, o.hasUsage = aw.usage() // before finish recycles what it kept
 	}
@@ -141,11 +155,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 }
 
 // routedRequest is what route keeps of a request while it is forwarded: the policy's view of
-// it, the writer that audits the answer, and what the proxy forwards.
+// it, the writer that audits the answer, what the proxy forwards, and its flow control.
 type routedRequest struct {
 	policy  policy.Request
 	audit   auditWriter
 	forward proxy.Request
+	flow    flowRequest
+	ticket  flowTicket
 }
 
 // upstreamPath is the worker path for route with the client's query string.
@@ -157,9 +173,11 @@ func upstreamPath(route string, r *http.Request) string {
 }
 
 // picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
-// retry sees those not yet tried while any of them is available, else all again.
-func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request) proxy.Picker {
+// retry sees those not yet tried while any of them is available, else all again. The first pick
+// ends the request's flow-control hold t (the worker's in-flight count takes it over).
+func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request, t *flowTicket) proxy.Picker {
 	return func(tried []*worker.Worker) *worker.Worker {
+		t.pick()
 		c := candidates
 		if len(tried) > 0 {
 			rest := make([]*worker.Worker, 0, len(candidates))
@@ -172,9 +190,10 @@ func (s *Server) picker(pol policy.Policy, candidates []*worker.Worker, req *pol
 				c = rest
 			}
 		}
-		w := policy.Choose(pol, c, req)
+		w := policy.Choose(ctx, pol, c, req)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
+			s.routed(ctx, pol.Name(), &req.Decision)
 		}
 		if tr != nil {
 			d := &req.Decision

@@ -31,6 +31,8 @@ type Metrics struct {
 
 	predictionError   *prometheus.HistogramVec
 	predictionMissing *prometheus.CounterVec
+	// predictedTTFT and ttftError calibrate the cost model (costmetrics.go).
+	predictedTTFT, ttftError *prometheus.HistogramVec
 
 	// hot caches the children of the metrics above that every routed request updates.
 	hot hotCache
@@ -73,7 +75,8 @@ func newMetrics(reg *worker.Registry, router *policy.Router, loads policy.Loads)
 	}
 	m.hot.children.Store(&map[hotKey]hotChild{})
 	m.predictionError, m.predictionMissing = auditMetrics()
-	m.reg.MustRegister(m.predictionError, m.predictionMissing, sessionCollector{router})
+	m.predictedTTFT, m.ttftError = costMetrics()
+	m.reg.MustRegister(m.predictionError, m.predictionMissing, sessionCollector{router}, m.predictedTTFT, m.ttftError)
 	m.reg.MustRegister(m.requests, m.duration, m.ttft, m.selections, m.upstream, m.retries, m.exhausted, m.healthTo, m.circuitTo,
 		&workerCollector{reg: reg, router: router, loads: loads},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

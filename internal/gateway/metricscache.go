@@ -19,6 +19,8 @@ const (
 	hotSelections                   // kvgate_policy_selections_total{policy, model, worker}
 	hotPredError                    // kvgate_prefix_prediction_error{policy, model}
 	hotPredMissing                  // kvgate_prefix_prediction_unverified_total{policy, model}
+	hotPredTTFT                     // kvgate_route_predicted_ttft_seconds{worker}
+	hotTTFTError                    // kvgate_route_ttft_error_seconds{worker}
 )
 
 // hotKey names one child of a hot metric by its label values. Model and worker have fields of
@@ -27,7 +29,7 @@ type hotKey struct {
 	metric hotMetric
 	label  string // route (requests, duration) or policy (selections, prediction)
 	model  string
-	worker string // selections only
+	worker string // selections, predicted TTFT and its error only
 	status int    // requests only
 }
 
@@ -90,6 +92,10 @@ func (m *Metrics) newChild(k hotKey) hotChild {
 		return hotChild{observer: m.predictionError.WithLabelValues(k.label, k.model)}
 	case hotPredMissing:
 		return hotChild{counter: m.predictionMissing.WithLabelValues(k.label, k.model)}
+	case hotPredTTFT:
+		return hotChild{observer: m.predictedTTFT.WithLabelValues(k.worker)}
+	case hotTTFTError:
+		return hotChild{observer: m.ttftError.WithLabelValues(k.worker)}
 	}
 	panic("gateway: unknown hot metric " + strconv.Itoa(int(k.metric)))
 }

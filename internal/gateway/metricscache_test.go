@@ -39,24 +39,26 @@ func TestHotMetricsFollowForgetting(t *testing.T) {
 				g.waitDone(t, 1)
 			}
 		}
-		out := scrape(t, g)
-		for _, want := range []string{
-			fmt.Sprintf(`kvgate_requests_total{model="back",route="/v1/chat/completions",status="200"} %d`, 2*n),
-			fmt.Sprintf(`kvgate_request_duration_seconds_count{model="back",route="/v1/chat/completions"} %d`, 2*n),
-			fmt.Sprintf(`kvgate_ttft_seconds_count{model="back"} %d`, n),
-			fmt.Sprintf(`kvgate_policy_selections_total{model="back",policy="cache_aware",worker="%s"} %d`, w.ID, 2*n),
-		} {
-			if !strings.Contains(out, want) {
-				t.Errorf("round %d: the scrape lacks %s", round, want)
-			}
+		wantMetrics(t, g, fmt.Sprintf(`# HELP kvgate_requests_total Client requests by route, model and status.
+# TYPE kvgate_requests_total counter
+kvgate_requests_total{model="back",route="/v1/chat/completions",status="200"} %d
+# HELP kvgate_policy_selections_total Workers picked, by policy, model and worker.
+# TYPE kvgate_policy_selections_total counter
+kvgate_policy_selections_total{model="back",policy="cache_aware",worker="%s"} %d
+`, 2*n, w.ID, 2*n), "kvgate_requests_total", "kvgate_policy_selections_total")
+		if c := histogramCount(t, g, "kvgate_request_duration_seconds", map[string]string{"model": "back", "route": "/v1/chat/completions"}); c != uint64(2*n) {
+			t.Errorf("round %d: %d durations, want %d", round, c, 2*n)
 		}
-		if !strings.Contains(out, `kvgate_prefix_prediction`) {
+		if c := histogramCount(t, g, "kvgate_ttft_seconds", map[string]string{"model": "back"}); c != uint64(n) {
+			t.Errorf("round %d: %d TTFTs, want %d (one per stream)", round, c, n)
+		}
+		if family(t, g, "kvgate_prefix_prediction_error") == nil && family(t, g, "kvgate_prefix_prediction_unverified_total") == nil {
 			t.Errorf("round %d: no prediction series", round)
 		}
 		if _, err := g.reg.Remove(w.ID); err != nil {
 			t.Fatal(err)
 		}
-		out = scrape(t, g)
+		out := scrape(t, g)
 		for _, gone := range []string{`model="back"`, `worker="` + w.ID + `"`} {
 			if n := strings.Count(out, gone); n > 0 {
 				t.Errorf("round %d: %d series with %s after the worker and its model left", round, n, gone)

@@ -28,6 +28,13 @@ type Parsed struct {
 	TextBytes int
 	// User is the body's "user" (the OpenAI end-user id), a session key of last resort.
 	User string
+	// PreviousResponseID is a Responses API body's "previous_response_id" ("" when absent): the
+	// turn it follows, whose worker holds the conversation.
+	PreviousResponseID string
+	// Priority is the body's integer "priority" (vLLM's: lower first), when HasPriority. A
+	// priority of another type is left to the worker to refuse.
+	Priority    int64
+	HasPriority bool
 }
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
@@ -43,6 +50,7 @@ const (
 	kindCompletion
 	kindGenerate
 	kindEmbedding
+	kindResponses
 )
 
 // parseBody validates body as a JSON object and extracts Parsed, in one pass over the body that
@@ -70,6 +78,7 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 		s.UseQuotes(quotes)
 	}
 	text := textBuf{limit: limit + utf8.UTFMax, want: limit, size: min(limit+utf8.UTFMax, len(body))}
+	instr := text // a Responses body's "instructions", which precede its input in the prompt
 	var shape error
 	bad := func(msg string) {
 		if shape == nil {
@@ -94,6 +103,9 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 			case string(key) == "user" && s.Peek() == '"':
 				p.User = string(s.Str(true))
 				return
+			case string(key) == "priority" && (s.Peek() == '-' || (s.Peek() >= '0' && s.Peek() <= '9')):
+				p.Priority, p.HasPriority = s.Int()
+				return
 			case string(key) == "stream":
 				if s.Null() {
 					return
@@ -109,6 +121,10 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 			case kind == kindChat && string(key) == "messages":
 				messages(s, &text, bad)
 				return
+			case kind == kindResponses:
+				if responsesMember(s, key, &p, &text, &instr, bad) {
+					return
+				}
 			case kind == kindCompletion && string(key) == "prompt",
 				kind == kindGenerate && string(key) == "text",
 				kind == kindEmbedding && string(key) == "input":
@@ -126,6 +142,9 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 	}
 	if err := s.Err(); err != nil {
 		return Parsed{}, fmt.Errorf("%w: malformed JSON: %v", errBadBody, err)
+	}
+	if kind == kindResponses {
+		text = instr.then(&text)
 	}
 	p.Text, p.TextBytes = text.String(), text.total
 	return p, nil
@@ -196,7 +215,7 @@ func messages(s *jsonscan.Scanner, t *textBuf, bad func(string)) {
 			case '"':
 				t.add(s.Str(false))
 			case '[':
-				contentParts(s, t)
+				contentParts(s, t, chatTextPart)
 			default:
 				s.Skip() // null content (tool calls) carries no text
 			}
@@ -204,8 +223,9 @@ func messages(s *jsonscan.Scanner, t *textBuf, bad func(string)) {
 	})
 }
 
-// contentParts appends the text parts of an array content.
-func contentParts(s *jsonscan.Scanner, t *textBuf) {
+// contentParts appends the text parts of an array content: the "text" of each part whose "type"
+// (when it has one that is a string) textPart accepts.
+func contentParts(s *jsonscan.Scanner, t *textBuf, textPart func(typ []byte) bool) {
 	s.Array(func() {
 		if s.Peek() != '{' {
 			s.Skip()
@@ -216,7 +236,7 @@ func contentParts(s *jsonscan.Scanner, t *textBuf) {
 		s.Object(func(key []byte) {
 			switch {
 			case string(key) == "type" && s.Peek() == '"':
-				isText = string(s.Str(true)) == "text"
+				isText = textPart(s.Str(true))
 			case string(key) == "text" && s.Peek() == '"':
 				text = s.Str(false)
 			default:
@@ -228,6 +248,9 @@ func contentParts(s *jsonscan.Scanner, t *textBuf) {
 		}
 	})
 }
+
+// chatTextPart reports whether a chat content part of type typ is text.
+func chatTextPart(typ []byte) bool { return string(typ) == "text" }
 
 // firstText appends a string value, or the first element of an array of strings. An array of
 // token ids (or of arrays of ids) carries no routing text.

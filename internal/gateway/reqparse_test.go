@@ -98,6 +98,9 @@ func refText(body []byte, kind routeKind) (string, bool) {
 		}
 		return "", string(raw) == "null"
 	}
+	if kind == kindResponses {
+		return refResponsesText(doc)
+	}
 	field := map[routeKind]string{kindCompletion: "prompt", kindGenerate: "text", kindEmbedding: "input"}[kind]
 	if kind != kindChat {
 		raw, ok := doc[field]
@@ -140,6 +143,102 @@ func refText(body []byte, kind routeKind) (string, bool) {
 	return b.String(), true
 }
 
+// refResponsesText is the routing text of a Responses body, by encoding/json: instructions,
+// then the input's text.
+func refResponsesText(doc map[string]json.RawMessage) (string, bool) {
+	var b strings.Builder
+	if raw, ok := doc["instructions"]; ok && string(raw) != "null" {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return "", false
+		}
+		b.WriteString(s)
+	}
+	raw, ok := doc["input"]
+	if !ok {
+		return b.String(), true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return b.String() + s, true
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(raw, &items) != nil {
+		return "", false
+	}
+	for _, it := range items {
+		var item map[string]json.RawMessage
+		if json.Unmarshal(it, &item) != nil || item == nil {
+			continue
+		}
+		c, ok := item["content"]
+		if !ok {
+			continue
+		}
+		if json.Unmarshal(c, &s) == nil {
+			b.WriteString(s)
+			continue
+		}
+		var parts []json.RawMessage
+		if json.Unmarshal(c, &parts) != nil {
+			continue
+		}
+		for _, pr := range parts {
+			var part map[string]json.RawMessage
+			if json.Unmarshal(pr, &part) != nil || part == nil {
+				continue
+			}
+			var typ, text string
+			if t, ok := part["type"]; ok && json.Unmarshal(t, &typ) != nil {
+				typ = "text" // a type that is not a string is not read
+			}
+			tr, ok := part["text"]
+			if !ok || json.Unmarshal(tr, &text) != nil {
+				continue
+			}
+			if typ == "" || typ == "input_text" || typ == "output_text" || typ == "text" {
+				b.WriteString(text)
+			}
+		}
+	}
+	return b.String(), true
+}
+
+func TestParseResponsesBody(t *testing.T) {
+	cases := []struct {
+		name, body, text, prev string
+		bad                    bool
+	}{
+		{name: "string input", body: `{"model":"m","input":"hello"}`, text: "hello"},
+		{name: "instructions first, whatever the order", body: `{"input":"q","instructions":"sys. "}`, text: "sys. q"},
+		{name: "items", body: `{"input":[{"role":"user","content":"a"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"b"}]},{"role":"user","content":[{"type":"input_text","text":"c"},{"type":"input_image","image_url":"http://x"}]},{"type":"function_call_output","call_id":"1","output":"o"}]}`, text: "abc"},
+		{name: "previous id", body: `{"input":"x","previous_response_id":"resp_9"}`, text: "x", prev: "resp_9"},
+		{name: "null previous id and instructions", body: `{"input":"x","previous_response_id":null,"instructions":null}`, text: "x"},
+		{name: "input number", body: `{"input":1}`, bad: true},
+		{name: "instructions array", body: `{"input":"x","instructions":[]}`, bad: true},
+		{name: "previous id number", body: `{"input":"x","previous_response_id":3}`, bad: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := parseBody([]byte(c.body), nil, kindResponses, 8192)
+			if c.bad {
+				if err == nil {
+					t.Fatalf("accepted %s", c.body)
+				}
+				return
+			}
+			if err != nil || p.Text != c.text || p.PreviousResponseID != c.prev {
+				t.Fatalf("text %q prev %q err %v; want %q %q", p.Text, p.PreviousResponseID, err, c.text, c.prev)
+			}
+		})
+	}
+	// The cap holds across the two members.
+	p, err := parseBody([]byte(`{"instructions":"`+strings.Repeat("i", 10)+`","input":"`+strings.Repeat("x", 10)+`"}`), nil, kindResponses, 15)
+	if err != nil || p.Text != strings.Repeat("i", 10)+strings.Repeat("x", 5) || p.TextBytes != 20 {
+		t.Fatalf("capped text %q (%d bytes in all), err %v", p.Text, p.TextBytes, err)
+	}
+}
+
 func FuzzParseBody(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hello"}]}`,
@@ -149,11 +248,13 @@ func FuzzParseBody(f *testing.F) {
 		`{"messages":[{"content":"\ud800x"}]}`,
 		`{"a":[{"b":"}"}],"prompt":"z"}`,
 		`not json`,
+		`{"instructions":"s","input":[{"content":[{"type":"input_text","text":"t"}]},{"content":"u"}],"previous_response_id":"r"}`,
 	} {
 		f.Add([]byte(s), uint8(0), uint16(64))
+		f.Add([]byte(s), uint8(kindResponses), uint16(64))
 	}
 	f.Fuzz(func(t *testing.T, body []byte, k uint8, limit uint16) {
-		kind := routeKind(k % 4)
+		kind := routeKind(k % 5)
 		lim := int(limit%2048) + 1
 		p, err := parseBody(body, nil, kind, lim)
 		// Read through an index of the body's quotes built as its bytes arrive: the same parse.

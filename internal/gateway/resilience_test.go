@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -74,15 +75,15 @@ func TestCircuitOpensAndIsCounted(t *testing.T) {
 	}
 	g.waitDone(t, 3)
 	wid := g.reg.View().All[0].ID
-	m := scrape(t, g)
-	for _, want := range []string{
-		`kvgate_worker_circuit_transitions_total{to="open",worker="` + wid + `"} 1`,
-		`kvgate_worker_circuit_state{state="open",worker="` + wid + `"} 1`,
-	} {
-		if !strings.Contains(m, want) {
-			t.Errorf("metrics lack %s", want)
-		}
-	}
+	wantMetrics(t, g, strings.ReplaceAll(`# HELP kvgate_worker_circuit_transitions_total Circuit-breaker state changes by worker and new state.
+# TYPE kvgate_worker_circuit_transitions_total counter
+kvgate_worker_circuit_transitions_total{to="open",worker="WID"} 1
+# HELP kvgate_worker_circuit_state 1 for the worker's current circuit state (closed, open, half_open).
+# TYPE kvgate_worker_circuit_state gauge
+kvgate_worker_circuit_state{state="closed",worker="WID"} 0
+kvgate_worker_circuit_state{state="half_open",worker="WID"} 0
+kvgate_worker_circuit_state{state="open",worker="WID"} 1
+`, "WID", wid), "kvgate_worker_circuit_transitions_total", "kvgate_worker_circuit_state")
 	if f.requests() != 2 {
 		t.Errorf("the worker saw %d requests, want 2 (none once open)", f.requests())
 	}
@@ -120,9 +121,9 @@ func TestClientErrorsNeverOpenTheCircuit(t *testing.T) {
 			}
 			errc <- err
 		}()
-		<-started
+		testutil.Recv(t, started, "the request at the worker")
 		cancel()
-		<-errc
+		testutil.Recv(t, errc, "the cancelled client's return")
 	}
 	g.waitDone(t, 10)
 	w := g.reg.View().All[0]

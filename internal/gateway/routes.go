@@ -15,6 +15,7 @@ func (s *Server) Handler() http.Handler {
 		"/v1/completions":      kindCompletion,
 		"/v1/embeddings":       kindEmbedding,
 		"/generate":            kindGenerate,
+		"/v1/responses":        kindResponses,
 	} {
 		mux.Handle("POST "+path, s.clientAuth(s.inference(path, kind)))
 	}
@@ -24,7 +25,7 @@ func (s *Server) Handler() http.Handler {
 	if s.cfg.AdminOnDataPlane {
 		s.adminRoutes(mux)
 	}
-	return s.withCORS(withFallback(mux))
+	return s.refuseLoops(s.withCORS(withFallback(mux)))
 }
 
 // AdminHandler returns the admin plane: the worker admin API and /get_loads, behind the admin key
@@ -33,13 +34,14 @@ func (s *Server) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	s.adminRoutes(mux)
 	mux.HandleFunc("GET /health", s.handleLiveness)
-	return withFallback(mux)
+	return s.refuseLoops(withFallback(mux))
 }
 
 func (s *Server) probeRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /health", s.handleLiveness)
 	mux.HandleFunc("GET /liveness", s.handleLiveness)
 	mux.HandleFunc("GET /readiness", s.handleReadiness)
+	mux.HandleFunc("GET /readiness/workers", s.handleWorkersReadiness)
 }
 
 func (s *Server) adminRoutes(mux *http.ServeMux) {

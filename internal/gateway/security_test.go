@@ -204,22 +204,27 @@ func TestServerConnectionLimits(t *testing.T) {
 }
 
 // Defect 5: registering the gateway's own address made one request bounce until retries and
-// timeouts ran out.
+// timeouts ran out. Two gateways that list each other still loop at request time: the second
+// time a request reaches a gateway it is refused with 508.
 func TestLoopStopped(t *testing.T) {
-	g := newTestGateway(t, Config{}, "round_robin")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: g.srv.URL, ModelID: "m"}); err != nil {
+	a := newTestGateway(t, Config{}, "round_robin")
+	b := newTestGateway(t, Config{}, "round_robin")
+	if _, err := a.Register(context.Background(), AddWorkerRequest{URL: b.srv.URL, ModelID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Register(context.Background(), AddWorkerRequest{URL: a.srv.URL, ModelID: "m"}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	hits := 0
-	h := g.srv.Config.Handler
-	g.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := a.srv.Config.Handler
+	a.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		hits++
 		mu.Unlock()
 		h.ServeHTTP(w, r)
 	})
-	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
+	resp := a.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
 	e := decodeError(t, resp)
 	if resp.StatusCode != http.StatusLoopDetected || e.Code != "loop_detected" {
 		t.Errorf("looped request: %d %+v, want 508 loop_detected", resp.StatusCode, e)

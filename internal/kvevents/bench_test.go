@@ -92,7 +92,7 @@ func BenchmarkDecision(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				i++
-				p.Pick(ws, &policy.Request{Text: prompt(1000*(i%8) + 7)})
+				p.Pick(context.Background(), ws, &policy.Request{Text: prompt(1000*(i%8) + 7)})
 			}
 		})
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
+	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -12,7 +14,7 @@ import (
 // Kind says what an Event reports. The zero value is not a valid kind.
 type Kind uint8
 
-// The event kinds of DESIGN.md §8.
+// The event kinds vLLM and SGLang publish.
 const (
 	// BlockStored: blocks entered the engine's prefix cache.
 	BlockStored Kind = iota + 1
@@ -29,7 +31,8 @@ type Event struct {
 	// (newer vLLM) is folded to 64 bits.
 	Hashes []uint64
 	// Parent is the hash of the block before the first stored one; HasParent is false for a
-	// chain that starts at the beginning of a prompt.
+	// chain that starts at the beginning of a prompt (sent as nil, or as 0 the way some
+	// vLLM-compatible publishers write "no parent").
 	Parent    uint64
 	HasParent bool
 	// Tokens are the token ids of the stored blocks, BlockSize per block.
@@ -54,6 +57,17 @@ const (
 	maxNesting = 16
 	// maxTokenID bounds a token id (vocabularies are well under 2^31).
 	maxTokenID = 1<<32 - 1
+	// DefaultMaxDecoded is Decode's bound on the memory a batch decodes to, in bytes: a msgpack
+	// integer takes one byte on the wire and eight as a decoded hash, so counts checked against
+	// the bytes present still let a payload grow eightfold (an event, tenfold more).
+	DefaultMaxDecoded = 16 << 20
+)
+
+// eventSize is what one decoded Event costs besides its arrays; minEventBytes is the least an
+// event that is kept takes on the wire (["BlockRemoved"]).
+const (
+	eventSize     = int(unsafe.Sizeof(Event{}))
+	minEventBytes = 14
 )
 
 // ErrMalformed wraps every decoding error.
@@ -64,18 +78,35 @@ func malformed(format string, a ...any) error {
 }
 
 // decoder reads one payload; every declared length is checked against the bytes left before
-// anything is allocated for it (each element takes at least one byte).
+// anything is allocated for it (each element takes at least one byte), and every allocation is
+// charged to left, the decoded bytes still allowed.
 type decoder struct {
-	r *bytes.Reader
-	d *msgpack.Decoder
+	r    *bytes.Reader
+	d    *msgpack.Decoder
+	left int
+}
+
+// charge takes n decoded bytes from what the batch may still decode to.
+func (d *decoder) charge(n int) error {
+	if n > d.left {
+		return malformed("decodes to more than its bound of memory")
+	}
+	d.left -= n
+	return nil
 }
 
 // Decode parses one msgpack KVEventBatch payload, in the legacy encoding (structs as arrays
 // tagged by type name) or the newer one (events as maps with a "type" key); fields it does not
-// use, and fields it does not know, are skipped. An event of an unknown type is skipped too.
-func Decode(payload []byte) (Batch, error) {
+// use, and fields it does not know, are skipped. An event of an unknown type is skipped too, and
+// so is one about another cache than the one routing reads: a KV-cache group other than the
+// first (group_idx > 0, hybrid models), or a medium other than the GPU (offloaded copies). The
+// batch decodes to at most DefaultMaxDecoded bytes.
+func Decode(payload []byte) (Batch, error) { return DecodeLimit(payload, DefaultMaxDecoded) }
+
+// DecodeLimit is Decode with a bound of maxDecoded bytes on what the batch decodes to.
+func DecodeLimit(payload []byte, maxDecoded int) (Batch, error) {
 	r := bytes.NewReader(payload)
-	dec := &decoder{r: r, d: msgpack.NewDecoder(r)}
+	dec := &decoder{r: r, d: msgpack.NewDecoder(r), left: maxDecoded}
 	b, err := dec.batch()
 	if err != nil {
 		return Batch{}, err
@@ -132,7 +163,7 @@ func (d *decoder) str() (string, error) {
 	if err != nil {
 		return "", malformed("string: %v", err)
 	}
-	return s, nil
+	return s, d.charge(len(s))
 }
 
 // skip skips one value of any type, refusing nesting deeper than maxNesting.
@@ -218,6 +249,9 @@ func (d *decoder) hash() (uint64, error) {
 		if err != nil {
 			return 0, malformed("hash: %v", err)
 		}
+		if err := d.charge(len(b)); err != nil {
+			return 0, err
+		}
 		h := uint64(14695981039346656037)
 		for _, x := range b {
 			h = (h ^ uint64(x)) * 1099511628211
@@ -234,6 +268,9 @@ func (d *decoder) hashes() ([]uint64, error) {
 	}
 	n, err := d.arrayLen()
 	if err != nil {
+		return nil, err
+	}
+	if err := d.charge(8 * n); err != nil {
 		return nil, err
 	}
 	out := make([]uint64, n)
@@ -253,6 +290,9 @@ func (d *decoder) tokens() ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := d.charge(4 * n); err != nil {
+		return nil, err
+	}
 	out := make([]uint32, n)
 	for i := range out {
 		v, err := d.int64v()
@@ -267,12 +307,14 @@ func (d *decoder) tokens() ([]uint32, error) {
 	return out, nil
 }
 
+// parent reads a parent block hash: nil, or the integer 0 (which llm-d's publishers write, and
+// its consumer reads, as "no parent"), starts a chain at the beginning of a prompt.
 func (d *decoder) parent(e *Event) error {
 	if null, err := d.isNil(); null || err != nil {
 		return err
 	}
 	h, err := d.hash()
-	e.Parent, e.HasParent = h, err == nil
+	e.Parent, e.HasParent = h, err == nil && h != 0
 	return err
 }
 
@@ -366,13 +408,29 @@ func (d *decoder) events() ([]Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Event, 0, n)
+	// Sized from what the bytes can hold, not from n: an event that is kept takes at least
+	// minEventBytes on the wire (one that is skipped, two), and is charged before it is made.
+	var out []Event
+	if c := min(n, d.r.Len()/minEventBytes); c > 0 {
+		if err := d.charge(c * eventSize); err != nil {
+			return nil, err
+		}
+		out = make([]Event, 0, c)
+	}
 	for range n {
 		e, err := d.event()
 		if err != nil {
 			return nil, err
 		}
 		if e.Kind != 0 {
+			if len(out) == cap(out) {
+				// Charged by capacity, so that the slack of growing counts too.
+				more := min(max(8, cap(out)), n-len(out))
+				if err := d.charge(more * eventSize); err != nil {
+					return nil, err
+				}
+				out = slices.Grow(out, more)
+			}
 			out = append(out, e)
 		}
 	}
@@ -398,8 +456,9 @@ func (d *decoder) event() (Event, error) {
 	if err != nil {
 		return e, err
 	}
-	var bs int64
-	var hasBS bool
+	var bs, group int64
+	var hasBS, hasGroup bool
+	var offGPU bool // the medium names another than the GPU
 	if isMap(c) {
 		n, err := d.mapLen()
 		if err != nil {
@@ -425,6 +484,10 @@ func (d *decoder) event() (Event, error) {
 				err = d.optInt(&bs, &hasBS)
 			case "lora_id":
 				err = d.optInt(&e.LoRA, &e.HasLoRA)
+			case "medium":
+				offGPU, err = d.offGPU()
+			case "group_idx":
+				err = d.optInt(&group, &hasGroup)
 			default:
 				err = d.skip(1)
 			}
@@ -445,24 +508,25 @@ func (d *decoder) event() (Event, error) {
 			return e, err
 		}
 		e.Kind = kindOf(tag)
-		// Field order per type (DESIGN.md §8); trailing fields may be absent, extra ones follow.
-		var fields []func() error
-		switch e.Kind {
-		case BlockStored:
-			fields = []func() error{
-				func() (err error) { e.Hashes, err = d.hashes(); return },
-				func() error { return d.parent(&e) },
-				func() (err error) { e.Tokens, err = d.tokens(); return },
-				func() error { return d.optInt(&bs, &hasBS) },
-				func() error { return d.optInt(&e.LoRA, &e.HasLoRA) },
-			}
-		case BlockRemoved:
-			fields = []func() error{func() (err error) { e.Hashes, err = d.hashes(); return }}
-		}
+		// Field order per type, as vLLM declares them; trailing fields may be absent, extra
+		// ones follow.
 		for i := 1; i < n; i++ {
-			if i-1 < len(fields) {
-				err = fields[i-1]()
-			} else {
+			switch field(e.Kind, i) {
+			case "block_hashes":
+				e.Hashes, err = d.hashes()
+			case "parent_block_hash":
+				err = d.parent(&e)
+			case "token_ids":
+				e.Tokens, err = d.tokens()
+			case "block_size":
+				err = d.optInt(&bs, &hasBS)
+			case "lora_id":
+				err = d.optInt(&e.LoRA, &e.HasLoRA)
+			case "medium":
+				offGPU, err = d.offGPU()
+			case "group_idx":
+				err = d.optInt(&group, &hasGroup)
+			default:
 				err = d.skip(1)
 			}
 			if err != nil {
@@ -479,7 +543,49 @@ func (d *decoder) event() (Event, error) {
 			return e, malformed("%d token ids for %d blocks of %d", len(e.Tokens), len(e.Hashes), bs)
 		}
 	}
+	if offGPU || hasGroup && group != 0 {
+		// Another cache than the one a request's prefill reads first: an offloaded copy, or
+		// another KV-cache group of a hybrid model (whose blocks and evictions differ).
+		return Event{}, nil
+	}
 	return e, nil
+}
+
+// storedFields and removedFields name the fields of the array encoding after the type tag.
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
+)
+
+// field names the i-th element (1: the first after the tag) of an array-encoded event of kind
+// k, "" for one it does not use.
+func field(k Kind, i int) string {
+	var f []string
+	switch k {
+	case BlockStored:
+		f = storedFields
+	case BlockRemoved:
+		f = removedFields
+	}
+	if i-1 < len(f) {
+		return f[i-1]
+	}
+	return ""
+}
+
+// offGPU reads a medium (a string or nil) and reports whether it names another than the GPU;
+// "GPU", the common case, is compared without allocating a string.
+func (d *decoder) offGPU() (bool, error) {
+	if null, err := d.isNil(); null || err != nil {
+		return false, err
+	}
+	if c, _ := d.peek(); c == msgpcode.FixedStrLow|3 && d.r.Len() >= 4 {
+		var b [4]byte
+		d.r.Read(b[:]) // the decoder reads d.r directly: a bytes.Reader needs no buffer
+		return string(b[1:]) != "GPU", nil
+	}
+	m, err := d.str()
+	return m != "" && m != "GPU", err
 }
 
 // Encoding selects how Encode writes events.

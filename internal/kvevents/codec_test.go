@@ -141,3 +141,47 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// Parent hash 0 means "no parent" (llm-d's publishers write it, its consumer reads it so); an
+// event about another KV-cache group or another medium than the GPU is skipped, not failed.
+func TestDecodeParentZeroGroupsAndMedia(t *testing.T) {
+	enc := func(v any) []byte { b, _ := msgpack.Marshal(v); return b }
+	b, err := Decode(enc([]any{1.0, []any{
+		[]any{"BlockStored", []int{5}, 0, []int{1, 2}, 2, nil, "GPU", nil, nil, 0},
+		[]any{"BlockStored", []int{6}, nil, []int{1, 2}, 2, nil, "CPU"},
+		[]any{"BlockStored", []int{7}, nil, []int{1, 2}, 2, nil, nil, nil, nil, 1},
+		map[string]any{"type": "BlockRemoved", "block_hashes": []int{5}, "medium": "GPU", "group_idx": 2},
+		map[string]any{"type": "BlockStored", "block_hashes": []int{8}, "parent_block_hash": 0, "token_ids": []int{3, 4},
+			"block_size": 2, "lora_id": nil, "medium": nil, "lora_name": nil},
+	}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Events) != 2 || b.Events[0].HasParent || b.Events[1].HasParent || b.Events[1].Hashes[0] != 8 {
+		t.Fatalf("decoded %+v: want the two GPU, group-0 stores, neither with a parent", b.Events)
+	}
+}
+
+// Counts are bounded by the bytes present, and what they decode to by the limit: a payload of
+// one-byte hashes (eight bytes each decoded) or of tiny events (five times their size) fails
+// once past it instead of growing the heap.
+func TestDecodeBoundsDecodedSize(t *testing.T) {
+	hashes := make([]int, 200_000)
+	var buf bytes.Buffer
+	msgpack.NewEncoder(&buf).Encode([]any{1.0, []any{[]any{"BlockRemoved", hashes}}})
+	if _, err := DecodeLimit(buf.Bytes(), 1<<20); err == nil {
+		t.Fatal("200,000 one-byte hashes (1.6 MB decoded) passed a 1 MiB bound")
+	}
+	if _, err := DecodeLimit(buf.Bytes(), 2<<20); err != nil {
+		t.Fatalf("within the bound: %v", err)
+	}
+	events := make([]any, 100_000)
+	for i := range events {
+		events[i] = []any{"AllBlocksCleared"}
+	}
+	buf.Reset()
+	msgpack.NewEncoder(&buf).Encode([]any{1.0, events})
+	if _, err := DecodeLimit(buf.Bytes(), 4<<20); err == nil {
+		t.Fatalf("100,000 events (%d bytes on the wire) passed a 4 MiB bound", buf.Len())
+	}
+}

@@ -63,11 +63,17 @@ type holder struct {
 	slot int32
 	// blocks maps an engine block hash to the index key of that block.
 	blocks map[uint64]uint64
+	// extra counts, per key, the engine hashes beyond the first that map to it (blocks whose
+	// tokens match but whose hashes differ, as extra keys such as images make them), so that
+	// removing one does not unlink a key another still holds. Rarely non-empty.
+	extra map[uint64]int32
 	// order lists engine hashes oldest first (from head), for the memory bound; an entry whose
 	// block was removed since is skipped when reached.
 	order []uint64
 	head  int
 	bs    int
+	// worker is the share of the index of src.Worker.
+	worker *workerBlocks
 	// readyAt is when the holder's picture is trusted again after it was dropped.
 	readyAt time.Time
 }
@@ -75,6 +81,10 @@ type holder struct {
 // Index is what every engine's prefix cache holds, rebuilt from its events: per source, engine
 // hash → block key, and per block key the sources holding it. Safe for concurrent use: events
 // are applied under a write lock, matches take a read lock.
+//
+// Memory: a block costs about BytesPerBlock bytes (measured: TestIndexBytesPerBlock), and a
+// worker holds at most maxBlocks blocks over all its sources, so one worker costs at most
+// about maxBlocks × BytesPerBlock.
 type Index struct {
 	maxBlocks  int
 	maxSources int
@@ -83,15 +93,26 @@ type Index struct {
 	sources map[Source]*holder
 	slots   []*holder          // slot → holder; nil when free
 	byKey   map[uint64][]int32 // block key → slots holding it
+	workers map[string]*workerBlocks
 	orphans uint64
 	evicted uint64
 }
 
-// NewIndex returns an empty index that keeps at most maxBlocks blocks per source (the oldest
-// stored go first past it) and at most maxSources sources per worker.
+// workerBlocks is one worker's share of the index.
+type workerBlocks struct {
+	holders []*holder
+	blocks  int // over all its holders
+}
+
+// BytesPerBlock is what one indexed block costs in memory, in bytes, at most (measured by
+// TestIndexBytesPerBlock, maps at their fullest and emptiest; about 90 on average).
+const BytesPerBlock = 160
+
+// NewIndex returns an empty index that keeps at most maxBlocks blocks per worker over all its
+// sources (the oldest stored go first past it) and at most maxSources sources per worker.
 func NewIndex(maxBlocks, maxSources int) *Index {
 	return &Index{maxBlocks: maxBlocks, maxSources: maxSources, sources: map[Source]*holder{},
-		byKey: map[uint64][]int32{}}
+		byKey: map[uint64][]int32{}, workers: map[string]*workerBlocks{}}
 }
 
 // holderFor returns src's holder, creating it unless the worker has maxSources already.
@@ -99,16 +120,16 @@ func (x *Index) holderFor(src Source) *holder {
 	if h := x.sources[src]; h != nil {
 		return h
 	}
-	n := 0
-	for s := range x.sources {
-		if s.Worker == src.Worker {
-			n++
-		}
+	wb := x.workers[src.Worker]
+	if wb == nil {
+		wb = &workerBlocks{}
+		x.workers[src.Worker] = wb
 	}
-	if n >= x.maxSources {
+	if len(wb.holders) >= x.maxSources {
 		return nil
 	}
-	h := &holder{src: src, blocks: map[uint64]uint64{}}
+	h := &holder{src: src, blocks: map[uint64]uint64{}, worker: wb}
+	wb.holders = append(wb.holders, h)
 	h.slot = int32(slices.Index(x.slots, nil))
 	if h.slot < 0 {
 		h.slot = int32(len(x.slots))
@@ -154,6 +175,11 @@ func (x *Index) apply(h *holder, e *Event) {
 			}
 			key = k
 		}
+		if h.bs != 0 && h.bs != e.BlockSize {
+			// A stream whose block size changed: what it said before cannot be matched with
+			// what it says now.
+			x.clear(h)
+		}
 		h.bs = e.BlockSize
 		for i, hash := range e.Hashes {
 			key = chainBlock(key, e.Tokens[i*e.BlockSize:(i+1)*e.BlockSize])
@@ -169,35 +195,64 @@ func (x *Index) apply(h *holder, e *Event) {
 }
 
 func (x *Index) store(h *holder, hash, key uint64) {
-	if old, ok := h.blocks[hash]; ok {
-		if old == key {
-			return
-		}
+	old, had := h.blocks[hash]
+	if had && old == key {
+		return
+	}
+	if had {
 		x.unlink(h, old)
+	} else {
+		h.worker.blocks++
 	}
 	h.blocks[hash] = key
 	if ks := x.byKey[key]; !slices.Contains(ks, h.slot) {
 		x.byKey[key] = append(ks, h.slot)
+	} else {
+		// Another of h's hashes maps to key already.
+		if h.extra == nil {
+			h.extra = map[uint64]int32{}
+		}
+		h.extra[key]++
 	}
 	h.order = append(h.order, hash)
-	for len(h.blocks) > x.maxBlocks {
+	for h.worker.blocks > x.maxBlocks {
+		x.evictOldest(h)
+	}
+	h.compact()
+}
+
+// evictOldest drops the oldest block of the fullest source of h's worker (h when it is as full
+// as any): the bound is per worker, and a stream that fills it evicts from itself before it
+// evicts from its worker's other ranks.
+func (x *Index) evictOldest(h *holder) {
+	for _, o := range h.worker.holders {
+		if len(o.blocks) > len(h.blocks) {
+			h = o
+		}
+	}
+	for h.head < len(h.order) {
 		old := h.order[h.head]
 		h.head++
 		if _, ok := h.blocks[old]; ok {
 			x.remove(h, old)
 			x.evicted++
+			return
 		}
 	}
-	// Compact the order list once its dead head outgrows the live part.
-	if h.head > len(h.blocks)+1024 {
-		live := h.order[:0]
-		for _, hash := range h.order[h.head:] {
-			if _, ok := h.blocks[hash]; ok {
-				live = append(live, hash)
-			}
-		}
-		h.order, h.head = slices.Clip(live), 0
+}
+
+// compact drops the order list's dead head once it outgrows the live part.
+func (h *holder) compact() {
+	if h.head <= len(h.blocks)+1024 {
+		return
 	}
+	live := h.order[:0]
+	for _, hash := range h.order[h.head:] {
+		if _, ok := h.blocks[hash]; ok {
+			live = append(live, hash)
+		}
+	}
+	h.order, h.head = slices.Clip(live), 0
 }
 
 func (x *Index) remove(h *holder, hash uint64) {
@@ -206,11 +261,20 @@ func (x *Index) remove(h *holder, hash uint64) {
 		return
 	}
 	delete(h.blocks, hash)
+	h.worker.blocks--
 	x.unlink(h, key)
 }
 
-// unlink drops h from the holders of key.
+// unlink drops h from the holders of key, unless another of h's hashes still maps to it.
 func (x *Index) unlink(h *holder, key uint64) {
+	if n := h.extra[key]; n > 0 {
+		if n == 1 {
+			delete(h.extra, key)
+		} else {
+			h.extra[key] = n - 1
+		}
+		return
+	}
 	ks := x.byKey[key]
 	i := slices.Index(ks, h.slot)
 	if i < 0 {
@@ -224,11 +288,14 @@ func (x *Index) unlink(h *holder, key uint64) {
 }
 
 func (x *Index) clear(h *holder) {
+	h.extra = nil
 	for _, key := range h.blocks {
 		x.unlink(h, key)
 	}
+	h.worker.blocks -= len(h.blocks)
 	h.blocks = map[uint64]uint64{}
 	h.order, h.head = nil, 0
+	h.bs = 0
 }
 
 // Reset drops what src holds and distrusts the source until 'until': a match involving its
@@ -247,13 +314,31 @@ func (x *Index) Reset(src Source, until time.Time) {
 func (x *Index) Forget(worker string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for src, h := range x.sources {
-		if src.Worker != worker {
-			continue
+	if wb := x.workers[worker]; wb != nil {
+		for _, h := range slices.Clone(wb.holders) {
+			x.drop(h)
 		}
-		x.clear(h)
-		delete(x.sources, src)
-		x.slots[h.slot] = nil
+	}
+}
+
+// Drop forgets one source: what it holds, and that it exists (so that Covers and Match no
+// longer count on it).
+func (x *Index) Drop(src Source) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if h := x.sources[src]; h != nil {
+		x.drop(h)
+	}
+}
+
+func (x *Index) drop(h *holder) {
+	x.clear(h)
+	delete(x.sources, h.src)
+	x.slots[h.slot] = nil
+	wb := h.worker
+	wb.holders = slices.DeleteFunc(wb.holders, func(o *holder) bool { return o == h })
+	if len(wb.holders) == 0 {
+		delete(x.workers, h.src.Worker)
 	}
 }
 
@@ -294,8 +379,12 @@ func (x *Index) Covers(model string, workers []string, now time.Time) bool {
 // holdersOf appends to dst the streams of worker for model (or naming no model); ok is false
 // when it has none or one is being resynchronized. Callers hold mu.
 func (x *Index) holdersOf(dst []*holder, model, worker string, now time.Time) (_ []*holder, ok bool) {
-	for src, h := range x.sources {
-		if src.Worker != worker || src.Model != "" && src.Model != model {
+	wb := x.workers[worker]
+	if wb == nil {
+		return dst, false
+	}
+	for _, h := range wb.holders {
+		if h.src.Model != "" && h.src.Model != model {
 			continue
 		}
 		if now.Before(h.readyAt) {
@@ -308,15 +397,17 @@ func (x *Index) holdersOf(dst []*holder, model, worker string, now time.Time) (_
 
 // Match writes to out[i] the number of leading tokens of toks that worker workers[i] holds for
 // model, the longest over its data-parallel ranks, in whole blocks. It reports false, leaving
-// out undefined, when the index cannot answer for every worker: one has no event stream yet, is
-// being resynchronized, or their streams disagree on the block size. now is the current time.
+// out undefined, when the index cannot answer for every worker: one has no event stream yet or
+// is being resynchronized. Streams of different block sizes are matched each at its own (one
+// walk of the prompt per size), so that one stream's odd block size — an engine configured
+// differently, or a malformed stream — changes nothing for the others. now is the current time.
 func (x *Index) Match(model string, toks []uint32, workers []string, out []int, now time.Time) bool {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var buf [16]*holder
-	hs := buf[:0]
-	owner := make([]int, 0, 16) // hs[j] belongs to workers[owner[j]]
-	bs := 0
+	var hbuf [16]*holder
+	var obuf [16]int
+	var sbuf [4]int
+	hs, owner, sizes := hbuf[:0], obuf[:0], sbuf[:0] // hs[j] belongs to workers[owner[j]]
 	for i, w := range workers {
 		out[i] = 0
 		n := len(hs)
@@ -325,23 +416,34 @@ func (x *Index) Match(model string, toks []uint32, workers []string, out []int, 
 			return false
 		}
 		for _, h := range hs[n:] {
-			if h.bs != 0 {
-				if bs != 0 && h.bs != bs {
-					return false
-				}
-				bs = h.bs
-			}
 			owner = append(owner, i)
+			if h.bs != 0 && !slices.Contains(sizes, h.bs) {
+				sizes = append(sizes, h.bs)
+			}
 		}
 	}
-	if bs == 0 {
-		return true // no source holds anything yet
+	var abuf [16]bool
+	alive := abuf[:0]
+	if len(hs) > len(abuf) {
+		alive = make([]bool, 0, len(hs))
 	}
-	alive := make([]bool, len(hs))
-	for j := range alive {
-		alive[j] = true
+	for _, bs := range sizes {
+		x.walk(bs, toks, hs, owner, out, alive)
 	}
-	left := len(hs)
+	return true
+}
+
+// walk extends out with the blocks of bs tokens that the holders of that block size hold from
+// the start of toks. Callers hold mu.
+func (x *Index) walk(bs int, toks []uint32, hs []*holder, owner, out []int, alive []bool) {
+	alive = alive[:0]
+	left := 0
+	for _, h := range hs {
+		alive = append(alive, h.bs == bs)
+		if h.bs == bs {
+			left++
+		}
+	}
 	key := uint64(keySeed)
 	for b := 0; (b+1)*bs <= len(toks) && left > 0; b++ {
 		key = chainBlock(key, toks[b*bs:(b+1)*bs])
@@ -358,5 +460,4 @@ func (x *Index) Match(model string, toks []uint32, workers []string, out []int, 
 			out[owner[j]] = max(out[owner[j]], (b+1)*bs)
 		}
 	}
-	return true
 }

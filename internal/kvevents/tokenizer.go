@@ -83,15 +83,31 @@ func (t *Tokenizer) Stats() TokenizerStats {
 }
 
 // Tokenize returns the token ids of a request for model: a chat request's messages (taken from
-// its body) or else text, asking worker via within the configured timeout on a cache miss.
+// its body) or else text, asking worker via within the configured timeout (and ctx) on a cache
+// miss. The cache is keyed by the model and the prompt alone (a chat request's messages value,
+// not its body): the same conversation resent with another max_tokens, stream flag, user or
+// sampling parameter is the same prompt, tokenized once.
 func (t *Tokenizer) Tokenize(ctx context.Context, via *worker.Worker, model string, chat bool, body []byte, text string) ([]uint32, error) {
+	var messages json.RawMessage
+	if chat {
+		var b struct {
+			Messages json.RawMessage `json:"messages"`
+		}
+		if err := json.Unmarshal(body, &b); err != nil || len(b.Messages) == 0 {
+			t.mu.Lock()
+			t.failures++
+			t.mu.Unlock()
+			return nil, fmt.Errorf("%w: no messages in the body", errTokenize)
+		}
+		messages = b.Messages
+	}
 	var h maphash.Hash
 	h.SetSeed(t.seed)
 	h.WriteString(model)
 	h.WriteByte(0)
 	if chat {
 		h.WriteByte('c')
-		h.Write(body)
+		h.Write(messages)
 	} else {
 		h.WriteByte('t')
 		h.WriteString(text)
@@ -107,7 +123,7 @@ func (t *Tokenizer) Tokenize(ctx context.Context, via *worker.Worker, model stri
 	}
 	t.misses++
 	t.mu.Unlock()
-	toks, err := t.ask(ctx, via, model, chat, body, text)
+	toks, err := t.ask(ctx, via, model, messages, text)
 	if err != nil {
 		t.mu.Lock()
 		t.failures++
@@ -140,17 +156,11 @@ func (t *Tokenizer) put(key uint64, toks []uint32) {
 // errTokenize is the error of a failed tokenization (its cause is wrapped for logs only).
 var errTokenize = errors.New("kvevents: tokenize")
 
-// ask posts the request to via's /tokenize.
-func (t *Tokenizer) ask(ctx context.Context, via *worker.Worker, model string, chat bool, body []byte, text string) ([]uint32, error) {
+// ask posts the request to via's /tokenize: messages when set (a chat request's), else text.
+func (t *Tokenizer) ask(ctx context.Context, via *worker.Worker, model string, messages json.RawMessage, text string) ([]uint32, error) {
 	req := map[string]any{"model": model}
-	if chat {
-		var b struct {
-			Messages json.RawMessage `json:"messages"`
-		}
-		if err := json.Unmarshal(body, &b); err != nil || len(b.Messages) == 0 {
-			return nil, fmt.Errorf("%w: no messages in the body", errTokenize)
-		}
-		req["messages"] = b.Messages
+	if messages != nil {
+		req["messages"] = messages
 	} else {
 		if text == "" {
 			return nil, fmt.Errorf("%w: no prompt text", errTokenize)

@@ -24,6 +24,8 @@ type Monitor struct {
 	ownClient bool
 
 	snap atomic.Pointer[Snapshot]
+	// updated is closed, and replaced, at each round's publication (Updates).
+	updated atomic.Pointer[chan struct{}]
 
 	// pollMu serializes polling rounds; it guards states, round, targets, results and scratch.
 	pollMu  sync.Mutex
@@ -53,6 +55,8 @@ func New(reg *worker.Registry, cfg Config) *Monitor {
 	}
 	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, ownClient: cfg.Client == nil}
 	m.snap.Store(emptySnapshot)
+	ch := make(chan struct{})
+	m.updated.Store(&ch)
 	reg.Subscribe(m.onEvent)
 	return m
 }
@@ -130,6 +134,10 @@ func (m *Monitor) run(ctx context.Context) {
 		}
 	}
 }
+
+// Updates returns a channel closed when the next polling round's snapshot is published, so that
+// a waiter (the gateway's queue) acts on fresh load without polling the Monitor.
+func (m *Monitor) Updates() <-chan struct{} { return *m.updated.Load() }
 
 // Snapshot returns the current snapshot; never nil.
 func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
@@ -333,6 +341,8 @@ func (m *Monitor) publish(view *worker.View, targets []*pollState, results []res
 		}
 	}
 	m.snap.Store(s)
+	next := make(chan struct{})
+	close(*m.updated.Swap(&next))
 }
 
 // setReplicas stamps every entry of a round with the round's replica estimate.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -560,7 +561,7 @@ func TestStopCancelsPollsInFlight(t *testing.T) {
 	// A poll that would block for a minute unless Stop cancels it.
 	m, _, _ := testMonitor(t, reg, Config{Interval: 2 * time.Minute, Timeout: time.Minute})
 	m.Start(t.Context())
-	<-arrived
+	testutil.Recv(t, arrived, "the poll at the worker")
 	start := time.Now()
 	m.Stop()
 	if took := time.Since(start); took > 10*time.Second {

@@ -58,9 +58,9 @@ func clampRate(v float64) float64 {
 // Ranks, and the fleet simulator builds them from its engines: both then fold them with
 // ReportOf, so that a simulated gateway sees exactly what a real one would.
 type Rank struct {
-	Running, Waiting, WaitingUncachedTokens, UsedTokens, MaxTokens float64
-	TokenUsage, GenThroughput, CacheHitRate                        float64
-	HasUncached, HasUsage, HasThroughput, HasHitRate               bool
+	Running, Waiting, WaitingUncachedTokens, UsedTokens, MaxTokens, MaxRunning float64
+	TokenUsage, GenThroughput, CacheHitRate                                    float64
+	HasUncached, HasUsage, HasThroughput, HasHitRate                           bool
 }
 
 // ReportOf folds ranks into a Report as ParseLoads does: counts and throughput summed, ratios
@@ -87,6 +87,7 @@ func (a *loadsAcc) add(l *Rank) {
 	r.Waiting = satAdd(r.Waiting, clampCount(l.Waiting))
 	r.MaxTokens = satAdd(r.MaxTokens, clampCount(l.MaxTokens))
 	r.UsedTokens = satAdd(r.UsedTokens, clampCount(l.UsedTokens))
+	r.MaxRunning = satAdd(r.MaxRunning, clampCount(l.MaxRunning))
 	if l.HasUncached {
 		r.WaitingUncachedTokens = satAdd(r.WaitingUncachedTokens, clampCount(l.WaitingUncachedTokens))
 		r.HasTokenData, r.HasUncachedTokens = true, true
@@ -183,6 +184,8 @@ func rankField(s *jsonscan.Scanner, l *Rank, key []byte) {
 		dst = &l.UsedTokens
 	case keyIs(key, "max_total_num_tokens"):
 		dst = &l.MaxTokens
+	case keyIs(key, "max_running_requests"):
+		dst = &l.MaxRunning
 	case keyIs(key, "token_usage"):
 		dst, has = &l.TokenUsage, &l.HasUsage
 	case keyIs(key, "gen_throughput"):

@@ -184,6 +184,7 @@ func parseLoadsReference(body []byte) (Report, error) {
 			WaitingUncached *float64 `json:"num_waiting_uncached_tokens"`
 			UsedTokens      float64  `json:"num_used_tokens"`
 			MaxTokens       float64  `json:"max_total_num_tokens"`
+			MaxRunning      float64  `json:"max_running_requests"`
 			TokenUsage      *float64 `json:"token_usage"`
 			GenThroughput   *float64 `json:"gen_throughput"`
 			CacheHitRate    *float64 `json:"cache_hit_rate"`
@@ -203,7 +204,7 @@ func parseLoadsReference(body []byte) (Report, error) {
 	}
 	var ranks []Rank
 	for _, l := range *b.Loads {
-		r := Rank{Running: l.Running, Waiting: l.Waiting, UsedTokens: l.UsedTokens, MaxTokens: l.MaxTokens}
+		r := Rank{Running: l.Running, Waiting: l.Waiting, UsedTokens: l.UsedTokens, MaxTokens: l.MaxTokens, MaxRunning: l.MaxRunning}
 		r.WaitingUncachedTokens, r.HasUncached = opt(l.WaitingUncached)
 		r.TokenUsage, r.HasUsage = opt(l.TokenUsage)
 		r.GenThroughput, r.HasThroughput = opt(l.GenThroughput)

@@ -88,9 +88,7 @@ func promFieldOf(name []byte, runtime string) promField {
 // without both a running and a waiting metric fails with ErrNoLoadData.
 func ParsePrometheus(body []byte, runtime string) (Report, error) {
 	var (
-		r      Report
-		sum    [nPromFields]float64
-		n      [nPromFields]int
+		s      promSums
 		lineNo int
 	)
 	for len(body) > 0 {
@@ -105,27 +103,47 @@ func ParsePrometheus(body []byte, runtime string) (Report, error) {
 		if !ok {
 			return Report{}, fmt.Errorf("parse /metrics: malformed sample on line %d", lineNo)
 		}
-		if f == fNone || math.IsNaN(v) || math.IsInf(v, 0) {
-			continue
-		}
-		n[f]++
-		switch f {
-		case fRunning:
-			r.Running = satAdd(r.Running, clampCount(v))
-		case fWaiting:
-			r.Waiting = satAdd(r.Waiting, clampCount(v))
-		case fUsedTokens:
-			r.UsedTokens = satAdd(r.UsedTokens, clampCount(v))
-		case fGenTokens:
-			r.GenTokensTotal = satAdd(r.GenTokensTotal, clampCount(v))
-		case fThroughput:
-			sum[f] = clampRate(sum[f] + clampRate(v))
-		case fHits, fQueries:
-			sum[f] += max(v, 0)
-		default: // ratios
-			sum[f] += clampRatio(v)
-		}
+		s.add(f, v)
 	}
+	return s.report()
+}
+
+// promSums gathers the samples of one /metrics body into a Report, as ParsePrometheus documents:
+// counts summed (saturating), throughput summed, ratios averaged, NaN and infinities skipped.
+type promSums struct {
+	r   Report
+	sum [nPromFields]float64
+	n   [nPromFields]int
+}
+
+// add counts one sample of the metric feeding f.
+func (s *promSums) add(f promField, v float64) {
+	if f == fNone || math.IsNaN(v) || math.IsInf(v, 0) {
+		return
+	}
+	s.n[f]++
+	switch f {
+	case fRunning:
+		s.r.Running = satAdd(s.r.Running, clampCount(v))
+	case fWaiting:
+		s.r.Waiting = satAdd(s.r.Waiting, clampCount(v))
+	case fUsedTokens:
+		s.r.UsedTokens = satAdd(s.r.UsedTokens, clampCount(v))
+	case fGenTokens:
+		s.r.GenTokensTotal = satAdd(s.r.GenTokensTotal, clampCount(v))
+	case fThroughput:
+		s.sum[f] = clampRate(s.sum[f] + clampRate(v))
+	case fHits, fQueries:
+		s.sum[f] += max(v, 0)
+	default: // ratios
+		s.sum[f] += clampRatio(v)
+	}
+}
+
+// report returns the Report of the samples added, or ErrNoLoadData without both a running and a
+// waiting sample.
+func (s *promSums) report() (Report, error) {
+	r, sum, n := s.r, &s.sum, &s.n
 	if n[fRunning] == 0 || n[fWaiting] == 0 {
 		return Report{}, fmt.Errorf("parse /metrics: %w (running and waiting request gauges)", ErrNoLoadData)
 	}
@@ -166,12 +184,17 @@ func parsePromLine(line []byte, runtime string) (f promField, v float64, ok bool
 	if f = promFieldOf(line[start:i], runtime); f == fNone {
 		return fNone, 0, true
 	}
-	if i < len(line) && line[i] == '{' {
-		end := skipLabels(line[i:])
+	// The text format allows blanks between the name and its labels ("name {a="b"} 1").
+	j := i
+	for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
+		j++
+	}
+	if j < len(line) && line[j] == '{' {
+		end := skipLabels(line[j:])
 		if end < 0 {
 			return f, 0, false
 		}
-		i += end
+		i = j + end
 	}
 	if i == len(line) || (line[i] != ' ' && line[i] != '\t') {
 		return f, 0, false

@@ -21,6 +21,9 @@ type Report struct {
 	UsedTokens int64 `json:"num_used_tokens"`
 	// MaxTokens is the KV cache's total token capacity.
 	MaxTokens int64 `json:"max_total_num_tokens"`
+	// MaxRunning is the most requests the worker runs at once (max_running_requests, summed
+	// over ranks); zero when not reported.
+	MaxRunning int64 `json:"max_running_requests,omitempty"`
 	// TokenUsage is KV-cache usage in [0,1].
 	TokenUsage float64 `json:"token_usage"`
 	// GenThroughput is generated tokens per second.

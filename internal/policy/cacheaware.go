@@ -1,11 +1,11 @@
 package policy
 
 import (
+	"context"
 	"hash/maphash"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvgate/kvgate/internal/radix"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -100,36 +100,16 @@ func lessLoaded(a, b *cand) bool {
 }
 
 // CacheAware routes a request to the worker most likely to hold its prompt prefix in KV cache,
-// unless the pool is imbalanced (DESIGN.md §1, §3). It keeps one prefix tree (one policy serves
-// one model) and, unless Config.NoBackground, one goroutine that trims the tree every
-// EvictionInterval until Close. Create it with NewCacheAware; the zero value is not usable.
+// unless the pool is imbalanced (DESIGN.md §1, §3): the classic SGLang rule. It keeps one prefix
+// tree (one policy serves one model) and, unless Config.NoBackground, one goroutine that trims
+// the tree every EvictionInterval until Close. Create it with NewCacheAware; the zero value is not
+// usable.
 type CacheAware struct {
+	*prefixTree
 	cfg   CacheAwareConfig
 	loads Loads
-	tree  *radix.Tree
 	dec   *counters
 	kv    bool // a KV-usage trigger is on
-	// placeMiss, when set, chooses the worker for a prompt no worker holds enough of (given the
-	// available candidates, the least load among them, and how many leading characters of the
-	// text the tree holds for several workers); nil means the least loaded worker.
-	placeMiss func(av []cand, minLoad int64, text string, known int) *cand
-	// pickHolder, when set, chooses among the candidates holding the matched prefix (holders,
-	// by id) given the least load of the pool; nil means leastLoadedHolder. It returns nil when
-	// no candidate holds it.
-	pickHolder func(av []cand, holders []string, minLoad int64) *cand
-	// keepHitChars, when positive: while the pool is imbalanced, a prompt of which at least
-	// keepHitChars characters match still goes to its least loaded holder among the candidates
-	// within the balance rule of the least loaded; any other prompt goes to the least loaded
-	// worker. Zero: the least loaded worker takes every request while the pool is imbalanced.
-	keepHitChars int
-	// acceptHit, when set, says whether the least loaded holder of the prompt may take it given
-	// the least load of the pool; when it may not, the prompt is placed as a miss.
-	acceptHit func(av []cand, h *cand, minLoad int64) bool
-
-	stop      chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
-	budget    *TreeBudget // shared with the router's other policies; nil: none
 }
 
 var (
@@ -150,55 +130,17 @@ const (
 // its eviction loop; Close stops it.
 func NewCacheAware(cfg Config) *CacheAware {
 	c := cfg.withDefaults()
-	p := &CacheAware{
-		cfg:   c.CacheAware,
-		loads: c.Loads,
-		tree:  radix.New(radix.Options{Now: c.Now}),
-		dec:   newCounters(BranchCacheHit, BranchCacheMiss, BranchImbalanced),
-		kv:    c.CacheAware.OverloadTokenUsageThreshold < 1 || c.CacheAware.BalanceTokenUsageThreshold < 1,
-		stop:  make(chan struct{}),
-		done:  make(chan struct{}),
+	return &CacheAware{
+		prefixTree: newPrefixTree(c),
+		cfg:        c.CacheAware,
+		loads:      c.Loads,
+		dec:        newCounters(BranchCacheHit, BranchCacheMiss, BranchImbalanced),
+		kv:         c.CacheAware.OverloadTokenUsageThreshold < 1 || c.CacheAware.BalanceTokenUsageThreshold < 1,
 	}
-	p.budget = c.Budget
-	p.budget.add(p.tree)
-	if c.NoBackground {
-		close(p.done)
-		return p
-	}
-	go p.evictLoop(p.cfg.EvictionInterval)
-	return p
 }
 
 // Name returns "cache_aware".
 func (*CacheAware) Name() string { return "cache_aware" }
-
-// evictLoop runs Evict every interval until Close.
-func (p *CacheAware) evictLoop(interval time.Duration) {
-	defer close(p.done)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-t.C:
-			p.Evict()
-		}
-	}
-}
-
-// Evict trims every worker's share of the tree to MaxTreeSize characters, or less when the
-// gateway-wide TreeBudget is exceeded, least recently used first, now. The eviction loop calls
-// it; the virtual-time fleet simulator calls it itself.
-func (p *CacheAware) Evict() { p.tree.Evict(p.budget.shareCap(int64(p.cfg.MaxTreeSize))) }
-
-// Close stops the eviction loop and waits for it to exit. It is idempotent and always returns
-// nil; it exists so that owners can treat policies as io.Closer.
-func (p *CacheAware) Close() error {
-	p.closeOnce.Do(func() { close(p.stop); p.budget.remove(p.tree) })
-	<-p.done
-	return nil
-}
 
 // Forget removes the worker from the tree at once.
 func (p *CacheAware) Forget(workerID string) { p.tree.Remove(workerID) }
@@ -206,23 +148,17 @@ func (p *CacheAware) Forget(workerID string) { p.tree.Remove(workerID) }
 // Decisions returns decisions by branch: cache_hit, cache_miss, imbalanced.
 func (p *CacheAware) Decisions() map[string]uint64 { return p.dec.snapshot() }
 
-// TreeSizes returns worker id → characters the tree records for it.
-func (p *CacheAware) TreeSizes() map[string]int64 { return p.tree.Sizes() }
-
-// candBufs recycles Pick's candidate buffers. Pick hands its buffer to the placeMiss and
-// acceptHit hooks, func values through which any buffer escapes: a buffer on the stack would be
-// 1.5 KB allocated and zeroed on the heap per request.
+// candBufs recycles Pick's candidate buffers.
 var candBufs = sync.Pool{New: func() any { return new([64]cand) }}
 
 // Pick gathers the available candidates, their loads and the least loaded in one pass. If the
-// pool is imbalanced it returns the least loaded worker (still recording the text for it),
-// unless keepHitChars lets a long match keep its hit on a holder within the balance rule.
+// pool is imbalanced it returns the least loaded worker (still recording the text for it).
 // Otherwise it matches the text against the tree: above CacheThreshold it returns the least
 // loaded of the workers holding the matched prefix (the reference gateway takes whichever
 // holder the node last remembered; taking the least loaded keeps affinity and spreads a hot
 // prefix that several workers hold), else the least loaded worker. The text is recorded for the
 // chosen worker in the same descent.
-func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+func (p *CacheAware) Pick(_ context.Context, candidates []*worker.Worker, req *Request) *worker.Worker {
 	buf := candBufs.Get().(*[64]cand)
 	av, minI, imbalanced := p.gather(buf[:0], candidates)
 	defer func() {
@@ -232,14 +168,9 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	if len(av) == 0 {
 		return nil
 	}
-	// keep: imbalanced, but a hit on a holder within the balance rule is still taken.
-	keep := imbalanced && p.keepHitChars > 0 && req.Text != ""
-	if keep {
-		av, minI = withinBalance(av, minI, BalanceOf(p.cfg))
-	}
 	best := &av[minI]
 	switch {
-	case imbalanced && !keep:
+	case imbalanced:
 		p.dec.add(caImbalanced)
 		if req.Text == "" {
 			req.decide(BranchImbalanced, 0, false)
@@ -260,44 +191,21 @@ func (p *CacheAware) Pick(candidates []*worker.Worker, req *Request) *worker.Wor
 	// loaded of them keeps the hit without queueing behind the first holder.
 	p.tree.RouteHolders(req.Text, p.cfg.CacheThreshold, func(m *radix.Match) string {
 		if m.Ratio() > p.cfg.CacheThreshold {
-			if keep {
-				if h := leastLoadedHolder(av, m.Holders); h != nil && m.Chars >= p.keepHitChars {
-					best, hit = h, true
-				}
-			} else if h := p.holder(av, m.Holders, av[minI].load); h != nil && (p.acceptHit == nil || p.acceptHit(av, h, av[minI].load)) {
+			if h := leastLoadedHolder(av, m.Holders); h != nil {
 				best, hit = h, true
 			}
-			if hit {
-				predicted = p.predict(m, best.w.ID)
-				return best.w.ID
-			}
-		}
-		if p.placeMiss != nil && !keep {
-			best = p.placeMiss(av, av[minI].load, req.Text, m.Shared)
 		}
 		predicted = p.predict(m, best.w.ID)
 		return best.w.ID
 	})
-	switch {
-	case hit:
+	if hit {
 		p.dec.add(caHit)
 		req.decide(BranchCacheHit, predicted, true)
-	case keep:
-		p.dec.add(caImbalanced)
-		req.decide(BranchImbalanced, predicted, true)
-	default:
+	} else {
 		p.dec.add(caMiss)
 		req.decide(BranchCacheMiss, predicted, true)
 	}
 	return best.w
-}
-
-// holder returns the candidate a hit goes to among the holders of the matched prefix.
-func (p *CacheAware) holder(av []cand, holders []string, minLoad int64) *cand {
-	if p.pickHolder != nil {
-		return p.pickHolder(av, holders, minLoad)
-	}
-	return leastLoadedHolder(av, holders)
 }
 
 // predict is the share of m's text that the tree says worker id holds: the whole match when id
@@ -357,6 +265,26 @@ func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand,
 	return av, minI, imbalanced
 }
 
+// Balance is cache_aware's request-count balance rule (DESIGN.md §3): the pool is imbalanced
+// when the most loaded worker has more than Abs requests above the least loaded and more than Rel
+// times its load. The sticky wrapper's saturation rule uses it too.
+type Balance struct {
+	// Abs is balance_abs_threshold; Rel is balance_rel_threshold.
+	Abs int64
+	Rel float64
+}
+
+// BalanceOf returns the balance rule of cfg.
+func BalanceOf(cfg CacheAwareConfig) Balance {
+	return Balance{Abs: cfg.BalanceAbsThreshold, Rel: cfg.BalanceRelThreshold}
+}
+
+// Imbalanced reports whether loads minLoad and maxLoad, the least and the most of a pool, make
+// it imbalanced.
+func (b Balance) Imbalanced(minLoad, maxLoad int64) bool {
+	return maxLoad-minLoad > b.Abs && float64(maxLoad) > b.Rel*float64(minLoad)
+}
+
 // idSeed seeds the hash of the candidate table in leastLoadedHolder; the table lives for one
 // call, so a per-process seed is fine (unlike the hashing policies, which must agree across
 // replicas).
@@ -402,24 +330,4 @@ func eachHolder(av []cand, tenants []string, consider func(i int)) {
 			}
 		}
 	}
-}
-
-// withinBalance compacts av to the candidates whose load keeps the pool balanced against the
-// least loaded one (Balance.Within), clearing the slots it frees, and returns them with the
-// index of the least loaded.
-func withinBalance(av []cand, minI int, b Balance) ([]cand, int) {
-	minLoad := av[minI].load
-	n := 0
-	for i := range av {
-		if !b.Within(av[i].load, minLoad) {
-			continue
-		}
-		if i == minI {
-			minI = n
-		}
-		av[n] = av[i]
-		n++
-	}
-	clear(av[n:])
-	return av[:n], minI
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -85,7 +86,7 @@ func BenchmarkCacheAwareDecisionVsDecode(b *testing.B) {
 		req := &Request{Model: "m", Text: sys + user}
 		b.StartTimer()
 		t0 := time.Now()
-		if p.Pick(ws, req) == nil {
+		if p.Pick(context.Background(), ws, req) == nil {
 			b.Fatal("no pick")
 		}
 		t1 := time.Now()
@@ -121,12 +122,12 @@ func BenchmarkCacheAwareScaling(b *testing.B) {
 	for i := range texts { // 64 system prompts of 2 KB, 64 sessions each, 1 KB tails
 		off, sysOff := r.IntN(len(pool)-1024), (i%64)*2048
 		texts[i] = pool[sysOff:sysOff+2048] + pool[off:off+1024]
-		p.Pick(ws, &Request{Text: texts[i]})
+		p.Pick(context.Background(), ws, &Request{Text: texts[i]})
 	}
 	const perRound = 20000
 	route := func(g, n int) {
 		for i := range n {
-			p.Pick(ws, &Request{Text: texts[(g*7919+i*31)%len(texts)]})
+			p.Pick(context.Background(), ws, &Request{Text: texts[(g*7919+i*31)%len(texts)]})
 		}
 	}
 	spin := func(_, n int) {
@@ -177,7 +178,7 @@ func BenchmarkPolicies(b *testing.B) {
 		off := r.IntN(len(pool) - 4096)
 		texts[i] = pool[(i%16)*2048:(i%16)*2048+2048] + pool[off:off+2048]
 	}
-	for _, name := range []string{"cache_aware", "prefix_hash", "consistent_hashing", "round_robin"} {
+	for _, name := range []string{"cache_aware_hash", "least_load", "cache_aware", "prefix_hash", "consistent_hashing", "round_robin"} {
 		b.Run(name, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.NoBackground = true
@@ -190,7 +191,7 @@ func BenchmarkPolicies(b *testing.B) {
 				i := rand.IntN(len(texts))
 				for pb.Next() {
 					i = (i + 1) % len(texts)
-					pol.Pick(ws, &Request{Text: texts[i], Key: fmt.Sprint(i)})
+					pol.Pick(context.Background(), ws, &Request{Text: texts[i], Key: fmt.Sprint(i)})
 				}
 			})
 		})
@@ -220,11 +221,11 @@ func BenchmarkDefaultAt256Workers(b *testing.B) {
 				b.Fatal(err)
 			}
 			for i := range texts { // warm the tree: every prompt seen once
-				p.Pick(ws, &Request{Text: texts[i]})
+				p.Pick(context.Background(), ws, &Request{Text: texts[i]})
 			}
 			i := 0
 			for b.Loop() {
-				p.Pick(ws, &Request{Text: texts[i%len(texts)]})
+				p.Pick(context.Background(), ws, &Request{Text: texts[i%len(texts)]})
 				i++
 			}
 		})

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -128,7 +129,7 @@ func TestCacheAwareBranches(t *testing.T) {
 			for i, s := range tt.held {
 				p.tree.Insert(s, ws[i].ID)
 			}
-			got := p.Pick(ws, &Request{Text: tt.text})
+			got := p.Pick(context.Background(), ws, &Request{Text: tt.text})
 			if tt.want < 0 {
 				if got != nil {
 					t.Fatalf("Pick = %s, want nil", got.ID)
@@ -165,7 +166,7 @@ func TestCacheAwareAffinityAcrossRequests(t *testing.T) {
 	ws := testWorkers(t, 3)
 	loads := newFakeLoads()
 	p := newTestCacheAware(t, loads, nil)
-	first := p.Pick(ws, &Request{Text: sys + "first question"})
+	first := p.Pick(context.Background(), ws, &Request{Text: sys + "first question"})
 	for _, w := range ws { // the first worker is now the busiest, but still within balance
 		if w != first {
 			loads.set(w, 0)
@@ -173,7 +174,7 @@ func TestCacheAwareAffinityAcrossRequests(t *testing.T) {
 			loads.set(w, 10)
 		}
 	}
-	if got := p.Pick(ws, &Request{Text: sys + "second question"}); got != first {
+	if got := p.Pick(context.Background(), ws, &Request{Text: sys + "second question"}); got != first {
 		t.Fatalf("follow-up went to %s, want the holder %s", got.ID, first.ID)
 	}
 	if sizes := p.TreeSizes(); sizes[first.ID] != int64(len(sys+"first question")+len("second question")) {
@@ -188,7 +189,7 @@ func TestCacheAwareForget(t *testing.T) {
 	p := newTestCacheAware(t, loads, nil)
 	p.tree.Insert(sys, ws[0].ID)
 	p.Forget(ws[0].ID)
-	if got := p.Pick(ws, &Request{Text: sys + "x"}); got != ws[1] {
+	if got := p.Pick(context.Background(), ws, &Request{Text: sys + "x"}); got != ws[1] {
 		t.Fatalf("Pick after Forget = %s, want the least loaded", got.ID)
 	}
 	if _, ok := p.TreeSizes()[ws[0].ID]; ok {
@@ -204,7 +205,7 @@ func TestCacheAwareEvictLoop(t *testing.T) {
 		p := NewCacheAware(cfg)
 		defer p.Close()
 		ws := testWorkers(t, 1)
-		p.Pick(ws, &Request{Text: strings.Repeat("a", 100)})
+		p.Pick(context.Background(), ws, &Request{Text: strings.Repeat("a", 100)})
 		time.Sleep(59 * time.Second) // virtual time: the bubble's clock
 		synctest.Wait()
 		if s := p.TreeSizes()[ws[0].ID]; s != 100 {
@@ -270,7 +271,7 @@ func TestCacheAwareConcurrent(t *testing.T) {
 					loads.set(ws[r.IntN(len(ws))], int64(r.IntN(100)))
 				default:
 					text := fmt.Sprintf("%s session %d turn %d", sys, r.IntN(50), r.IntN(5))
-					if p.Pick(ws, &Request{Text: text}) == nil {
+					if p.Pick(context.Background(), ws, &Request{Text: text}) == nil {
 						t.Error("nil pick with available workers")
 						return
 					}

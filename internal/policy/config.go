@@ -29,6 +29,7 @@ type Config struct {
 	Budget *TreeBudget `yaml:"-"`
 
 	CacheAware CacheAwareConfig `yaml:",inline"`
+	Cost       CostConfig       `yaml:",inline"`
 	PrefixHash PrefixHashConfig `yaml:",inline"`
 	Sticky     StickyConfig     `yaml:",inline"`
 }
@@ -76,6 +77,7 @@ func DefaultConfig() Config {
 			MaxTreeSize:                 1 << 26,
 			TreeBudget:                  1 << 29,
 		},
+		Cost:       DefaultCostConfig(),
 		PrefixHash: PrefixHashConfig{PrefixChars: 1024, LoadFactor: 1.25},
 		Sticky:     defaultSticky(),
 	}
@@ -105,6 +107,9 @@ func (c *Config) Validate() error {
 		return errors.New("prefix_chars must be > 0")
 	case c.PrefixHash.LoadFactor < 1:
 		return errors.New("prefix_hash_load_factor must be >= 1")
+	}
+	if err := c.Cost.validate(); err != nil {
+		return err
 	}
 	return c.Sticky.validate()
 }

@@ -64,7 +64,7 @@ func TestCacheAwareReadsGlobalLoad(t *testing.T) {
 			if ws[0].Inflight() != 0 || ws[1].Inflight() != 0 {
 				t.Fatal("local counts must be idle")
 			}
-			if got := p.Pick(ws, &Request{Model: "m", Text: text + " and more"}); got != tc.want {
+			if got := p.Pick(context.Background(), ws, &Request{Model: "m", Text: text + " and more"}); got != tc.want {
 				t.Errorf("picked %s, want %s", got.Spec.URL, tc.want.Spec.URL)
 			}
 		})

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"math"
 	"slices"
 
@@ -43,9 +44,13 @@ func mix64(z uint64) uint64 {
 
 // score is worker id's rendezvous weight for a key hash, mixed so that the order of workers is
 // independent from key to key.
-func score(key uint64, id string) uint64 {
-	return mix64(key ^ hashString(id)*0x9e3779b97f4a7c15)
-}
+func score(key uint64, id string) uint64 { return scoreHashed(key, idHash(id)) }
+
+// idHash is the part of score that depends on the worker id alone, for callers that keep it.
+func idHash(id string) uint64 { return hashString(id) * 0x9e3779b97f4a7c15 }
+
+// scoreHashed is score with the id's idHash.
+func scoreHashed(key, idh uint64) uint64 { return mix64(key ^ idh) }
 
 // ConsistentHashing sends every request with the same routing key (Request.Key: the
 // x-kvgate-routing-key header, else another identity header) to the same worker while it is
@@ -79,7 +84,7 @@ func (p *ConsistentHashing) Decisions() map[string]uint64 { return p.dec.snapsho
 
 // Pick returns the available worker with the highest rendezvous score for req.Key, or a random
 // available worker when the key is empty.
-func (p *ConsistentHashing) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+func (p *ConsistentHashing) Pick(_ context.Context, candidates []*worker.Worker, req *Request) *worker.Worker {
 	if req.Key == "" {
 		var buf [64]*worker.Worker
 		av := available(buf[:0], candidates)
@@ -146,7 +151,7 @@ func (p *PrefixHash) Decisions() map[string]uint64 { return p.dec.snapshot() }
 // walks the available workers in rendezvous order, returning the first whose load is below the
 // bound ⌈LoadFactor × (total load + 1) / n⌉: the mean counts the request being placed, and the
 // ceiling guarantees that some worker fits. With nothing to hash it returns the least loaded.
-func (p *PrefixHash) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+func (p *PrefixHash) Pick(_ context.Context, candidates []*worker.Worker, req *Request) *worker.Worker {
 	var buf [64]cand
 	av, minI := gatherLoads(buf[:0], candidates, p.loads)
 	if len(av) == 0 {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -15,27 +16,27 @@ func TestConsistentHashingBranches(t *testing.T) {
 	p := NewConsistentHashing(cfg)
 
 	t.Run("same key, same worker", func(t *testing.T) {
-		first := p.Pick(ws, &Request{Key: "session-42"})
+		first := p.Pick(context.Background(), ws, &Request{Key: "session-42"})
 		for range 10 {
-			if got := p.Pick(ws, &Request{Key: "session-42"}); got != first {
+			if got := p.Pick(context.Background(), ws, &Request{Key: "session-42"}); got != first {
 				t.Fatalf("key moved from %s to %s", first.ID, got.ID)
 			}
 		}
 	})
 	t.Run("no key: random available worker", func(t *testing.T) {
-		if got := p.Pick(ws, &Request{}); got != ws[4] {
+		if got := p.Pick(context.Background(), ws, &Request{}); got != ws[4] {
 			t.Fatalf("Pick = %s, want the one the injected rand picks", got.ID)
 		}
 	})
 	t.Run("unavailable home: the key moves, then returns", func(t *testing.T) {
-		home := p.Pick(ws, &Request{Key: "k"})
+		home := p.Pick(context.Background(), ws, &Request{Key: "k"})
 		home.SetHealth(worker.NotReady)
-		other := p.Pick(ws, &Request{Key: "k"})
+		other := p.Pick(context.Background(), ws, &Request{Key: "k"})
 		home.SetHealth(worker.Ready)
 		if other == home || other == nil {
 			t.Fatalf("key stayed on the unavailable worker")
 		}
-		if got := p.Pick(ws, &Request{Key: "k"}); got != home {
+		if got := p.Pick(context.Background(), ws, &Request{Key: "k"}); got != home {
 			t.Fatalf("key did not return home")
 		}
 	})
@@ -44,7 +45,7 @@ func TestConsistentHashingBranches(t *testing.T) {
 		for _, w := range down {
 			w.SetHealth(worker.NotReady)
 		}
-		if p.Pick(down, &Request{Key: "k"}) != nil || p.Pick(down, &Request{}) != nil {
+		if p.Pick(context.Background(), down, &Request{Key: "k"}) != nil || p.Pick(context.Background(), down, &Request{}) != nil {
 			t.Fatal("picked an unavailable worker")
 		}
 	})
@@ -63,8 +64,8 @@ func TestConsistentHashingMovesAboutOneNth(t *testing.T) {
 	moved, perWorker := 0, map[*worker.Worker]int{}
 	for i := range keys {
 		req := &Request{Key: fmt.Sprintf("user-%d", i)}
-		before := p.Pick(ws[:10], req)
-		after := p.Pick(ws, req)
+		before := p.Pick(context.Background(), ws[:10], req)
+		after := p.Pick(context.Background(), ws, req)
 		perWorker[before]++
 		if before != after {
 			moved++
@@ -155,7 +156,7 @@ func TestPrefixHashBranches(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.Loads = loads
 			p := NewPrefixHash(cfg)
-			got := p.Pick(ws, &tt.req)
+			got := p.Pick(context.Background(), ws, &tt.req)
 			tt.check(t, got, order[0], ws, order)
 			if d := p.Decisions(); d[tt.branch] != 1 {
 				t.Fatalf("Decisions = %v, want one %s", d, tt.branch)
@@ -187,15 +188,15 @@ func TestPrefixHashSamePrefixSameWorkerAcrossReplicas(t *testing.T) {
 	ws := testWorkers(t, 8)
 	a, b := NewPrefixHash(DefaultConfig()), NewPrefixHash(DefaultConfig())
 	prefix := strings.Repeat("é日x", 400) // 1200 characters, 2400+ bytes
-	home := a.Pick(ws, &Request{Text: prefix + "tail one"})
+	home := a.Pick(context.Background(), ws, &Request{Text: prefix + "tail one"})
 	for _, tail := range []string{"tail two", "another tail", ""} {
-		if got := b.Pick(ws, &Request{Text: prefix + tail}); got != home {
+		if got := b.Pick(context.Background(), ws, &Request{Text: prefix + tail}); got != home {
 			t.Fatalf("prefix with tail %q went to %s, want %s", tail, got.ID, home.ID)
 		}
 	}
 	seen := map[*worker.Worker]bool{}
 	for i := range 64 {
-		seen[a.Pick(ws, &Request{Text: fmt.Sprintf("prompt %d", i)})] = true
+		seen[a.Pick(context.Background(), ws, &Request{Text: fmt.Sprintf("prompt %d", i)})] = true
 	}
 	if len(seen) < 6 {
 		t.Fatalf("64 different prefixes reached only %d of 8 workers", len(seen))

@@ -5,6 +5,9 @@
 package policy
 
 import (
+	"context"
+	"time"
+
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -50,9 +53,14 @@ type Decision struct {
 	// HasPrediction is true when the policy keeps a view of the workers' caches (a prefix tree)
 	// and so predicted a share.
 	HasPrediction bool
-	// WholePrompt is true when Predicted is already a share of the whole prompt (precise_prefix
-	// tokenizes it), not of the routing text: PromptShare must not scale it.
+	// WholePrompt is true when Predicted is already a share of the whole prompt (the cost-based
+	// policies count the whole prompt), not of the routing text: PromptShare must not scale it.
 	WholePrompt bool
+	// HasCost is true when a cost-based policy decided (cost.go): Chosen holds the chosen
+	// worker's terms and RunnerUp the next cheapest candidate's (zero when there was none).
+	HasCost bool
+	// Chosen and RunnerUp are the cost terms of the chosen worker and of the runner-up.
+	Chosen, RunnerUp Terms
 }
 
 // decide records d on req; req may be nil in tests that call Pick without a view.
@@ -68,8 +76,9 @@ func (req *Request) decide(branch string, predicted float64, has bool) {
 type Policy interface {
 	// Name returns the canonical policy name.
 	Name() string
-	// Pick chooses the worker.
-	Pick(candidates []*worker.Worker, req *Request) *worker.Worker
+	// Pick chooses the worker. ctx is the request's: work a pick does on the request's behalf
+	// (tokenizing it) ends when the client leaves.
+	Pick(ctx context.Context, candidates []*worker.Worker, req *Request) *worker.Worker
 }
 
 // Forgetter is implemented by policies that keep per-worker state (a prefix tree, a hash ring):
@@ -84,6 +93,35 @@ type Forgetter interface {
 // reported (cached_tokens ÷ prompt_tokens), both in [0,1]. Only for decisions with a prediction.
 type CacheObserver interface {
 	Observed(predicted, reported float64)
+}
+
+// DecisionTimer is implemented by policies that time their decisions (precise_prefix: the
+// tokenization and the event match included).
+type DecisionTimer interface {
+	// DecisionTime returns the number of timed decisions and the mean time one took.
+	DecisionTime() (n int64, mean time.Duration)
+}
+
+// Unwrapper is implemented by policies that wrap another (Sticky).
+type Unwrapper interface {
+	// Inner returns the wrapped policy.
+	Inner() Policy
+}
+
+// As finds an optional interface T on p or, through Unwrapper, on a policy it wraps.
+func As[T any](p Policy) (T, bool) {
+	for p != nil {
+		if t, ok := p.(T); ok {
+			return t, true
+		}
+		u, ok := p.(Unwrapper)
+		if !ok {
+			break
+		}
+		p = u.Inner()
+	}
+	var zero T
+	return zero, false
 }
 
 // Loads is how a policy reads load. Load is the worker's effective load in requests (running plus
@@ -108,9 +146,9 @@ var _ Loads = LocalLoads{}
 // Choose asks p for a worker and completes req.Decision: it clears what an earlier pick left
 // there (a retry), and names the worker picked. Callers use it rather than Pick so that the
 // decision record always describes the last pick.
-func Choose(p Policy, candidates []*worker.Worker, req *Request) *worker.Worker {
+func Choose(ctx context.Context, p Policy, candidates []*worker.Worker, req *Request) *worker.Worker {
 	req.Decision = Decision{}
-	w := p.Pick(candidates, req)
+	w := p.Pick(ctx, candidates, req)
 	if w != nil {
 		req.Decision.Worker = w.ID
 	}

@@ -29,7 +29,7 @@ var builtins = []spec{
 	{name: "cache_aware", aliases: []string{"cacheaware", "cache-aware"}, loadAware: true, build: func(c Config) (Policy, error) { return NewCacheAware(c), nil }},
 	{name: "consistent_hashing", aliases: []string{"consistenthashing", "consistent-hashing"}, build: func(c Config) (Policy, error) { return NewConsistentHashing(c), nil }},
 	{name: "prefix_hash", aliases: []string{"prefixhash", "prefix-hash"}, loadAware: true, build: func(c Config) (Policy, error) { return NewPrefixHash(c), nil }},
-	{name: "cache_aware_hash", aliases: []string{"cacheawarehash", "cache-aware-hash"}, loadAware: true, build: func(c Config) (Policy, error) { return NewCacheAwareHash(c), nil }},
+	{name: "cache_aware_hash", aliases: []string{"cacheawarehash", "cache-aware-hash", "cost"}, loadAware: true, build: func(c Config) (Policy, error) { return NewCacheAwareHash(c), nil }},
 	{name: "precise_prefix", aliases: []string{"preciseprefix", "precise-prefix", "precise"}, loadAware: true, build: func(c Config) (Policy, error) { return NewPrecisePrefix(c), nil }},
 	{name: "least_load", aliases: []string{"leastload", "least-load"}, loadAware: true, build: func(c Config) (Policy, error) { return NewLeastLoad(c), nil }},
 }
@@ -176,6 +176,30 @@ type Router struct {
 
 	mu    sync.Mutex
 	table atomic.Pointer[table]
+	// onChange, when set, hears every policy a pool gets (OnChange).
+	onChange func(Change)
+}
+
+// Change is a pool's policy being set or switched by Sync: the pool's first policy (From ""),
+// or a new one because the policy label in force changed.
+type Change struct {
+	Model string
+	Role  worker.Type
+	// From is the canonical name of the policy replaced; "" for a pool that had none.
+	From string
+	// To is the canonical name of the new policy.
+	To string
+	// Worker is the worker whose policy label chose To; nil when To is the default because no
+	// worker of the pool has a policy label (any more).
+	Worker *worker.Worker
+}
+
+// OnChange sets f to hear every Change Sync makes, after the new table is published. Call it
+// before Attach; f runs on the goroutine that changed the registry and must not block.
+func (r *Router) OnChange(f func(Change)) {
+	r.mu.Lock()
+	r.onChange = f
+	r.mu.Unlock()
 }
 
 // NewRouter validates the default policy name and cfg.
@@ -273,6 +297,7 @@ func (r *Router) Sync(v *worker.View) {
 	old := *r.table.Load()
 	next := table{}
 	var released []Policy
+	var changes []Change
 	for _, m := range v.Models {
 		pool := v.Pool(m)
 		for role, ws := range map[worker.Type][]*worker.Worker{worker.Regular: pool.Regular, worker.Prefill: pool.Prefill, worker.Decode: pool.Decode} {
@@ -280,9 +305,10 @@ func (r *Router) Sync(v *worker.View) {
 				continue
 			}
 			want := r.defaultName
+			var by *worker.Worker
 			for _, w := range ws {
 				if l := w.Label(PolicyLabel); l != "" {
-					want = l
+					want, by = l, w
 					break
 				}
 			}
@@ -305,6 +331,7 @@ func (r *Router) Sync(v *worker.View) {
 				released = append(released, prev.p)
 			}
 			next.set(m, role, e)
+			changes = append(changes, Change{Model: m, Role: role, From: prev.name, To: e.name, Worker: by})
 		}
 	}
 	for m, rs := range old {
@@ -315,12 +342,25 @@ func (r *Router) Sync(v *worker.View) {
 		}
 	}
 	r.table.Store(&next)
+	onChange := r.onChange
 	r.mu.Unlock()
+	if onChange != nil {
+		for _, c := range changes {
+			onChange(c)
+		}
+	}
 	for _, p := range released {
 		if c, ok := p.(io.Closer); ok {
 			_ = c.Close()
 		}
 	}
+}
+
+// InForce returns the canonical name of the policy model's pool of role has now; ok is false
+// for a pool that has none yet.
+func (r *Router) InForce(model string, role worker.Type) (name string, ok bool) {
+	e, ok := (*r.table.Load()).get(model, role)
+	return e.name, ok
 }
 
 // LoadAware reports whether any policy in use, or the default, reads load.

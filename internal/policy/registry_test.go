@@ -15,8 +15,8 @@ func loadsOf(t *testing.T, p Policy) Loads {
 		return x.loads
 	case *PowerOfTwo:
 		return x.loads
-	case *LeastLoad:
-		return x.loads
+	case *Cost:
+		return x.sc.loads
 	case *PrefixHash:
 		return x.loads
 	}
@@ -62,6 +62,8 @@ func TestEveryCreationPathGetsTheLoadView(t *testing.T) {
 		{"label, alias", "aliased", worker.Regular, "cacheaware", "cache_aware"},
 		{"label, power_of_two", "p2c", worker.Regular, "p2c", "power_of_two"},
 		{"label, least_load", "least", worker.Regular, "least-load", "least_load"},
+		{"label, the default", "cah", worker.Regular, "cost", "cache_aware_hash"},
+		{"label, precise", "precise", worker.Regular, "precise", "precise_prefix"},
 		{"label, prefix_hash", "ph", worker.Regular, "prefix-hash", "prefix_hash"},
 		{"prefill pool", "m", worker.Prefill, "cache_aware", "cache_aware"},
 		{"decode pool", "m", worker.Decode, "", "cache_aware"},

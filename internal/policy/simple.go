@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"sync/atomic"
 
 	"github.com/kvgate/kvgate/internal/worker"
@@ -28,7 +29,7 @@ func NewRandom(cfg Config) *Random { return &Random{rand: cfg.withDefaults().Ran
 func (*Random) Name() string { return "random" }
 
 // Pick returns a uniformly random available worker.
-func (p *Random) Pick(candidates []*worker.Worker, _ *Request) *worker.Worker {
+func (p *Random) Pick(_ context.Context, candidates []*worker.Worker, _ *Request) *worker.Worker {
 	var buf [16]*worker.Worker
 	av := available(buf[:0], candidates)
 	if len(av) == 0 {
@@ -49,7 +50,7 @@ func NewRoundRobin() *RoundRobin { return &RoundRobin{} }
 func (*RoundRobin) Name() string { return "round_robin" }
 
 // Pick returns the next available worker in candidate order.
-func (p *RoundRobin) Pick(candidates []*worker.Worker, _ *Request) *worker.Worker {
+func (p *RoundRobin) Pick(_ context.Context, candidates []*worker.Worker, _ *Request) *worker.Worker {
 	n := len(candidates)
 	if n == 0 {
 		return nil
@@ -82,7 +83,7 @@ func (*PowerOfTwo) Name() string { return "power_of_two" }
 
 // Pick samples two available workers and returns the one with the lower load (ties: the first
 // sampled).
-func (p *PowerOfTwo) Pick(candidates []*worker.Worker, _ *Request) *worker.Worker {
+func (p *PowerOfTwo) Pick(_ context.Context, candidates []*worker.Worker, _ *Request) *worker.Worker {
 	var buf [16]*worker.Worker
 	av := available(buf[:0], candidates)
 	switch len(av) {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -81,7 +82,7 @@ func TestSimplePolicyDistributions(t *testing.T) {
 			p := tc.build(ws)
 			counts := make([]int, len(ws))
 			for i := 0; i < picks; i++ {
-				w := p.Pick(ws, &Request{})
+				w := p.Pick(context.Background(), ws, &Request{})
 				for j := range ws {
 					if ws[j] == w {
 						counts[j]++
@@ -104,12 +105,12 @@ func TestSimplePoliciesSkipUnavailable(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := 0; i < 50; i++ {
-				if got := p.Pick(ws, &Request{}); got != ws[1] {
+				if got := p.Pick(context.Background(), ws, &Request{}); got != ws[1] {
 					t.Fatalf("picked %v, want the only available worker", got)
 				}
 			}
 			ws[1].SetHealth(worker.NotReady)
-			if got := p.Pick(ws, &Request{}); got != nil {
+			if got := p.Pick(context.Background(), ws, &Request{}); got != nil {
 				t.Fatal("picked an unavailable worker")
 			}
 		})

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -145,12 +146,23 @@ type session struct {
 	prev, next *session
 }
 
+// Sticky forwards every optional interface of the package to the policy it wraps (a caller
+// that finds one on Sticky reaches the inner policy's), so wrapping a policy never hides what it
+// can do: TestWrappersForwardEveryInterface enumerates the package's interfaces to hold it so.
 var (
 	_ Policy           = (*Sticky)(nil)
 	_ Forgetter        = (*Sticky)(nil)
 	_ DecisionReporter = (*Sticky)(nil)
 	_ SessionReporter  = (*Sticky)(nil)
 	_ io.Closer        = (*Sticky)(nil)
+	_ CacheObserver    = (*Sticky)(nil)
+	_ Coster           = (*Sticky)(nil)
+	_ TreeReporter     = (*Sticky)(nil)
+	_ Evicter          = (*Sticky)(nil)
+	_ Warmer           = (*Sticky)(nil)
+	_ Recorder         = (*Sticky)(nil)
+	_ DecisionTimer    = (*Sticky)(nil)
+	_ Unwrapper        = (*Sticky)(nil)
 )
 
 const (
@@ -185,13 +197,13 @@ func NewSticky(inner Policy, cfg Config) *Sticky {
 // name keys the load-awareness lookup and the metrics.
 func (p *Sticky) Name() string { return p.inner.Name() }
 
-// Inner returns the wrapped policy.
+// Inner returns the wrapped policy (Unwrapper).
 func (p *Sticky) Inner() Policy { return p.inner }
 
 // Pick routes req by its session, as the type's doc says.
-func (p *Sticky) Pick(candidates []*worker.Worker, req *Request) *worker.Worker {
+func (p *Sticky) Pick(ctx context.Context, candidates []*worker.Worker, req *Request) *worker.Worker {
 	if req.Key == "" {
-		return p.pickInner(candidates, req)
+		return p.pickInner(ctx, candidates, req)
 	}
 	key := sessionKey(req.Key)
 	now := p.now()
@@ -204,7 +216,7 @@ func (p *Sticky) Pick(candidates []*worker.Worker, req *Request) *worker.Worker 
 	p.mu.Unlock()
 	if bound == "" {
 		if p.cfg.Placement == PlacePolicy {
-			w := p.pickInner(candidates, req)
+			w := p.pickInner(ctx, candidates, req)
 			if w != nil {
 				p.bind(key, w.ID, now)
 			}
@@ -242,8 +254,8 @@ func (p *Sticky) Pick(candidates []*worker.Worker, req *Request) *worker.Worker 
 }
 
 // pickInner asks the wrapped policy.
-func (p *Sticky) pickInner(candidates []*worker.Worker, req *Request) *worker.Worker {
-	w := p.inner.Pick(candidates, req)
+func (p *Sticky) pickInner(ctx context.Context, candidates []*worker.Worker, req *Request) *worker.Worker {
+	w := p.inner.Pick(ctx, candidates, req)
 	if w != nil {
 		if _, ok := p.inner.(DecisionReporter); !ok {
 			p.own.Add(1)
@@ -454,4 +466,37 @@ func (p *Sticky) Close() error {
 		return c.Close()
 	}
 	return nil
+}
+
+// Observed tells the wrapped policy, if it learns from what workers report cached. Without it
+// the sticky wrapper would hide the observer and every decision would look unobserved.
+func (p *Sticky) Observed(predicted, reported float64) {
+	if o, ok := p.inner.(CacheObserver); ok {
+		o.Observed(predicted, reported)
+	}
+}
+
+// BestCost asks the wrapped policy, if it prices its decisions (Coster); ok false otherwise.
+// A session bound to a worker may not get the least cost; this is the fleet's best, which is
+// what admission control needs.
+func (p *Sticky) BestCost(ctx context.Context, candidates []*worker.Worker, req *Request) (float64, bool) {
+	if c, ok := p.inner.(Coster); ok {
+		return c.BestCost(ctx, candidates, req)
+	}
+	return 0, false
+}
+
+// Record tells the wrapped policy that req goes to w, if it keeps a view of the caches.
+func (p *Sticky) Record(req *Request, w *worker.Worker) {
+	if p.rec != nil {
+		p.rec.Record(req, w)
+	}
+}
+
+// DecisionTime asks the wrapped policy, if it times its decisions.
+func (p *Sticky) DecisionTime() (n int64, mean time.Duration) {
+	if d, ok := p.inner.(DecisionTimer); ok {
+		return d.DecisionTime()
+	}
+	return 0, 0
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -38,7 +39,7 @@ func newTestSticky(t *testing.T, name string, loads Loads, clk *clock, tweak fun
 func pick(t *testing.T, p Policy, ws []*worker.Worker, key, text string) (*worker.Worker, Decision) {
 	t.Helper()
 	req := &Request{Model: "m", Key: key, Text: text}
-	w := p.Pick(ws, req)
+	w := p.Pick(context.Background(), ws, req)
 	if w == nil {
 		t.Fatalf("no worker for %q", key)
 	}
@@ -321,7 +322,7 @@ func BenchmarkStickyPick(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		req.Key = keys[i%len(keys)]
-		p.Pick(ws, req)
+		p.Pick(context.Background(), ws, req)
 	}
 }
 

@@ -1,12 +1,15 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
 )
 
 func TestWarmConfigValidate(t *testing.T) {
@@ -30,14 +33,15 @@ func TestWarmConfigValidate(t *testing.T) {
 // hold, hottest first, within the token budget; planning records nothing (the new worker is no
 // holder and gets no hit); once Warmed, the idle new worker takes the hits of what it holds.
 func TestPlanWarmThenHit(t *testing.T) {
-	loads := cahLoads{}
-	p := newCAH(t, loads)
+	loads := idReports{}
+	p := newCostPolicy(t, "cache_aware_hash", nil, loads)
+	costClock.t = time.Now()
 	ws := cahWorkers(t, 4)
 	old, added := ws[:3], ws[3]
 	for i, sends := range []int{6, 4, 2, 1} { // tenant 3 is sent once: not reused
 		for q := range sends {
 			req := &Request{Text: prompt(i, fmt.Sprintf("question %d?", q))}
-			Choose(p, old, req)
+			Choose(context.Background(), p, old, req)
 		}
 	}
 	now := time.Now()
@@ -74,13 +78,14 @@ func TestPlanWarmThenHit(t *testing.T) {
 
 	// Planned but not warmed: the idle new worker is no holder, so the hit stays on tenant 0's.
 	req := &Request{Text: prompt(0, "a new question?")}
-	if w := Choose(p, ws, req); w == added || req.Decision.Branch != BranchCacheHit {
+	if w := Choose(context.Background(), p, ws, req); w == added || req.Decision.Branch != BranchCacheHit {
 		t.Fatalf("before warming: %s by %s, want a hit on an old holder", req.Decision.Worker, req.Decision.Branch)
 	}
 	Warmed(p, added.ID, plan[0])
-	loads[req.Decision.Worker] = 3 // the old holder is busy; the new one idle
+	// The old holder is busy (a long prefill queue); the new one idle.
+	loads[req.Decision.Worker] = loadmon.Report{HasUncachedTokens: true, WaitingUncachedTokens: 50000, PolledAt: now}
 	req = &Request{Text: prompt(0, "another question?")}
-	if w := Choose(p, ws, req); w != added || req.Decision.Branch != BranchCacheHit {
+	if w := Choose(context.Background(), p, ws, req); w != added || req.Decision.Chosen.Cached < float64(len(prompt(0, "")))/4 {
 		t.Fatalf("after warming: %s by %s, want a hit on the warmed worker", req.Decision.Worker, req.Decision.Branch)
 	}
 	if again := PlanWarm(p, added.ID, WarmConfig{Prefixes: 8}, now, 0); slices.Contains(again, plan[0]) {
@@ -98,7 +103,7 @@ func TestStickyWarms(t *testing.T) {
 	}
 	ws := cahWorkers(t, 2)
 	for q := range 3 {
-		Choose(p, ws[:1], &Request{Text: prompt(7, fmt.Sprintf("q%d", q))})
+		Choose(context.Background(), p, ws[:1], &Request{Text: prompt(7, fmt.Sprintf("q%d", q))})
 	}
 	plan := PlanWarm(p, ws[1].ID, WarmConfig{Prefixes: 2}, time.Now(), 0)
 	if len(plan) != 1 {

@@ -153,6 +153,19 @@ func (t *Tree) Route(text string, choose func(m *Match) string) (chars, total in
 // tenants of all nodes below it, so they are the tenants of the shallowest node on the path at
 // which more than ratio of the text has matched, collected in the same descent.
 func (t *Tree) RouteHolders(text string, ratio float64, choose func(m *Match) string) (chars, total int) {
+	return t.route(text, ratio, nil, choose)
+}
+
+// RouteDepths is Route that first tells depth, for every tenant holding some prefix of the text,
+// how many leading characters of it the tenant holds. depth runs during the descent, shallow to
+// deep, while the node it reports is locked, so a tenant may be reported several times: its last
+// report is its depth. Like choose, it must be quick and must not call the tree.
+func (t *Tree) RouteDepths(text string, depth func(tenant string, chars int), choose func(m *Match) string) (chars, total int) {
+	return t.route(text, 1, depth, choose)
+}
+
+// route is the descent of RouteHolders and RouteDepths.
+func (t *Tree) route(text string, ratio float64, depth func(string, int), choose func(m *Match) string) (chars, total int) {
 	m := t.matchPool.Get().(*Match)
 	m.Total = charCount(text)
 	need := int(ratio*float64(m.Total)) + 1 // matched > ratio × total
@@ -183,6 +196,14 @@ func (t *Tree) RouteHolders(text string, ratio float64, choose func(m *Match) st
 		}
 		if len(c.tenants) >= 2 {
 			m.Shared = matched
+		}
+		if depth != nil {
+			tab := t.tenants.Load()
+			for _, e := range c.tenants {
+				if tn := tab.byIdx[e.idx]; !tn.retired.Load() {
+					depth(tn.name, matched)
+				}
+			}
 		}
 		if cut > 0 {
 			break

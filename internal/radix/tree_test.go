@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // fakeClock is a manual clock for stamps.
@@ -278,7 +280,7 @@ func TestDisjointPrefixesDoNotSerialize(t *testing.T) {
 			return "w1"
 		})
 	}()
-	<-entered
+	testutil.Recv(t, entered, "Route's choose callback")
 	for _, text := range []string{"system prompt B: bye", "unrelated", "system prompt C"} {
 		tr.Insert(text, "w3")
 	}
@@ -286,7 +288,7 @@ func TestDisjointPrefixesDoNotSerialize(t *testing.T) {
 		t.Fatalf("Lookup = %d %v while another request was choosing", n, ts)
 	}
 	close(release)
-	<-done
+	testutil.Recv(t, done, "Route's return")
 	checkStructure(t, tr)
 }
 

@@ -31,6 +31,7 @@ type Flags struct {
 	eventsEncoding string
 	decodeBaseMS   float64
 	decodePerReqMS float64
+	timing         string
 }
 
 // RegisterFlags defines the simulator's flags on fs and returns where they are stored.
@@ -51,6 +52,9 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.Float64Var(&f.cfg.Engine.PrefillTPS, "prefill-tps", d.PrefillTPS, "prefill speed in tokens per second")
 	fs.Float64Var(&f.decodeBaseMS, "decode-base-ms", ms(d.DecodeBase), "fixed cost of a decode step in milliseconds")
 	fs.Float64Var(&f.decodePerReqMS, "decode-per-req-ms", ms(d.DecodePerReq), "added decode-step cost per decoding request in milliseconds")
+	fs.StringVar(&f.timing, "engine-timing", d.Timing.String(), "engine timing model: batched (continuous batching with chunked prefill) or per-slot (each running request prefills and decodes on its own clock, as llm-d-inference-sim does)")
+	fs.DurationVar(&f.cfg.Engine.PrefillOverhead, "prefill-overhead", d.PrefillOverhead, "per-slot timing: fixed prefill cost of every request")
+	fs.Float64Var(&f.cfg.Engine.LoadFactor, "load-factor", d.LoadFactor, "per-slot timing: slowdown with every slot busy, in [1, 100] (1 + (factor-1)(running-1)/(max-running-1))")
 	fs.Float64Var(&f.cfg.Faults.ErrorRate, "fault-error-rate", 0, "share of inference requests answered with --fault-error-status, in [0,1]")
 	fs.IntVar(&f.cfg.Faults.ErrorStatus, "fault-error-status", 503, "status of injected errors")
 	fs.BoolVar(&f.cfg.Faults.Hang, "fault-hang", false, "accept every request and never answer")
@@ -88,6 +92,9 @@ func (f *Flags) Config() (cfg Config, faults Faults, faulty []int, err error) {
 		cfg.Events.Encoding = kvevents.Maps
 	default:
 		return Config{}, Faults{}, nil, fmt.Errorf("--kv-events-encoding %q: want array or map", f.eventsEncoding)
+	}
+	if cfg.Engine.Timing, err = engine.ParseTimingModel(f.timing); err != nil {
+		return Config{}, Faults{}, nil, fmt.Errorf("--engine-timing: %w", err)
 	}
 	cfg.Engine.DecodeBase = time.Duration(f.decodeBaseMS * float64(time.Millisecond))
 	cfg.Engine.DecodePerReq = time.Duration(f.decodePerReqMS * float64(time.Millisecond))

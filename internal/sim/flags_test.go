@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
 )
 
 func TestFlags(t *testing.T) {
@@ -41,6 +43,15 @@ func TestFlags(t *testing.T) {
 					t.Errorf("faulty = %v", faulty)
 				}
 			}, false},
+		{"per-slot timing", []string{"--engine-timing", "per-slot", "--prefill-overhead", "20ms", "--load-factor", "2.5"},
+			func(t *testing.T, cfg Config, faults Faults, faulty []int) {
+				e := cfg.Engine
+				if e.Timing != engine.TimingPerSlot || e.PrefillOverhead != 20*time.Millisecond || e.LoadFactor != 2.5 {
+					t.Errorf("engine = %+v", e)
+				}
+			}, false},
+		{"bad timing", []string{"--engine-timing", "chunked"}, nil, true},
+		{"bad load factor", []string{"--engine-timing", "per-slot", "--load-factor", "0.5"}, nil, true},
 		{"bad flavor", []string{"--flavor", "tgi"}, nil, true},
 		{"bad engine index", []string{"--fault-engines", "3"}, nil, true},
 		{"bad error rate", []string{"--fault-error-rate", "1.5"}, nil, true},

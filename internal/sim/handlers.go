@@ -19,6 +19,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/chat/completions", s.inference(chatAPI))
 	m.HandleFunc("POST /v1/completions", s.inference(completionAPI))
 	m.HandleFunc("POST /generate", s.inference(generateAPI))
+	m.HandleFunc("POST /v1/responses", s.handleResponses)
 	m.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
 	m.HandleFunc("GET /v1/models", s.handleModels)
 	m.HandleFunc("GET /health", s.handleHealth)
@@ -110,20 +111,26 @@ func (s *Server) inference(kind apiKind) http.HandlerFunc {
 				"The model `%s` does not exist.", req.model)
 			return
 		}
-		f := s.faults.Load()
-		if s.rollError(f.ErrorRate) {
-			status := f.ErrorStatus
-			if status == 0 {
-				status = http.StatusServiceUnavailable
-			}
-			writeError(w, status, "server_error", "injected_fault", "", "injected fault: status %d", status)
-			return
-		}
-		if f.FirstTokenDelay > 0 && !s.pause(r.Context(), f.FirstTokenDelay) {
-			return
-		}
-		s.serve(r.Context(), w, kind, req, f.DieAfterTokens)
+		s.serveInference(w, r, kind, req)
 	}
+}
+
+// serveInference serves a parsed inference request, with the injected faults that apply to
+// inference (errors, a first-token delay, dying mid-answer).
+func (s *Server) serveInference(w http.ResponseWriter, r *http.Request, kind apiKind, req request) {
+	f := s.faults.Load()
+	if s.rollError(f.ErrorRate) {
+		status := f.ErrorStatus
+		if status == 0 {
+			status = http.StatusServiceUnavailable
+		}
+		writeError(w, status, "server_error", "injected_fault", "", "injected fault: status %d", status)
+		return
+	}
+	if f.FirstTokenDelay > 0 && !s.pause(r.Context(), f.FirstTokenDelay) {
+		return
+	}
+	s.serve(r.Context(), w, kind, req, f.DieAfterTokens)
 }
 
 // pause waits d unless the client leaves or the server closes first; it reports whether d

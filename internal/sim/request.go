@@ -15,6 +15,7 @@ const (
 	chatAPI apiKind = iota
 	completionAPI
 	generateAPI
+	responsesAPI
 )
 
 // request is what the simulator needs from an inference request body.
@@ -33,6 +34,8 @@ type request struct {
 	includeUsage bool
 	// n is the number of choices asked for (chat and completions); 0 means 1.
 	n int
+	// responses is a Responses API turn's own state (responses.go); nil for the other routes.
+	responses *responsesTurn
 }
 
 // maxChoices bounds n, as OpenAI's API does (128).
@@ -147,33 +150,42 @@ func pickMax(err error, an string, a *int, bn string, b *int) (int, error) {
 func chatText(msgs []chatMessage) (string, error) {
 	var sb strings.Builder
 	for i, m := range msgs {
-		c := bytes.TrimSpace(m.Content)
-		switch {
-		case len(c) == 0 || bytes.Equal(c, []byte("null")):
-		case c[0] == '"':
-			var s string
-			if err := json.Unmarshal(c, &s); err != nil {
-				return "", badRequest("messages[%d].content: %v", i, err)
-			}
-			sb.WriteString(s)
-		case c[0] == '[':
-			var parts []struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
-			}
-			if err := json.Unmarshal(c, &parts); err != nil {
-				return "", badRequest("messages[%d].content: %v", i, err)
-			}
-			for _, p := range parts {
-				if p.Type == "text" {
-					sb.WriteString(p.Text)
-				}
-			}
-		default:
-			return "", badRequest("messages[%d].content must be a string or an array of parts", i)
+		if err := contentText(&sb, m.Content, func(typ string) bool { return typ == "text" }); err != nil {
+			return "", badRequest("messages[%d].content: %v", i, err)
 		}
 	}
 	return sb.String(), nil
+}
+
+// contentText appends a message content's text to sb: a string, or the text of the parts of an
+// array whose type textPart accepts; null adds nothing.
+func contentText(sb *strings.Builder, raw json.RawMessage, textPart func(typ string) bool) error {
+	c := bytes.TrimSpace(raw)
+	switch {
+	case len(c) == 0 || bytes.Equal(c, []byte("null")):
+	case c[0] == '"':
+		var s string
+		if err := json.Unmarshal(c, &s); err != nil {
+			return err
+		}
+		sb.WriteString(s)
+	case c[0] == '[':
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(c, &parts); err != nil {
+			return err
+		}
+		for _, p := range parts {
+			if textPart(p.Type) {
+				sb.WriteString(p.Text)
+			}
+		}
+	default:
+		return errors.New("must be a string or an array of parts")
+	}
+	return nil
 }
 
 // completionPrompt decodes a completions prompt: a string, an array of strings (the first is

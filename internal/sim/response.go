@@ -107,6 +107,9 @@ func (o *writer) chunk(c choiceDelta) chunk {
 
 // tokens streams output tokens [from, to) of choice i.
 func (o *writer) tokens(i, from, to int) error {
+	if o.kind == responsesAPI {
+		return o.responsesTokens(from, to)
+	}
 	text := generatedText(o.ids[i], from, to)
 	switch o.kind {
 	case chatAPI:
@@ -137,7 +140,7 @@ func (o *writer) generateBody(text string, completion int, u usage, done bool) m
 // its final chunk (generate's final body comes with finish).
 func (o *writer) ended(i, completion int) {
 	o.lengths[i] = completion
-	if !o.req.stream {
+	if !o.req.stream || o.kind == responsesAPI {
 		return
 	}
 	length := "length"
@@ -154,6 +157,10 @@ func (o *writer) ended(i, completion int) {
 // with every choice otherwise.
 func (o *writer) finish(u usage) {
 	u = u.filled()
+	if o.kind == responsesAPI {
+		o.responsesFinish(u)
+		return
+	}
 	length := "length"
 	if o.req.stream {
 		if o.kind == generateAPI {

@@ -23,6 +23,8 @@ type Server struct {
 
 	nextID atomic.Uint64
 	faults atomic.Pointer[faultState]
+	// convs are the Responses API responses this server gave, for follow-up turns.
+	convs conversations
 
 	// mu guards the engine and everything the driver shares with the handlers.
 	mu      sync.Mutex

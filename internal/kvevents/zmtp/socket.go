@@ -1,13 +1,13 @@
 package zmtp
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,21 +43,41 @@ type Options struct {
 	// receiving; past it, PUB and SUB drop messages (the receiver sees a sequence gap). Default
 	// 4096.
 	QueueLen int
+	// Budget bounds, in bytes, the frames being received and the messages waiting in the
+	// receive queue, together; several sockets may share one. nil gives the socket its own of
+	// 4 × MaxFrame.
+	Budget *Budget
 	// MaxPeers is the most peers a bound socket serves at once; more are disconnected. Default
 	// 1024.
 	MaxPeers int
+	// MaxHandshakes is the most connections a bound socket lets handshake at once (each holds a
+	// few KiB until it has spoken); more are closed at once. Default 64.
+	MaxHandshakes int
 	// HandshakeTimeout bounds the greeting and READY exchange. Default 5 s.
 	HandshakeTimeout time.Duration
+	// MessageTimeout bounds the time from a message's first byte to its last: a peer that
+	// starts a frame and stalls is disconnected and what it held is released. Default 30 s.
+	MessageTimeout time.Duration
+	// Allow, when set, is asked about each accepted connection's source address before
+	// anything is read from it; false closes the connection.
+	Allow func(netip.Addr) bool
 	// Subscribe lists the topic prefixes a SUB socket asks its publishers for; nil means
 	// everything.
 	Subscribe []string
 	// Identity is the identity a DEALER announces; nil lets the ROUTER choose one.
 	Identity []byte
-	// Redial is the pause between dial attempts while a dialed peer is unreachable. Default
-	// 500 ms.
-	Redial time.Duration
-	// OnJoin, when set, is called after each peer completes its handshake.
-	OnJoin func()
+	// RedialMin and RedialMax bound the pause between dial attempts: it starts at RedialMin,
+	// doubles after each attempt that did not reach a handshake, is capped at RedialMax, and is
+	// spread ±20 % at random so that many gateways do not redial an engine in step. Defaults
+	// 100 ms and 10 s.
+	RedialMin, RedialMax time.Duration
+	// After and Rand are the clock and the randomness of redialing (tests inject them); nil
+	// means time.After and math/rand/v2's Float64.
+	After func(time.Duration) <-chan time.Time
+	Rand  func() float64
+	// OnJoin and OnLeave, when set, are called after a peer completes its handshake and after
+	// it is gone (its goroutines ended, nothing of it left), from the peer's own goroutine.
+	OnJoin, OnLeave func(Peer)
 }
 
 func (o Options) withDefaults() Options {
@@ -70,20 +90,67 @@ func (o Options) withDefaults() Options {
 	if o.QueueLen <= 0 {
 		o.QueueLen = 4096
 	}
+	if o.Budget == nil {
+		o.Budget = NewBudget(4 * int64(o.MaxFrame))
+	}
 	if o.MaxPeers <= 0 {
 		o.MaxPeers = 1024
+	}
+	if o.MaxHandshakes <= 0 {
+		o.MaxHandshakes = 64
 	}
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = 5 * time.Second
 	}
-	if o.Redial <= 0 {
-		o.Redial = 500 * time.Millisecond
+	if o.MessageTimeout <= 0 {
+		o.MessageTimeout = 30 * time.Second
+	}
+	if o.RedialMin <= 0 {
+		o.RedialMin = 100 * time.Millisecond
+	}
+	if o.RedialMax < o.RedialMin {
+		o.RedialMax = max(10*time.Second, o.RedialMin)
+	}
+	if o.After == nil {
+		o.After = time.After
+	}
+	if o.Rand == nil {
+		o.Rand = rand.Float64
 	}
 	return o
 }
 
 // ErrClosed is returned by operations on a closed socket.
 var ErrClosed = errors.New("zmtp: socket closed")
+
+// Peer identifies one connection of a socket.
+type Peer struct {
+	// ID is unique among the socket's connections, from 1: a peer that reconnects has a new one.
+	ID uint64
+	// Addr is the remote address (an IPv4 address in IPv6 form unmapped).
+	Addr netip.Addr
+	// Endpoint is the endpoint dialed, "" for an accepted connection.
+	Endpoint string
+}
+
+// Message is one received message: its frames, the peer it came from, and its share of the
+// socket's Budget, held until Release.
+type Message struct {
+	Frames [][]byte
+	Peer   Peer
+
+	budget *Budget
+	held   int64
+}
+
+// Release returns the message's bytes to the budget; call it once done with Frames. Calling it
+// again does nothing.
+func (m *Message) Release() {
+	if m.budget != nil {
+		m.budget.release(m.held)
+		m.budget, m.held = nil, 0
+	}
+}
 
 // Socket is one ZeroMQ socket of a given type, bound to any number of addresses and dialing any
 // number of peers. Safe for concurrent use. Create it with NewSocket; Close stops every
@@ -97,29 +164,16 @@ type Socket struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex
-	peers     map[*peer]struct{}
-	listeners []net.Listener
-	nextID    uint32
-	joined    chan struct{} // closed and replaced whenever a peer completes its handshake
+	mu         sync.Mutex
+	peers      map[*peer]struct{}
+	listeners  []net.Listener
+	nextID     uint32
+	joined     chan struct{} // closed and replaced whenever a peer completes its handshake
+	handshakes int           // accepted connections still handshaking
 
-	in      chan [][]byte
+	in      chan Message
+	conns   atomic.Uint64 // connection ids handed out
 	dropped atomic.Uint64
-}
-
-// peer is one connected, handshaken peer.
-type peer struct {
-	conn net.Conn
-	out  chan outMsg
-	id   []byte   // ROUTER: the routing identity
-	subs [][]byte // PUB: the prefixes the peer subscribed to (guarded by Socket.mu)
-	done chan struct{}
-}
-
-// outMsg is a queued message, or a command when cmd is set.
-type outMsg struct {
-	frames [][]byte
-	cmd    []byte
 }
 
 // NewSocket returns a socket of type typ with no connections; Close releases it.
@@ -132,7 +186,7 @@ func NewSocket(typ Type, opts Options) *Socket {
 		ctx: ctx, cancel: cancel,
 		peers:  map[*peer]struct{}{},
 		joined: make(chan struct{}),
-		in:     make(chan [][]byte, o.QueueLen),
+		in:     make(chan Message, o.QueueLen),
 	}
 }
 
@@ -162,8 +216,9 @@ func (s *Socket) Listen(endpoint string) (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// Dial connects to "tcp://host:port" in the background and keeps reconnecting, every Redial,
-// whenever the connection fails or ends, until Close.
+// Dial connects to "tcp://host:port" in the background and keeps reconnecting whenever the
+// connection fails or ends, until Close: the pause between attempts backs off from RedialMin
+// to RedialMax (with jitter) while attempts fail, and starts over after a handshake.
 func (s *Socket) Dial(endpoint string) error {
 	addr, err := tcpAddr(endpoint)
 	if err != nil {
@@ -171,17 +226,26 @@ func (s *Socket) Dial(endpoint string) error {
 	}
 	s.wg.Go(func() {
 		d := net.Dialer{Timeout: s.opts.HandshakeTimeout}
+		pause := s.opts.RedialMin
 		for s.ctx.Err() == nil {
 			if c, err := d.DialContext(s.ctx, "tcp", addr); err == nil {
-				s.serve(c)
+				if s.serve(c, endpoint) {
+					pause = s.opts.RedialMin
+				}
 			}
 			select {
 			case <-s.ctx.Done():
-			case <-time.After(s.opts.Redial):
+			case <-s.opts.After(jitter(pause, s.opts.Rand())):
 			}
+			pause = min(2*pause, s.opts.RedialMax)
 		}
 	})
 	return nil
+}
+
+// jitter spreads d by ±20 %, r in [0, 1).
+func jitter(d time.Duration, r float64) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*r))
 }
 
 // tcpAddr turns a ZeroMQ endpoint into a Go dial/listen address.
@@ -200,25 +264,43 @@ func tcpAddr(endpoint string) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// remoteAddr returns c's remote IP address, unmapped; the zero Addr when it has none.
+func remoteAddr(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
 func (s *Socket) accept(ln net.Listener) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				continue
+			}
 			return
 		}
+		if s.opts.Allow != nil && !s.opts.Allow(remoteAddr(c)) {
+			c.Close()
+			continue
+		}
 		s.mu.Lock()
-		full := len(s.peers) >= s.opts.MaxPeers
+		full := len(s.peers)+s.handshakes >= s.opts.MaxPeers || s.handshakes >= s.opts.MaxHandshakes
+		if !full {
+			s.handshakes++
+		}
 		s.mu.Unlock()
 		if full {
 			c.Close()
 			continue
 		}
-		s.wg.Go(func() { s.serve(c) })
+		s.wg.Go(func() { s.serve(c, "") })
 	}
 }
 
 // Close disconnects every peer, stops listening and waits for every goroutine to exit. Messages
-// still queued are dropped.
+// still queued are dropped and their bytes returned to the budget.
 func (s *Socket) Close() error {
 	s.cancel()
 	s.mu.Lock()
@@ -230,248 +312,35 @@ func (s *Socket) Close() error {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-	return nil
-}
-
-// serve handshakes with c, then reads from it until it fails; a writer goroutine drains the
-// peer's queue meanwhile.
-func (s *Socket) serve(c net.Conn) {
-	defer c.Close()
-	stop := context.AfterFunc(s.ctx, func() { c.Close() })
-	defer stop()
-	r := bufio.NewReaderSize(c, 64<<10)
-	w := bufio.NewWriterSize(c, 64<<10)
-	props, err := s.handshake(c, r, w)
-	if err != nil {
-		return
-	}
-	p := &peer{conn: c, out: make(chan outMsg, s.opts.QueueLen), done: make(chan struct{})}
-	s.mu.Lock()
-	if s.typ == ROUTER {
-		p.id = props["Identity"]
-		if len(p.id) == 0 {
-			s.nextID++
-			p.id = binary.BigEndian.AppendUint32([]byte{0}, s.nextID)
-		}
-	}
-	s.peers[p] = struct{}{}
-	close(s.joined)
-	s.joined = make(chan struct{})
-	s.mu.Unlock()
-	if s.opts.OnJoin != nil {
-		s.opts.OnJoin()
-	}
-	defer func() {
-		s.mu.Lock()
-		delete(s.peers, p)
-		s.mu.Unlock()
-		close(p.done)
-	}()
-	if s.typ == SUB {
-		subs := s.opts.Subscribe
-		if subs == nil {
-			subs = []string{""}
-		}
-		for _, t := range subs {
-			select {
-			case p.out <- outMsg{frames: [][]byte{append([]byte{1}, t...)}}:
-			default:
-			}
-		}
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { s.write(p, w) })
-	defer wg.Wait()
-	defer c.Close()
-	for {
-		m, err := readMessage(r, s.lim)
-		if err != nil {
-			return
-		}
-		if m.command {
-			s.handleCommand(p, w, m.frames[0])
-			continue
-		}
-		switch s.typ {
-		case PUB:
-			s.subscription(p, m.frames)
-		case ROUTER:
-			s.deliver(append([][]byte{p.id}, m.frames...))
-		default:
-			s.deliver(m.frames)
-		}
-	}
-}
-
-// handshake exchanges greetings and READY commands and checks the peer's socket type.
-func (s *Socket) handshake(c net.Conn, r *bufio.Reader, w *bufio.Writer) (map[string][]byte, error) {
-	c.SetDeadline(time.Now().Add(s.opts.HandshakeTimeout))
-	defer c.SetDeadline(time.Time{})
-	w.Write(greeting())
-	var id []byte
-	if s.typ == DEALER {
-		id = s.opts.Identity
-	}
-	writeFrame(w, command("READY", readyData(string(s.typ), id)), flagCommand)
-	if err := w.Flush(); err != nil {
-		return nil, err
-	}
-	g := make([]byte, greetingLen)
-	if _, err := readFull(r, g); err != nil {
-		return nil, err
-	}
-	if err := checkGreeting(g); err != nil {
-		return nil, err
-	}
-	m, err := readMessage(r, limits{maxFrame: 4096, maxFrames: 1, maxTotal: 4096})
-	if err != nil {
-		return nil, err
-	}
-	if !m.command {
-		return nil, fmt.Errorf("%w: expected READY", ErrProtocol)
-	}
-	name, data, err := parseCommand(m.frames[0])
-	if err != nil || name != "READY" {
-		return nil, fmt.Errorf("%w: expected READY", ErrProtocol)
-	}
-	raw, err := parseReady(data)
-	if err != nil {
-		return nil, err
-	}
-	props := map[string][]byte{}
-	for k, v := range raw {
-		switch {
-		case strings.EqualFold(k, "Socket-Type"):
-			props["Socket-Type"] = v
-		case strings.EqualFold(k, "Identity"):
-			if len(v) > 255 || len(v) > 0 && v[0] == 0 {
-				return nil, fmt.Errorf("%w: invalid identity", ErrProtocol)
-			}
-			props["Identity"] = bytes.Clone(v)
-		}
-	}
-	pt := string(props["Socket-Type"])
-	ok := false
-	for _, t := range compatible[s.typ] {
-		ok = ok || t == pt
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: a %s socket cannot talk to a %q socket", ErrProtocol, s.typ, pt)
-	}
-	return props, nil
-}
-
-func readFull(r *bufio.Reader, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		k, err := r.Read(b[n:])
-		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
-}
-
-// handleCommand answers PING and records ZMTP 3.1 SUBSCRIBE/CANCEL commands.
-func (s *Socket) handleCommand(p *peer, w *bufio.Writer, body []byte) {
-	name, data, err := parseCommand(body)
-	if err != nil {
-		return
-	}
-	switch name {
-	case "SUBSCRIBE", "CANCEL":
-		if s.typ == PUB {
-			flag := byte(1)
-			if name == "CANCEL" {
-				flag = 0
-			}
-			s.subscription(p, [][]byte{append([]byte{flag}, data...)})
-		}
-	case "PING":
-		// PING carries a TTL (2 bytes) and a context echoed in PONG.
-		if len(data) >= 2 {
-			select {
-			case p.out <- outMsg{cmd: command("PONG", data[2:])}:
-			default:
-			}
-		}
-	}
-}
-
-// maxSubs bounds the subscriptions one peer may hold.
-const maxSubs = 64
-
-// subscription applies a subscribe (first byte 1) or unsubscribe (0) message from a SUB peer.
-func (s *Socket) subscription(p *peer, frames [][]byte) {
-	if len(frames) != 1 || len(frames[0]) == 0 || len(frames[0]) > 1024 {
-		return
-	}
-	topic := frames[0][1:]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch frames[0][0] {
-	case 1:
-		if len(p.subs) < maxSubs {
-			p.subs = append(p.subs, bytes.Clone(topic))
-			close(s.joined)
-			s.joined = make(chan struct{})
-		}
-	case 0:
-		for i, t := range p.subs {
-			if bytes.Equal(t, topic) {
-				p.subs = append(p.subs[:i], p.subs[i+1:]...)
-				break
-			}
-		}
-	}
-}
-
-// deliver queues a received message, dropping it when the queue is full.
-func (s *Socket) deliver(frames [][]byte) {
-	select {
-	case s.in <- frames:
-	default:
-		s.dropped.Add(1)
-	}
-}
-
-// write sends the peer's queued messages until the peer or the socket is done.
-func (s *Socket) write(p *peer, w *bufio.Writer) {
 	for {
 		select {
-		case <-s.ctx.Done():
-			return
-		case <-p.done:
-			return
-		case m := <-p.out:
-			var err error
-			if m.cmd != nil {
-				err = writeFrame(w, m.cmd, flagCommand)
-			} else {
-				err = writeMessage(w, m.frames)
-			}
-			if err == nil && len(p.out) == 0 {
-				err = w.Flush()
-			}
-			if err != nil {
-				p.conn.Close()
-				return
-			}
+		case m := <-s.in:
+			m.Release()
+		default:
+			return nil
 		}
 	}
 }
 
-// Recv returns the next received message: for a ROUTER its first frame is the sender's
-// identity. It fails when ctx is done or the socket is closed.
+// Recv returns the frames of the next received message, releasing its bytes at once: for a
+// ROUTER the first frame is the sender's identity. It fails when ctx is done or the socket is
+// closed.
 func (s *Socket) Recv(ctx context.Context) ([][]byte, error) {
+	m, err := s.RecvMessage(ctx)
+	m.Release()
+	return m.Frames, err
+}
+
+// RecvMessage returns the next received message with the peer it came from; the caller
+// releases it when done with its frames.
+func (s *Socket) RecvMessage(ctx context.Context) (Message, error) {
 	select {
 	case m := <-s.in:
 		return m, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return Message{}, ctx.Err()
 	case <-s.ctx.Done():
-		return nil, ErrClosed
+		return Message{}, ErrClosed
 	}
 }
 
@@ -568,6 +437,14 @@ func (s *Socket) Peers() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.peers)
+}
+
+// Handshaking returns the number of accepted connections that have not completed their
+// handshake yet.
+func (s *Socket) Handshaking() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.handshakes
 }
 
 // WaitPeers blocks until at least n peers have completed their handshake (for a PUB: and sent

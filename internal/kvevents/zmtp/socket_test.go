@@ -114,7 +114,7 @@ func rawPeer(t *testing.T, addr string, typ string) (net.Conn, *bufio.Reader) {
 	if _, err := readFull(r, g); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := readMessage(r, limits{4096, 1, 4096}); err != nil {
+	if _, _, err := readMessage(r, limits{4096, 1, 4096}, nil); err != nil {
 		t.Fatal(err)
 	}
 	return c, r
@@ -138,7 +138,7 @@ func TestHostilePeerIsDisconnectedNotBelieved(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c, r := rawPeer(t, addr, "PUB")
 			// Drain the subscription the SUB sends.
-			readMessage(r, limits{4096, 1, 4096})
+			readMessage(r, limits{4096, 1, 4096}, nil)
 			c.Write(payload)
 			c.SetReadDeadline(time.Now().Add(5 * time.Second))
 			if _, err := r.ReadByte(); err == nil {
@@ -171,7 +171,7 @@ func TestWrongSocketTypeIsRefused(t *testing.T) {
 	r := bufio.NewReader(c)
 	g := make([]byte, greetingLen)
 	readFull(r, g)
-	readMessage(r, limits{4096, 1, 4096})
+	readMessage(r, limits{4096, 1, 4096}, nil)
 	if _, err := r.ReadByte(); err == nil {
 		t.Fatal("a SUB talking to a SUB was not disconnected")
 	}
@@ -186,7 +186,7 @@ func FuzzReadMessage(f *testing.F) {
 	f.Add([]byte{flagCommand, 6, 5, 'R', 'E', 'A', 'D', 'Y'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		lim := limits{maxFrame: 64, maxFrames: 4, maxTotal: 128}
-		m, err := readMessage(bufio.NewReader(bytes.NewReader(b)), lim)
+		m, _, err := readMessage(bufio.NewReader(bytes.NewReader(b)), lim, nil)
 		if err != nil {
 			return
 		}

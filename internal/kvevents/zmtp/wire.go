@@ -13,6 +13,8 @@ package zmtp
 
 import (
 	"bufio"
+	"cmp"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -83,56 +85,195 @@ type limits struct {
 	maxTotal  int // bytes per message
 }
 
-// readMessage reads one message (all its frames) or one command. Nothing is allocated beyond the
-// limits, whatever a frame header claims.
-func readMessage(r *bufio.Reader, lim limits) (message, error) {
-	var m message
+// firstChunk is the most a frame body is given before its bytes arrive; it then grows by
+// doubling as they do, so a peer that announces a large frame and sends little holds little.
+const firstChunk = 64 << 10
+
+// meter accounts for the bytes one connection's reader allocates against a Budget. A reader
+// that holds nothing waits for room; one that holds part of a message never waits (two readers
+// each holding half the budget and waiting for the other would wait forever): when the budget
+// is spent it drops the message instead, reading the rest of it into nothing, as a ZeroMQ
+// socket drops at its high-water mark. A nil *meter accounts nothing.
+type meter struct {
+	ctx    context.Context
+	budget *Budget
+	held   int // charged for the message being read
+}
+
+// errDropped reports a message read to its end and dropped for want of budget.
+var errDropped = errors.New("zmtp: message dropped: receive budget spent")
+
+func (mt *meter) take(n int) error {
+	if mt == nil || n == 0 {
+		return nil
+	}
+	if mt.held > 0 {
+		if !mt.budget.tryAcquire(int64(n)) {
+			return errDropped
+		}
+	} else if err := mt.budget.acquire(mt.ctx, int64(n)); err != nil {
+		return err
+	}
+	mt.held += n
+	return nil
+}
+
+func (mt *meter) give(n int) {
+	if mt != nil && n > 0 {
+		mt.held -= n
+		mt.budget.release(int64(n))
+	}
+}
+
+// done hands the message's charge over to it (released by Message.Release).
+func (mt *meter) done() {
+	if mt != nil {
+		mt.held = 0
+	}
+}
+
+// readMessage reads one message (all its frames) or one command. Nothing is allocated from a
+// length a frame header announces: a body grows as its bytes arrive, each allocation charged to
+// mt first. held is what the returned message still holds charged (the capacity of its frames),
+// for the caller to release when done with it; on error nothing stays charged.
+func readMessage(r *bufio.Reader, lim limits, mt *meter) (m message, held int, err error) {
+	defer func() {
+		if err != nil {
+			mt.give(held)
+			held = 0
+		}
+	}()
 	total := 0
 	for {
 		flags, err := r.ReadByte()
 		if err != nil {
-			return m, err
+			return m, held, err
 		}
 		if flags&^(flagMore|flagLong|flagCommand) != 0 {
-			return m, fmt.Errorf("%w: reserved frame flags %#x", ErrProtocol, flags)
+			return m, held, fmt.Errorf("%w: reserved frame flags %#x", ErrProtocol, flags)
 		}
 		var size uint64
 		if flags&flagLong != 0 {
 			var b [8]byte
 			if _, err := io.ReadFull(r, b[:]); err != nil {
-				return m, err
+				return m, held, err
 			}
 			size = binary.BigEndian.Uint64(b[:])
 		} else {
 			b, err := r.ReadByte()
 			if err != nil {
-				return m, err
+				return m, held, err
 			}
 			size = uint64(b)
 		}
 		if size > uint64(lim.maxFrame) || total+int(size) > lim.maxTotal {
-			return m, ErrFrameTooLarge
+			return m, held, ErrFrameTooLarge
 		}
 		if len(m.frames) == lim.maxFrames {
-			return m, ErrTooManyFrames
+			return m, held, ErrTooManyFrames
 		}
-		body := make([]byte, size)
-		if _, err := io.ReadFull(r, body); err != nil {
-			return m, err
+		body, err := readBody(r, int(size), mt)
+		if err == errDropped {
+			return m, held, discardRest(r, flags, lim.maxFrames-len(m.frames)-1, lim.maxFrame)
 		}
-		total += int(size)
+		if err != nil {
+			return m, held, err
+		}
+		held += cap(body)
+		total += len(body)
 		if flags&flagCommand != 0 {
 			// A command is one frame and never has MORE set.
 			if len(m.frames) > 0 || flags&flagMore != 0 {
-				return m, fmt.Errorf("%w: command inside a multipart message", ErrProtocol)
+				return m, held, fmt.Errorf("%w: command inside a multipart message", ErrProtocol)
 			}
-			return message{frames: [][]byte{body}, command: true}, nil
+			return message{frames: [][]byte{body}, command: true}, held, nil
 		}
 		m.frames = append(m.frames, body)
 		if flags&flagMore == 0 {
-			return m, nil
+			return m, held, nil
 		}
 	}
+}
+
+// discardRest reads the frames that follow one whose flags were flags, up to frames more of up
+// to maxFrame bytes each, into nothing; it returns errDropped once the message is over.
+func discardRest(r *bufio.Reader, flags byte, frames, maxFrame int) error {
+	for flags&flagMore != 0 {
+		if frames == 0 {
+			return ErrTooManyFrames
+		}
+		frames--
+		var err error
+		if flags, err = r.ReadByte(); err != nil {
+			return err
+		}
+		if flags&^(flagMore|flagLong) != 0 {
+			return fmt.Errorf("%w: frame flags %#x inside a message", ErrProtocol, flags)
+		}
+		var size uint64
+		if flags&flagLong != 0 {
+			var b [8]byte
+			if _, err := io.ReadFull(r, b[:]); err != nil {
+				return err
+			}
+			size = binary.BigEndian.Uint64(b[:])
+		} else {
+			b, err := r.ReadByte()
+			if err != nil {
+				return err
+			}
+			size = uint64(b)
+		}
+		if size > uint64(maxFrame) {
+			return ErrFrameTooLarge
+		}
+		if _, err := r.Discard(int(size)); err != nil {
+			return err
+		}
+	}
+	return errDropped
+}
+
+// readBody reads a frame body of size bytes into a buffer that grows (doubling) as they arrive,
+// each buffer charged to mt before it is allocated and released when outgrown; the returned
+// body's capacity stays charged. On error nothing stays charged.
+func readBody(r *bufio.Reader, size int, mt *meter) ([]byte, error) {
+	var body []byte
+	grow := func(n int) error {
+		if err := mt.take(n); err != nil {
+			return err
+		}
+		old := cap(body)
+		body = append(make([]byte, 0, n), body...)
+		mt.give(old)
+		return nil
+	}
+	if err := grow(min(size, firstChunk)); err != nil {
+		if err == errDropped {
+			_, err = r.Discard(size)
+			err = cmp.Or(err, errDropped)
+		}
+		return nil, err
+	}
+	for len(body) < size {
+		if len(body) == cap(body) {
+			if err := grow(min(size, 2*cap(body))); err != nil {
+				mt.give(cap(body))
+				if err == errDropped {
+					_, err = r.Discard(size - len(body))
+					err = cmp.Or(err, errDropped)
+				}
+				return nil, err
+			}
+		}
+		k, err := io.ReadFull(r, body[len(body):cap(body)])
+		body = body[:len(body)+k]
+		if err != nil {
+			mt.give(cap(body))
+			return nil, err
+		}
+	}
+	return body, nil
 }
 
 // writeFrame writes one frame.

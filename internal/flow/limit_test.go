@@ -1,0 +1,118 @@
+package flow
+
+import (
+	"testing"
+	"time"
+)
+
+func TestLimiterRequestsAndTokens(t *testing.T) {
+	ts := NewTenants(Config{Tenants: []Tenant{{Name: "a", RequestsPerSecond: 2}, {Name: "b", TokensPerSecond: 1000}}})
+	l := NewLimiter(ts, t0)
+	a, b, other := ts.Lookup("a"), ts.Lookup("b"), ts.Lookup("nobody")
+	if other.Name != OtherTenant {
+		t.Fatalf("unknown tenant label %q", other.Name)
+	}
+	for i := 0; i < 2; i++ {
+		if ok, _, _ := l.Allow(a, 10, t0); !ok {
+			t.Fatalf("request %d of the burst refused", i)
+		}
+	}
+	ok, reason, retry := l.Allow(a, 10, t0)
+	if ok || reason != ReasonRateRequests || retry != 500*time.Millisecond {
+		t.Fatalf("third: %v %s %v; want refused, rate_requests, 500ms", ok, reason, retry)
+	}
+	if ok, _, _ := l.Allow(a, 10, t0.Add(500*time.Millisecond)); !ok {
+		t.Error("not refilled after Retry-After")
+	}
+	// A prompt larger than the burst passes on a full bucket, then the debt holds the next.
+	if ok, _, _ := l.Allow(b, 5000, t0); !ok {
+		t.Fatal("large prompt on a full bucket refused")
+	}
+	ok, reason, retry = l.Allow(b, 10, t0.Add(time.Second))
+	if ok || reason != ReasonRateTokens || retry != 3010*time.Millisecond {
+		t.Fatalf("after the debt: %v %s %v; want refused for 3.01s", ok, reason, retry)
+	}
+	for i := 0; i < 100; i++ {
+		if ok, _, _ := l.Allow(other, 1e6, t0); !ok {
+			t.Fatal("a tenant without limits refused")
+		}
+	}
+}
+
+func TestLimiterRefusalTakesNothing(t *testing.T) {
+	ts := NewTenants(Config{Tenants: []Tenant{{Name: "a", RequestsPerSecond: 1, TokensPerSecond: 100}}})
+	l := NewLimiter(ts, t0)
+	a := ts.Lookup("a")
+	if ok, _, _ := l.Allow(a, 100, t0); !ok {
+		t.Fatal("first refused")
+	}
+	// Over the token limit: the request bucket must not be charged for the refusal.
+	now := t0.Add(time.Second)
+	if ok, r, _ := l.Allow(a, 1000, now.Add(-500*time.Millisecond)); ok || r != ReasonRateRequests {
+		t.Fatalf("got %v %s", ok, r)
+	}
+	if ok, _, _ := l.Allow(a, 50, now); !ok {
+		t.Fatal("refusal consumed a bucket")
+	}
+}
+
+func TestSaturation(t *testing.T) {
+	s := Saturation{MaxWaiting: 2, MaxKVUsage: 0.9, DefaultSlots: 8}.WithDefaults()
+	cases := []struct {
+		name     string
+		sig      Signals
+		headroom float64
+		level    float64
+	}{
+		{"unavailable", Signals{}, 0, 1},
+		{"no report", Signals{Available: true, Inflight: 3}, 7, 0.3},
+		{"learned slots", Signals{Available: true, HasReport: true, Running: 4, Waiting: 1, SentSince: 1, Slots: 4}, 0, 1},
+		{"finished since", Signals{Available: true, HasReport: true, Running: 4, Waiting: 1, SentSince: -2, Slots: 4}, 3, 0.5},
+		{"kv full", Signals{Available: true, HasReport: true, KVUsage: 0.95}, 0, 1},
+		{"kv half", Signals{Available: true, HasReport: true, KVUsage: 0.45}, 10, 0.5},
+		{"predicted wait", Signals{Available: true, HasWait: true, PredictedWait: 2}, 0, 1},
+		{"short wait", Signals{Available: true, HasWait: true, PredictedWait: 0.5}, 10, 0.25},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := s.Headroom(c.sig); got != c.headroom {
+				t.Errorf("headroom %g, want %g", got, c.headroom)
+			}
+			if got := s.Level(c.sig); got != c.level {
+				t.Errorf("level %g, want %g", got, c.level)
+			}
+		})
+	}
+	var sl Slots
+	sl.Observe(10, 0)
+	if sl.N() != 0 {
+		t.Error("learned slots from a report with nothing waiting")
+	}
+	sl.Observe(6, 2)
+	sl.Observe(3, 0)
+	if sl.N() != 6 {
+		t.Errorf("slots %d, want 6", sl.N())
+	}
+	sl.Observe(9, 0)
+	if sl.N() != 9 {
+		t.Errorf("slots %d, want 9 (a larger batch seen)", sl.N())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	bad := []Config{
+		{MaxRequests: -1},
+		{Tenants: []Tenant{{Name: "bad name"}}},
+		{Tenants: []Tenant{{Name: "a"}, {Name: "a"}}},
+		{Tenants: []Tenant{{Name: "a", Weight: -1}}},
+		{Saturation: Saturation{MaxKVUsage: 2}},
+	}
+	for i, c := range bad {
+		if c.Validate() == nil {
+			t.Errorf("config %d accepted", i)
+		}
+	}
+	if err := (Config{Enabled: true, Tenants: []Tenant{{Name: "a", Weight: 3}, {Name: OtherTenant}}}).Validate(); err != nil {
+		t.Error(err)
+	}
+}

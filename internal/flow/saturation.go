@@ -1,0 +1,165 @@
+package flow
+
+import (
+	"errors"
+	"math"
+	"time"
+)
+
+// Saturation is the point past which an engine takes no more requests from the queue, judged
+// relative to each engine's own capacity from what it reports, corrected for what this gateway
+// sent it since the report.
+type Saturation struct {
+	// MaxWaiting is how many requests an engine may hold waiting (past its running batch) and
+	// still take more: the queue dispatches to it while its estimated waiting requests are
+	// below this. Default 2; 0 keeps engine queues empty.
+	MaxWaiting float64
+	// MaxKVUsage is the KV-cache usage, in [0,1], at and above which an engine takes no more.
+	// Default 0.8: past it an engine that admits more preempts running requests to make room,
+	// and their prefill is done again.
+	MaxKVUsage float64
+	// MaxPredictedWait is the predicted wait before a new request's prefill starts (the routing
+	// cost, when the policy predicts one) at and above which the pool takes no more. Default 2s.
+	MaxPredictedWait time.Duration
+	// DefaultSlots is the running batch an engine is taken to hold until a report shows it
+	// full (requests waiting), from which on its reported running count is its capacity; it also
+	// bounds the in-flight requests of an engine without a fresh report. Default 256 (SGLang's
+	// and vLLM's usual running-request cap).
+	DefaultSlots int64
+}
+
+// DefaultSaturation returns the defaults.
+func DefaultSaturation() Saturation {
+	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.8, MaxPredictedWait: 2 * time.Second, DefaultSlots: 256}
+}
+
+// WithDefaults returns s with its zero fields at their defaults (MaxWaiting keeps an explicit 0
+// only through a negative value, which means 0).
+func (s Saturation) WithDefaults() Saturation {
+	d := DefaultSaturation()
+	switch {
+	case s.MaxWaiting == 0:
+		s.MaxWaiting = d.MaxWaiting
+	case s.MaxWaiting < 0:
+		s.MaxWaiting = 0
+	}
+	if s.MaxKVUsage == 0 {
+		s.MaxKVUsage = d.MaxKVUsage
+	}
+	if s.MaxPredictedWait == 0 {
+		s.MaxPredictedWait = d.MaxPredictedWait
+	}
+	if s.DefaultSlots == 0 {
+		s.DefaultSlots = d.DefaultSlots
+	}
+	return s
+}
+
+// Validate reports an invalid field of s, after defaults.
+func (s Saturation) Validate() error {
+	s = s.WithDefaults()
+	switch {
+	case math.IsNaN(s.MaxWaiting) || math.IsInf(s.MaxWaiting, 0):
+		return errors.New("flow: the saturation's waiting requests must be finite")
+	case !(s.MaxKVUsage > 0 && s.MaxKVUsage <= 1):
+		return errors.New("flow: the saturation's KV usage must be in (0, 1]")
+	case s.MaxPredictedWait < 0:
+		return errors.New("flow: the saturation's predicted wait must not be negative")
+	case s.DefaultSlots < 1:
+		return errors.New("flow: the saturation's default slots must be at least 1")
+	}
+	return nil
+}
+
+// Signals is what the gateway knows of one engine when it judges it.
+type Signals struct {
+	// Available is the worker's Available(): healthy, breaker closed, not draining.
+	Available bool
+	// HasReport is true when the engine has a fresh load report.
+	HasReport bool
+	// Running and Waiting are the requests the report counted.
+	Running, Waiting int64
+	// SentSince is this gateway's in-flight count now minus at the report: what it sent since,
+	// less what finished (negative when more finished).
+	SentSince int64
+	// KVUsage is the reported KV-cache usage in [0,1].
+	KVUsage float64
+	// Inflight is this gateway's in-flight count for the engine.
+	Inflight int64
+	// Slots is the engine's learned running batch (Slots.Observe); 0 means unknown.
+	Slots int64
+	// PredictedWait is the routing cost's predicted wait, in seconds, before a new request's
+	// prefill starts on this engine; meaningful only when HasWait.
+	PredictedWait float64
+	HasWait       bool
+}
+
+// capacity is how many requests the engine holds before it saturates.
+func (s Saturation) capacity(sig *Signals) float64 {
+	slots := sig.Slots
+	if slots <= 0 {
+		slots = s.DefaultSlots
+	}
+	return float64(slots) + s.MaxWaiting
+}
+
+// load is the engine's requests now as far as the gateway can tell.
+func load(sig *Signals) float64 {
+	if !sig.HasReport {
+		return float64(sig.Inflight)
+	}
+	return float64(max(sig.Running+sig.Waiting+sig.SentSince, sig.Inflight, 0))
+}
+
+// Headroom returns how many more requests the engine takes before it saturates; 0 when it is
+// unavailable, saturated, its KV cache is at MaxKVUsage, or its predicted wait at
+// MaxPredictedWait.
+func (s Saturation) Headroom(sig Signals) float64 {
+	if !sig.Available || (sig.HasReport && sig.KVUsage >= s.MaxKVUsage) ||
+		(sig.HasWait && sig.PredictedWait >= s.MaxPredictedWait.Seconds()) {
+		return 0
+	}
+	return max(0, math.Floor(s.capacity(&sig)-load(&sig)))
+}
+
+// Level returns the engine's saturation in [0,1]: the larger of its requests against its
+// capacity and its KV usage against MaxKVUsage; 1 when it is unavailable.
+func (s Saturation) Level(sig Signals) float64 {
+	if !sig.Available {
+		return 1
+	}
+	l := load(&sig) / s.capacity(&sig)
+	if sig.HasReport {
+		l = max(l, sig.KVUsage/s.MaxKVUsage)
+	}
+	if sig.HasWait {
+		l = max(l, s.WaitLevel(sig.PredictedWait))
+	}
+	return min(max(l, 0), 1)
+}
+
+// WaitLevel returns the saturation a predicted wait (seconds) stands for: wait ÷ MaxPredictedWait,
+// in [0,1].
+func (s Saturation) WaitLevel(wait float64) float64 {
+	if s.MaxPredictedWait <= 0 {
+		return 0
+	}
+	return min(max(wait/s.MaxPredictedWait.Seconds(), 0), 1)
+}
+
+// Slots learns an engine's running batch from its reports: a report with requests waiting shows
+// the engine full at its running count. The zero value knows nothing.
+type Slots struct{ n int64 }
+
+// Observe learns from one report.
+func (s *Slots) Observe(running, waiting int64) {
+	switch {
+	case waiting > 0 && running > 0:
+		s.n = running
+	case running > s.n && s.n > 0:
+		s.n = running
+	}
+}
+
+// N returns the learned running batch; 0 when unknown.
+func (s *Slots) N() int64 { return s.n }

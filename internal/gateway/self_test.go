@@ -1,0 +1,90 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+)
+
+// Defect: the gateway accepted its own address as a worker (201) and never shed it. Each of its
+// listeners is refused, by the hop id its probe carries, with model_id or without, through the
+// admin API and through Register (which the worker flags and discovery use).
+func TestRegisterRefusesSelf(t *testing.T) {
+	g := newTestGateway(t, Config{APIKeys: []string{"k"}}, "round_robin")
+	ms := httptest.NewServer(g.MetricsHandler())
+	t.Cleanup(ms.Close)
+	metrics := ms.URL
+	for _, c := range []struct{ name, url string }{
+		{"data plane", g.srv.URL}, {"data plane, model given", g.srv.URL}, {"admin plane", g.admin.URL}, {"metrics plane", metrics},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := g.Register(context.Background(), AddWorkerRequest{URL: c.url, ModelID: "m", APIKey: "k"})
+			var re *RegisterError
+			if !errors.As(err, &re) || re.Status != http.StatusConflict || re.Code != "worker_is_this_gateway" {
+				t.Fatalf("registering %s: %v, want 409 worker_is_this_gateway", c.url, err)
+			}
+		})
+	}
+	resp, raw := adminDo(t, g, "POST", "/workers", `{"url":"`+g.srv.URL+`"}`, "")
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("admin API: %d %s, want 409", resp.StatusCode, raw)
+	}
+	if n := len(g.reg.View().All); n != 0 {
+		t.Fatalf("%d workers registered, want none", n)
+	}
+	// A real worker is still taken.
+	f := newFakeWorker(t, "m")
+	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// By address: a URL whose host resolves to a listener of the gateway is refused before any probe,
+// so even before the gateway listens (serve announces its addresses first).
+func TestRegisterRefusesOwnAddress(t *testing.T) {
+	g := newTestGateway(t, Config{}, "round_robin")
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // a port nothing answers on: no probe could tell
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	g.ListeningOn("0.0.0.0:" + port) // a wildcard listener, as --host 0.0.0.0 gives
+	for _, u := range []string{"http://127.0.0.1:" + port, "http://localhost:" + port, "http://[::1]:" + port + "/"} {
+		_, err := g.Register(context.Background(), AddWorkerRequest{URL: u, ModelID: "m"})
+		var re *RegisterError
+		if !errors.As(err, &re) || re.Code != "worker_is_this_gateway" {
+			t.Errorf("%s: %v, want worker_is_this_gateway", u, err)
+		}
+	}
+	// Another port on the same host is another server.
+	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: "http://127.0.0.1:1", ModelID: "m"}); err != nil {
+		t.Errorf("a worker on another port was refused: %v", err)
+	}
+	// A listener on one address does not claim another.
+	g2 := newTestGateway(t, Config{}, "round_robin")
+	g2.ListeningOn("127.0.0.1:" + port)
+	if _, err := g2.Register(context.Background(), AddWorkerRequest{URL: "http://127.0.0.2:" + port, ModelID: "m"}); err != nil {
+		t.Errorf("127.0.0.2 was taken for a listener on 127.0.0.1: %v", err)
+	}
+}
+
+// The hop id is echoed only to a request that carried it: a request refused for crossing too many
+// gateways does not learn it.
+func TestLoopAnswerKeepsHopID(t *testing.T) {
+	g := newTestGateway(t, Config{}, "round_robin")
+	req, _ := http.NewRequest("GET", g.srv.URL+"/v1/models", nil)
+	req.Header.Set(HopHeader, "a,b,c,d,e,f,g,h,i,j")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeError(t, resp)
+	if resp.StatusCode != http.StatusLoopDetected || resp.Header.Get(HopHeader) != "" {
+		t.Fatalf("%d, hop header %q: want 508 without the gateway's id", resp.StatusCode, resp.Header.Get(HopHeader))
+	}
+}

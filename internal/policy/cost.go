@@ -1,0 +1,573 @@
+package policy
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// The cost pipeline of the cost-based policies (cache_aware_hash, precise_prefix, least_load):
+// filter → score → pick, for every decision.
+//
+//  1. Filter: the available candidates, less those over a hard cap (CostConfig.MaxTokenUsage,
+//     CostConfig.MaxWaiting) while some candidate is under it.
+//  2. Score: each candidate's expected time to first token, in seconds,
+//
+//     cost(w) = (Q_w + S_w + P − Ĉ_w) ÷ μ_w + D_w
+//
+//     Q_w  tokens    the engine's reported queued uncached prefill (num_waiting_uncached_tokens)
+//     less what it has prefilled since, at μ_w over the report's age; where only request
+//     counts are reported, waiting requests × the mean uncached prompt this replica sends.
+//     S_w  tokens    the uncached tokens this replica sent w since that report, times the
+//     report's estimate of gateway replicas (every replica sends about as much), less
+//     what the engine prefilled past Q since; with no fresh report, this replica's requests
+//     in flight to w × the mean uncached prompt.
+//     P    tokens    the prompt (tokenized, or its bytes ÷ CostConfig.BytesPerToken).
+//     Ĉ_w  tokens    the part of it predicted cached on w: from the prefix tree, from the
+//     engines' KV events, or 0 (least_load).
+//     μ_w  tokens/s  w's prefill rate, measured from its reports (scorer.roll), starting at
+//     CostConfig.PrefillRate.
+//     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
+//     it joins, (running + sent) ÷ the fleet's mean generation throughput, plus, once the
+//     batch is full, the wait for a slot: the requests ahead of it past the batch's capacity
+//     ÷ the rate the worker finishes requests (measured from this replica's completions ×
+//     the replica estimate; until then each takes CostConfig.DecodeTokens at that throughput).
+//  3. Pick: the least cost; every candidate within ε = TieSeconds + TieShare × that cost of it
+//     is a tie, and ties go to the highest rendezvous score of the request's placement key, so
+//     replicas that see slightly different loads still agree where a new prefix lives.
+//
+// Every decision records the terms of the chosen worker and of the runner-up (Decision.Chosen,
+// Decision.RunnerUp). There is no regime switch: D is what keeps a decode-bound fleet even (a
+// batch twice as large has steps twice as long), Q and S what keeps a prefill-bound one even,
+// and Ĉ what keeps a prompt where its cache is, exactly as far as the prefill it saves outweighs
+// the queue it joins.
+
+// CostConfig holds the cost model's constants (the cost-based policies). Every field is in the
+// unit its doc names; zero fields take the defaults of DefaultCostConfig.
+type CostConfig struct {
+	// PrefillRate is μ for a worker whose rate is not measured yet, in prompt tokens per second.
+	// Default 8000 (the simulator's engine; set it to the fleet's engines, --prefill-rate).
+	PrefillRate float64 `yaml:"prefill_rate"`
+	// BytesPerToken converts prompt bytes into tokens where the prompt is not tokenized.
+	// Default 4.
+	BytesPerToken float64 `yaml:"bytes_per_token"`
+	// DecodeTokens is the completion tokens expected per request, in tokens: a request that
+	// waits for a batch slot waits for that many decode steps of a running request per request
+	// ahead of it. Default 256.
+	DecodeTokens float64 `yaml:"decode_tokens"`
+	// TieSeconds is the absolute part of ε, in seconds. Default 0.005.
+	TieSeconds float64 `yaml:"tie_seconds"`
+	// TieShare is the relative part of ε, a share of the least cost. Default 0.05.
+	TieShare float64 `yaml:"tie_share"`
+	// FollowShare is the share of the prompt past the routing text (which the prefix tree does
+	// not see) taken as cached on a worker that holds all of the routing text, in [0,1]: a
+	// conversation resends its history, so what follows a fully matched opening was most
+	// likely sent along with it. Default 1.
+	FollowShare float64 `yaml:"follow_share"`
+	// RateDecay is how much a worker's measured μ (the peak of its backlog's falls) decays per
+	// measured poll interval, in [0,1]. Default 0.01 (an engine that slows to half is seen
+	// to within about 70 busy intervals).
+	RateDecay float64 `yaml:"rate_decay"`
+	// RateSamples is how many busy poll intervals must measure a worker's μ before it replaces
+	// PrefillRate. Default 4.
+	RateSamples int `yaml:"rate_samples"`
+	// MaxTokenUsage is a hard cap: a worker whose fresh report shows KV-cache usage above it
+	// (a share in [0,1]) is no candidate while some other is under it. Default 1 (off).
+	MaxTokenUsage float64 `yaml:"max_token_usage"`
+	// MaxWaiting is a hard cap: a worker whose fresh report shows more waiting requests than
+	// this is no candidate while some other is under it. Default 0 (off).
+	MaxWaiting int64 `yaml:"max_waiting"`
+}
+
+// DefaultCostConfig returns the cost model's defaults (see each field).
+func DefaultCostConfig() CostConfig {
+	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, DecodeTokens: 256, TieSeconds: 0.005,
+		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, MaxTokenUsage: 1}
+}
+
+// withDefaults fills zero fields; a wholly zero config is the defaults. Otherwise FollowShare
+// and MaxWaiting keep a zero, which means something (nothing follows; no cap).
+func (c CostConfig) withDefaults() CostConfig {
+	d := DefaultCostConfig()
+	if c == (CostConfig{}) {
+		return d
+	}
+	if c.PrefillRate == 0 {
+		c.PrefillRate = d.PrefillRate
+	}
+	if c.BytesPerToken == 0 {
+		c.BytesPerToken = d.BytesPerToken
+	}
+	if c.DecodeTokens == 0 {
+		c.DecodeTokens = d.DecodeTokens
+	}
+	if c.RateDecay == 0 {
+		c.RateDecay = d.RateDecay
+	}
+	if c.RateSamples == 0 {
+		c.RateSamples = d.RateSamples
+	}
+	if c.MaxTokenUsage == 0 {
+		c.MaxTokenUsage = d.MaxTokenUsage
+	}
+	return c
+}
+
+// validate reports the first invalid cost constant. Each bound keeps a hostile or mistyped value
+// from making the cost meaningless (a zero or negative rate, a negative ε).
+func (c CostConfig) validate() error {
+	switch {
+	case !(c.PrefillRate >= 0) || c.PrefillRate > 1e9:
+		return errors.New("prefill_rate must be in [0, 1e9] tokens/s")
+	case !(c.BytesPerToken >= 0) || c.BytesPerToken > 64:
+		return errors.New("bytes_per_token must be in [0, 64]")
+	case !(c.DecodeTokens >= 0) || c.DecodeTokens > 1e7:
+		return errors.New("decode_tokens must be in [0, 1e7]")
+	case !(c.TieSeconds >= 0) || c.TieSeconds > 60:
+		return errors.New("tie_seconds must be in [0, 60]")
+	case !(c.TieShare >= 0) || c.TieShare > 1:
+		return errors.New("tie_share must be in [0, 1]")
+	case !(c.FollowShare >= 0) || c.FollowShare > 1:
+		return errors.New("follow_share must be in [0, 1]")
+	case !(c.RateDecay >= 0) || c.RateDecay > 1:
+		return errors.New("rate_decay must be in [0, 1]")
+	case c.RateSamples < 0 || c.RateSamples > 1000:
+		return errors.New("rate_samples must be in [0, 1000]")
+	case !(c.MaxTokenUsage >= 0) || c.MaxTokenUsage > 1:
+		return errors.New("max_token_usage must be in [0, 1]")
+	case c.MaxWaiting < 0:
+		return errors.New("max_waiting must be >= 0")
+	}
+	return nil
+}
+
+// Terms is one candidate's cost with every term, as a decision records it.
+type Terms struct {
+	// Worker is the candidate's id.
+	Worker string
+	// Queued is Q, the reported queued uncached prefill, in tokens.
+	Queued float64
+	// Sent is S, the uncached prefill this replica sent since the report (scaled by the
+	// replica estimate), in tokens.
+	Sent float64
+	// Prompt is P, the prompt, in tokens.
+	Prompt float64
+	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens.
+	Cached float64
+	// Rate is μ, the worker's prefill rate, in tokens per second.
+	Rate float64
+	// Decode is D, the decode-side cost of joining the worker's batch, in seconds.
+	Decode float64
+	// Cost is (Q + S + P − Ĉ) ÷ μ + D, in seconds: the expected time to first token.
+	Cost float64
+}
+
+// price computes t.Cost from the other terms.
+func (t *Terms) price() {
+	t.Cost = finite(max(t.Queued+t.Sent+t.Prompt-t.Cached, 0)/t.Rate + t.Decode)
+}
+
+// report is the part of a worker's load report the cost reads: a decision copies one per
+// candidate, so it is kept small.
+type report struct {
+	polled                                       time.Time
+	uncachedTokens, waiting, running, maxRunning int64
+	inflightAtPoll                               int64
+	gen, usage, replicas                         float64
+	tokenData, hasUncached                       bool
+}
+
+func reportOf(r *loadmon.Report) report {
+	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
+		maxRunning: r.MaxRunning, inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
+}
+
+// costCand is one candidate during a decision.
+type costCand struct {
+	w     *worker.Worker
+	r     report
+	fresh bool
+	// ahead is the requests the engine has gained since the report (this replica's sends less
+	// its completions, scaled; negative when more finished), for D's step and slot terms.
+	ahead float64
+	// idHash is the worker id's rendezvous hash (idHash).
+	idHash uint64
+	// credit is the part of t.Cached that is the rendezvous owner's credit
+	// (Cost.creditOwner), not a prediction of the tree or the events.
+	credit float64
+	t      Terms
+}
+
+// workerCost is what a replica remembers of one worker between decisions.
+type workerCost struct {
+	// polled is the PolledAt of the report that sentTok follows.
+	polled time.Time
+	// queued is that report's Q, in tokens; sentTok what this replica sent since.
+	queued, sentTok float64
+	// idHash is the worker id's rendezvous hash (idHash), computed once.
+	idHash uint64
+	// doneRate is the requests per second the worker finishes (countDone), 0 until measured;
+	// doneAt and doneSeen are the report and this replica's processed count it was last
+	// measured at.
+	doneRate float64
+	doneAt   time.Time
+	doneSeen int64
+	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
+	// intervals that measured it.
+	rate  float64
+	rated int
+}
+
+// scorer is the filter and score steps of the pipeline, and the per-worker memory they need.
+type scorer struct {
+	cfg   CostConfig
+	loads Loads
+	now   func() time.Time
+
+	mu sync.Mutex
+	ws map[string]*workerCost
+	// meanUncached is a moving average of the uncached tokens of the prompts this replica sent,
+	// for workers that report only request counts.
+	meanUncached float64
+}
+
+func newScorer(cfg CostConfig, loads Loads, now func() time.Time) *scorer {
+	return &scorer{cfg: cfg.withDefaults(), loads: loads, now: now, ws: map[string]*workerCost{}}
+}
+
+// promptTokens is P for a request that is not tokenized: the whole prompt's bytes (the routing
+// text when the caller does not know more) in tokens.
+func (s *scorer) promptTokens(req *Request) float64 {
+	return float64(max(req.PromptBytes, len(req.Text))) / s.cfg.BytesPerToken
+}
+
+// gather filters candidates (available, under the hard caps) into dst and fills every term but
+// Ĉ, reading one load snapshot and taking the replica's lock once. prompt is P in tokens.
+func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt float64) []costCand {
+	av := dst[:0]
+	pin, pinned := s.loads.(*loadmon.Monitor)
+	var snap loadmon.Pinned
+	if pinned {
+		snap = pin.Pin()
+	}
+	for _, w := range candidates {
+		if !w.Available() {
+			continue
+		}
+		var r loadmon.Report
+		var fresh bool
+		if pinned {
+			r, fresh = snap.Report(w)
+		} else {
+			r, fresh = s.loads.Report(w)
+		}
+		av = append(av, costCand{w: w, r: reportOf(&r), fresh: fresh, t: Terms{Worker: w.ID, Prompt: prompt}})
+	}
+	av = s.capped(av)
+	// The fleet's mean generation throughput per engine, for D (see terms), never below one
+	// token a second per running request: no engine decodes slower, and a throughput that says
+	// so is a moving average still catching up with its batch (after a start or a burst).
+	var gen, running float64
+	n := 0
+	for i := range av {
+		if av[i].fresh && av[i].r.gen > 0 {
+			gen += av[i].r.gen
+			running += float64(av[i].r.running)
+			n++
+		}
+	}
+	if n > 0 {
+		gen = max(gen, running) / float64(n)
+	}
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range av {
+		s.terms(&av[i], now, gen)
+	}
+	return av
+}
+
+// capped drops the candidates over a hard cap, unless that would drop them all.
+func (s *scorer) capped(av []costCand) []costCand {
+	if s.cfg.MaxTokenUsage >= 1 && s.cfg.MaxWaiting == 0 {
+		return av // both caps off
+	}
+	over := func(c *costCand) bool {
+		return c.fresh && (c.r.tokenData && c.r.usage > s.cfg.MaxTokenUsage ||
+			s.cfg.MaxWaiting > 0 && c.r.waiting > s.cfg.MaxWaiting)
+	}
+	n := 0
+	for i := range av {
+		if !over(&av[i]) {
+			n++
+		}
+	}
+	if n == 0 || n == len(av) {
+		return av
+	}
+	k := 0
+	for i := range av {
+		if !over(&av[i]) {
+			av[k] = av[i]
+			k++
+		}
+	}
+	clear(av[k:])
+	return av[:k]
+}
+
+// terms fills Q, S, μ and D of c as of now, gen being the fleet's mean generation throughput
+// per engine (tokens/s; 0 when none reports one); the caller holds s.mu.
+func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
+	st := s.ws[c.w.ID]
+	if st == nil {
+		st = &workerCost{idHash: idHash(c.w.ID)}
+		s.ws[c.w.ID] = st
+	}
+	c.idHash = st.idHash
+	t := &c.t
+	if !c.fresh {
+		// No report to go by: this replica's own requests in flight are all it knows.
+		t.Sent = float64(c.w.Inflight()) * s.meanUncached
+		c.ahead = float64(c.w.Inflight())
+		t.Rate = s.rateOf(st)
+		t.price()
+		return
+	}
+	r := &c.r
+	q := float64(r.uncachedTokens)
+	if !r.hasUncached {
+		q = float64(r.waiting) * s.meanUncached
+	}
+	rep := max(r.replicas, 1)
+	if r.polled.After(st.polled) {
+		s.roll(st, r.polled, q)
+		s.countDone(st, c.w.Processed(), r.polled, rep)
+	}
+	t.Rate = s.rateOf(st)
+	if r.polled.Equal(st.polled) {
+		t.Sent = st.sentTok * rep
+	}
+	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
+	// the report's, corrected by what this replica sent and saw finish since, times the
+	// replica estimate. What finished since the report no longer holds a slot.
+	local := c.w.Inflight()
+	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)) - float64(r.running+r.waiting)
+	// The engine has been prefilling since the poll: what it had queued then, and then what
+	// was sent it since, is that much less now (a report up to a poll interval old would
+	// otherwise push work off an engine that has long finished it).
+	done := t.Rate * max(now.Sub(r.polled).Seconds(), 0)
+	t.Queued = max(q-done, 0)
+	t.Sent = max(t.Sent-max(done-q, 0), 0)
+	if gen > 0 {
+		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
+		// the fleet generates): the batch joined, with what was sent since the report, over the
+		// fleet's mean throughput, so an engine with twice the mean batch counts twice the mean
+		// step. While the engine queues, add the wait for a slot: the requests ahead, each
+		// DecodeTokens of decode. The fleet's mean, not the engine's own throughput, because
+		// an engine's is a moving average that lags its batch: after a burst it would make a
+		// busy engine look arbitrarily slow and an idle one free.
+		t.Decode = max(float64(r.running)+c.ahead, 0) / gen
+	}
+	if k := s.slotsAhead(r, c.ahead); k > 0 {
+		// The wait for a slot: k requests must finish first. At the engine's measured rate of
+		// finishing requests when there is one; else each takes DecodeTokens at the fleet's
+		// throughput per engine.
+		switch {
+		case st.doneRate > 0:
+			t.Decode += k / st.doneRate
+		case gen > 0:
+			t.Decode += k * s.cfg.DecodeTokens / gen
+		}
+	}
+	t.price()
+}
+
+// countDone measures how fast the worker finishes requests, from this replica's count of
+// requests it finished there (processed) between two reports, times the replica estimate rep:
+// a moving average (CostConfig.RateDecay's complement as weight is too slow here; a tenth per
+// interval) over intervals in which the worker had requests to finish.
+func (s *scorer) countDone(st *workerCost, processed int64, polled time.Time, rep float64) {
+	if dt := polled.Sub(st.doneAt).Seconds(); !st.doneAt.IsZero() && dt > 0 && processed >= st.doneSeen {
+		if n := float64(processed-st.doneSeen) * rep / dt; n > 0 || st.doneRate > 0 {
+			if st.doneRate == 0 {
+				st.doneRate = n
+			} else {
+				st.doneRate += 0.1 * (n - st.doneRate)
+			}
+		}
+	}
+	st.doneAt, st.doneSeen = polled, processed
+}
+
+// slotsAhead is how many running requests must finish before a new one gets a batch slot on
+// the worker of report r, ahead being the requests sent since it: past the batch's capacity
+// (max_running_requests) when the worker reports it; else the reported queue while there is
+// one (a server that queues has a full batch or KV cache).
+func (s *scorer) slotsAhead(r *report, ahead float64) float64 {
+	if r.maxRunning > 0 {
+		return max(float64(r.running+r.waiting)+ahead+1-float64(r.maxRunning), 0)
+	}
+	if r.waiting > 0 {
+		return float64(r.waiting) + ahead
+	}
+	return 0
+}
+
+// rateOf is μ of a worker: measured once RateSamples intervals measured it, else the configured
+// start.
+func (s *scorer) rateOf(st *workerCost) float64 {
+	if st.rated >= s.cfg.RateSamples && st.rate > 0 {
+		return st.rate
+	}
+	return s.cfg.PrefillRate
+}
+
+// roll moves st on to a newer report (polled, its Q in tokens) and measures μ over the interval
+// since the previous one. While the engine still has prefill queued at the end of an interval
+// it was prefilling throughout, so the fall of its backlog over the interval is a lower bound on
+// its prefill rate, whatever anyone sent it meanwhile (sends only make the fall smaller), and
+// equals the rate over an interval in which nothing arrived; an interval counts only when it
+// began with more prefill queued than the current estimate drains in it. μ is the decaying peak of those
+// falls (CostConfig.RateDecay per sample), so it approaches each engine's true rate at every
+// replica alike, and an engine that slows down is seen to. Adding what this replica sent since
+// the report would be closer on average but is biased: a send that hits the engine's cache
+// queues less than predicted, so the engines that hold more would look faster and attract
+// more. Samples are bounded to 64 × PrefillRate, so a worker reporting nonsense cannot make
+// itself look arbitrarily fast.
+func (s *scorer) roll(st *workerCost, polled time.Time, queued float64) {
+	// Only an interval that began with at least a whole interval of prefill at the current
+	// estimate says something: a small backlog falls as far as it is long, however fast the
+	// engine is.
+	if dt := polled.Sub(st.polled).Seconds(); !st.polled.IsZero() && dt > 0 && queued > 0 && st.queued > queued &&
+		st.queued >= s.rateOf(st)*dt {
+		fall := min((st.queued-queued)/dt, 64*s.cfg.PrefillRate)
+		st.rate = max(fall, st.rate*(1-s.cfg.RateDecay))
+		st.rated++
+	}
+	st.polled, st.queued, st.sentTok = polled, queued, 0
+}
+
+// commit records that c's worker was sent a prompt of which uncached tokens miss its cache.
+func (s *scorer) commit(c *costCand, uncached float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.ws[c.w.ID]
+	if st == nil {
+		return // forgotten meanwhile
+	}
+	if c.fresh && c.r.polled.Equal(st.polled) {
+		st.sentTok += uncached
+	}
+	const window = 64 // requests over which the mean uncached prompt moves
+	if s.meanUncached == 0 {
+		s.meanUncached = uncached
+	} else {
+		s.meanUncached += (uncached - s.meanUncached) / window
+	}
+}
+
+func (s *scorer) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ws, id)
+}
+
+// choose is the pick step: it prices every candidate (Ĉ filled in by the caller) and returns the
+// index of the chosen one and of the runner-up (−1 when there is one candidate), with whether a
+// tie within ε was broken by the rendezvous score of key.
+func (s *scorer) choose(av []costCand, key uint64) (best, runner int, tied bool) {
+	least := 0
+	for i := range av {
+		av[i].t.Cached = min(max(av[i].t.Cached, 0), av[i].t.Prompt)
+		av[i].t.price()
+		if av[i].t.Cost < av[least].t.Cost {
+			least = i
+		}
+	}
+	eps := s.cfg.TieSeconds + s.cfg.TieShare*av[least].t.Cost
+	best = least
+	var bestScore uint64
+	n := 0
+	for i := range av {
+		if av[i].t.Cost > av[least].t.Cost+eps {
+			continue
+		}
+		n++
+		if sc := scoreHashed(key, av[i].idHash); n == 1 || sc > bestScore {
+			best, bestScore = i, sc
+		}
+	}
+	runner = -1
+	for i := range av {
+		if i != best && (runner < 0 || av[i].t.Cost < av[runner].t.Cost) {
+			runner = i
+		}
+	}
+	return best, runner, n > 1
+}
+
+// record writes the decision's terms into req.
+func record(req *Request, av []costCand, best, runner int) {
+	if req == nil {
+		return
+	}
+	d := &req.Decision
+	d.HasCost = true
+	d.Chosen = av[best].t
+	d.RunnerUp = Terms{}
+	if runner >= 0 {
+		d.RunnerUp = av[runner].t
+	}
+}
+
+// candPool recycles the candidate buffers of decisions.
+var candPool = sync.Pool{New: func() any { b := make([]costCand, 0, 64); return &b }}
+
+func getCands(n int) *[]costCand {
+	b := candPool.Get().(*[]costCand)
+	if cap(*b) < n {
+		*b = make([]costCand, 0, n)
+	}
+	return b
+}
+
+func putCands(b *[]costCand, used []costCand) {
+	clear(used) // hold no worker alive from the pool
+	*b = (*b)[:0]
+	candPool.Put(b)
+}
+
+// finite turns a NaN cost (from a hostile report) into +Inf, which loses every comparison.
+func finite(x float64) float64 {
+	if math.IsNaN(x) {
+		return math.Inf(1)
+	}
+	return x
+}
+
+// String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
+// whole tokens, μ in tokens per second, D and the cost in seconds (3 decimals). Every value is
+// a number or the worker's id (a hash, no address), so it is safe in a header.
+func (t Terms) String() string {
+	b := make([]byte, 0, 96)
+	b = append(b, "worker="...)
+	b = append(b, t.Worker...)
+	for _, f := range [...]struct {
+		name string
+		v    float64
+		prec int
+	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
+		{" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3}} {
+		b = append(b, f.name...)
+		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)
+	}
+	return string(b)
+}

@@ -1,0 +1,467 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// cahWorkers returns n ready workers; every call gives new objects with the same ids, as each
+// gateway replica has its own.
+func cahWorkers(t testing.TB, n int) []*worker.Worker {
+	t.Helper()
+	ws := make([]*worker.Worker, n)
+	for i := range ws {
+		w, err := worker.New(worker.Spec{URL: fmt.Sprintf("http://engine-%d:8000", i)}, worker.BreakerConfig{Disabled: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.SetHealth(worker.Ready)
+		ws[i] = w
+	}
+	return ws
+}
+
+// cahLoads is a fixed load per worker id, with no reports.
+type cahLoads map[string]int64
+
+func (l cahLoads) Load(w *worker.Worker) int64                  { return l[w.ID] }
+func (l cahLoads) Report(*worker.Worker) (loadmon.Report, bool) { return loadmon.Report{}, false }
+
+// idReports is a fixed fresh report per worker id (a worker absent from it has none).
+type idReports map[string]loadmon.Report
+
+func (l idReports) Load(w *worker.Worker) int64 { r := l[w.ID]; return r.Backlog() }
+func (l idReports) Report(w *worker.Worker) (loadmon.Report, bool) {
+	r, ok := l[w.ID]
+	return r, ok
+}
+
+// fakeKV answers Match from a fixed table worker id → tokens held, and tokenizes one token per
+// byte; fail makes tokenization fail, blind makes Match unable to answer.
+type fakeKV struct {
+	held        map[string]int
+	fail, blind bool
+	tokenized   int
+	ctxErr      error // the context's error seen by the last Tokenize
+}
+
+func (f *fakeKV) Tokenize(ctx context.Context, via *worker.Worker, model string, chat bool, body []byte, text string) ([]uint32, error) {
+	f.tokenized++
+	f.ctxErr = ctx.Err()
+	if f.fail || ctx.Err() != nil {
+		return nil, errors.New("tokenizer down")
+	}
+	return make([]uint32, len(text)), nil
+}
+
+func (f *fakeKV) Covers(string, []string) bool { return !f.blind }
+
+func (f *fakeKV) Match(model string, toks []uint32, ids []string, out []int) bool {
+	if f.blind {
+		return false
+	}
+	for i, id := range ids {
+		out[i] = min(f.held[id], len(toks))
+	}
+	return true
+}
+
+// costClock is the clock of the policies newCostPolicy builds: tests that give reports a
+// PolledAt set it to match, so that no report has aged (Q and S drain with a report's age).
+var costClock = &clock{t: time.Unix(1000, 0)}
+
+func newCostPolicy(t testing.TB, name string, kv KVView, loads Loads) *Cost {
+	t.Helper()
+	costClock.t = time.Unix(1000, 0)
+	cfg := DefaultConfig()
+	cfg.KV, cfg.Loads, cfg.NoBackground, cfg.Now = kv, loads, true, costClock.now
+	p, err := New(name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.(*Cost)
+}
+
+// TestCostPicksWhatTheFormulaSays: a hand-built fleet of three workers with given Q, S, Ĉ, μ and
+// D; the pick and the recorded terms are the formula's, case by case.
+func TestCostPicksWhatTheFormulaSays(t *testing.T) {
+	polled := time.Unix(1000, 0)
+	type fleetWorker struct {
+		q, sentTok, rep float64 // Q, this replica's sends since the report, replica estimate
+		cached          int     // Ĉ in tokens (the fake tokenizer: one token a byte)
+		rate            float64 // μ, tokens/s
+		running         int64
+		waiting         int64
+		gen             float64 // generation throughput, tokens/s
+	}
+	const prompt = 6000
+	tests := []struct {
+		name string
+		ws   [3]fleetWorker
+	}{
+		{"a fast engine with a short queue beats a held prefix behind a long one", [3]fleetWorker{
+			{q: 8000, rep: 1, cached: 4000, rate: 8000, running: 8, gen: 800},
+			{q: 0, sentTok: 1000, rep: 2, rate: 4000},
+			{q: 1000, rep: 1, rate: 16000, running: 4, waiting: 1, gen: 1000},
+		}},
+		{"the held prefix wins once its queue is short", [3]fleetWorker{
+			{q: 500, rep: 1, cached: 5000, rate: 8000, running: 8, gen: 800},
+			{q: 0, sentTok: 1000, rep: 2, rate: 4000},
+			{q: 1000, rep: 1, rate: 16000, running: 4, waiting: 1, gen: 1000},
+		}},
+		{"what other replicas sent (S × replicas) outweighs an empty report", [3]fleetWorker{
+			{q: 0, sentTok: 3000, rep: 8, rate: 8000},
+			{q: 9000, rep: 8, rate: 8000},
+			{q: 12000, rep: 8, rate: 8000},
+		}},
+		{"a full batch's slot wait (D) outweighs prefill", [3]fleetWorker{
+			{q: 0, rep: 1, rate: 8000, running: 8, waiting: 4, gen: 400},
+			{q: 2000, rep: 1, rate: 8000, running: 8, gen: 400},
+			{q: 3000, rep: 1, rate: 8000, running: 2, gen: 400},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ws := cahWorkers(t, 3)
+			reports := idReports{}
+			held := map[string]int{}
+			for i, f := range tt.ws {
+				reports[ws[i].ID] = loadmon.Report{WaitingUncachedTokens: int64(f.q), HasUncachedTokens: true, HasTokenData: true,
+					Running: f.running, Waiting: f.waiting, GenThroughput: f.gen, PolledAt: polled, Replicas: f.rep}
+				held[ws[i].ID] = f.cached
+			}
+			p := newCostPolicy(t, "precise_prefix", &fakeKV{held: held}, reports)
+			want, wantCost := -1, math.Inf(1)
+			costs := make([]float64, 3)
+			gen, n := 0.0, 0 // D counts decode steps at the fleet's mean throughput
+			for _, f := range tt.ws {
+				if f.gen > 0 {
+					gen, n = gen+f.gen, n+1
+				}
+			}
+			gen /= float64(max(n, 1))
+			for i, f := range tt.ws {
+				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: f.q, sentTok: f.sentTok, rate: f.rate, rated: 100}
+				d := 0.0
+				if gen > 0 {
+					d = float64(f.running) / gen
+					if f.waiting > 0 { // no max_running reported: a queue means a full batch
+						d += float64(f.waiting) * 256 / gen
+					}
+				}
+				costs[i] = (f.q+f.sentTok*f.rep+prompt-float64(f.cached))/f.rate + d
+				if costs[i] < wantCost {
+					want, wantCost = i, costs[i]
+				}
+			}
+			req := &Request{Model: "m", Text: strings.Repeat("x", prompt), PromptBytes: prompt}
+			got := Choose(context.Background(), p, ws, req)
+			if got != ws[want] {
+				t.Fatalf("picked %s, want worker %d (costs %v)", got.ID, want, costs)
+			}
+			d := req.Decision
+			if !d.HasCost || d.Chosen.Worker != ws[want].ID || math.Abs(d.Chosen.Cost-wantCost) > 1e-9 {
+				t.Fatalf("chosen terms %+v, want cost %v", d.Chosen, wantCost)
+			}
+			f := tt.ws[want]
+			if d.Chosen.Queued != f.q || d.Chosen.Sent != f.sentTok*f.rep || d.Chosen.Prompt != prompt ||
+				d.Chosen.Cached != float64(f.cached) || d.Chosen.Rate != f.rate {
+				t.Fatalf("chosen terms %+v do not match worker %d %+v", d.Chosen, want, f)
+			}
+			second := math.Inf(1)
+			for i, c := range costs {
+				if i != want {
+					second = min(second, c)
+				}
+			}
+			if math.Abs(d.RunnerUp.Cost-second) > 1e-9 || d.RunnerUp.Worker == d.Chosen.Worker {
+				t.Fatalf("runner-up %+v, want cost %v", d.RunnerUp, second)
+			}
+		})
+	}
+}
+
+// TestCostCountsWhatItSends: a burst between two polls spreads, because every pick adds its
+// uncached tokens to S of its worker; a newer report restarts S.
+func TestCostCountsWhatItSends(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	polled := time.Unix(1000, 0)
+	reports := idReports{}
+	for _, w := range ws {
+		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, PolledAt: polled}
+	}
+	p := newCostPolicy(t, "least_load", nil, reports)
+	counts := map[string]int{}
+	for i := range 40 {
+		req := &Request{Text: fmt.Sprintf("prompt %d", i), PromptBytes: 8000}
+		counts[Choose(context.Background(), p, ws, req).ID]++
+	}
+	for _, w := range ws {
+		if counts[w.ID] != 10 {
+			t.Fatalf("burst spread %v, want 10 each", counts)
+		}
+	}
+	for _, w := range ws {
+		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, PolledAt: polled.Add(time.Second)}
+	}
+	costClock.t = polled.Add(time.Second)
+	req := &Request{Text: "after the poll", PromptBytes: 8000}
+	Choose(context.Background(), p, ws, req)
+	if req.Decision.Chosen.Sent != 0 || req.Decision.RunnerUp.Sent != 0 {
+		t.Fatalf("S after a new report: %+v / %+v, want 0", req.Decision.Chosen, req.Decision.RunnerUp)
+	}
+}
+
+// TestCostMeasuresPrefillRate: μ comes from the reports: a worker whose backlog falls by 4000
+// tokens a second while it stays busy is measured at 4000 tokens/s.
+func TestCostMeasuresPrefillRate(t *testing.T) {
+	ws := cahWorkers(t, 1)
+	t0 := time.Unix(1000, 0)
+	reports := idReports{}
+	p := newCostPolicy(t, "least_load", nil, reports)
+	for i := range 30 {
+		reports[ws[0].ID] = loadmon.Report{HasUncachedTokens: true, WaitingUncachedTokens: int64(100000 - 4000*i), PolledAt: t0.Add(time.Duration(i) * time.Second)}
+		costClock.t = t0.Add(time.Duration(i) * time.Second)
+		req := &Request{PromptBytes: 4}
+		p.BestCost(context.Background(), ws, req)
+	}
+	req := &Request{PromptBytes: 4}
+	Choose(context.Background(), p, ws, req)
+	if r := req.Decision.Chosen.Rate; math.Abs(r-4000) > 1 {
+		t.Fatalf("measured μ %v, want 4000", r)
+	}
+}
+
+// TestReplicasAgreeOnANewPrefix: two replicas with different local histories (one has routed
+// many other conversations, the other nothing) pick the same worker for a new prefix, on the
+// same reports; different new prefixes spread over the fleet.
+func TestReplicasAgreeOnANewPrefix(t *testing.T) {
+	const n = 8
+	t0 := time.Unix(1000, 0)
+	reports := idReports{}
+	ids := cahWorkers(t, n)
+	setReports := func(at time.Time) {
+		costClock.t = at
+		for i := range n {
+			reports[ids[i].ID] = loadmon.Report{HasUncachedTokens: true, WaitingUncachedTokens: int64(10 * (i % 3)),
+				HasTokenData: true, Running: 4, GenThroughput: 400, PolledAt: at, Replicas: 2}
+		}
+	}
+	setReports(t0)
+	busy, fresh := newCostPolicy(t, "cache_aware_hash", nil, reports), newCostPolicy(t, "cache_aware_hash", nil, reports)
+	busyWs, freshWs := cahWorkers(t, n), cahWorkers(t, n)
+	for i := range 50 {
+		Choose(context.Background(), busy, busyWs, &Request{Text: prompt(i, " an old conversation"), PromptBytes: 4000})
+	}
+	setReports(t0.Add(time.Second)) // the next poll: both replicas' since-poll counts restart
+	used := map[string]bool{}
+	for i := 100; i < 140; i++ {
+		text := prompt(i, " a conversation nobody has seen")
+		a := Choose(context.Background(), busy, busyWs, &Request{Text: text, PromptBytes: 4000})
+		b := Choose(context.Background(), fresh, freshWs, &Request{Text: text, PromptBytes: 4000})
+		if a.ID != b.ID {
+			t.Fatalf("prefix %d: the replicas picked %s and %s", i, a.ID, b.ID)
+		}
+		used[a.ID] = true
+		setReports(t0.Add(time.Duration(i) * time.Second)) // each pick in its own poll interval
+	}
+	if len(used) < n/2 {
+		t.Fatalf("40 new prefixes went to %d workers only", len(used))
+	}
+}
+
+func prompt(i int, tail string) string {
+	return fmt.Sprintf("Tenant %d. ", i) + strings.Repeat(fmt.Sprintf("context of tenant %d ", i), 20) + tail
+}
+
+// TestCostFollowsItsTree: the default sends a prefix back where it sent it, and records the
+// prediction as a share of the whole prompt.
+func TestCostFollowsItsTree(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	p := newCostPolicy(t, "cache_aware_hash", nil, cahLoads{})
+	text := prompt(1, " first turn")
+	first := Choose(context.Background(), p, ws, &Request{Text: text})
+	req := &Request{Text: text + " second turn"}
+	if got := Choose(context.Background(), p, ws, req); got != first {
+		t.Fatalf("second turn went to %s, want %s", got.ID, first.ID)
+	}
+	d := req.Decision
+	if d.Branch != BranchCacheHit || !d.HasPrediction || !d.WholePrompt || d.Predicted < 0.9 {
+		t.Fatalf("decision %+v", d)
+	}
+}
+
+// TestPreciseFollowsEventsOverTheTree: the tree remembers sending a prompt to a worker; the
+// events say that worker evicted it and another holds it: the events win.
+func TestPreciseFollowsEventsOverTheTree(t *testing.T) {
+	ws := cahWorkers(t, 3)
+	kv := &fakeKV{held: map[string]int{}}
+	p := newCostPolicy(t, "precise", kv, cahLoads{})
+	text := strings.Repeat("shared system prompt ", 50)
+	kv.held[ws[1].ID] = len(text)
+	if got := Choose(context.Background(), p, ws, &Request{Model: "m", Text: text}); got != ws[1] {
+		t.Fatalf("first pick %s, want the holder %s", got.ID, ws[1].ID)
+	}
+	kv.held = map[string]int{ws[2].ID: len(text)}
+	if got := Choose(context.Background(), p, ws, &Request{Model: "m", Text: text}); got != ws[2] {
+		t.Fatalf("after the eviction: %s, want %s", got.ID, ws[2].ID)
+	}
+	d := p.Decisions()
+	if d[BranchPreciseHit] != 2 || d[BranchFallbackNoEvents] != 0 {
+		t.Fatalf("decisions %v", d)
+	}
+	if n, _ := p.DecisionTime(); n != 2 {
+		t.Fatalf("decision time counted %d decisions", n)
+	}
+}
+
+// TestPreciseFallsBack: without events or a tokenizer the tree gives Ĉ, exactly as the default
+// would, and the counters say why.
+func TestPreciseFallsBack(t *testing.T) {
+	ws := cahWorkers(t, 2)
+	text := strings.Repeat("abc ", 100)
+	for name, kv := range map[string]*fakeKV{"blind": {blind: true}, "tokenizer": {fail: true}} {
+		t.Run(name, func(t *testing.T) {
+			p := newCostPolicy(t, "precise", kv, cahLoads{})
+			ref := newCostPolicy(t, "cache_aware_hash", nil, cahLoads{})
+			for i := range 5 {
+				req := &Request{Text: fmt.Sprintf("%d %s", i, text)}
+				if got, want := p.Pick(context.Background(), ws, req), ref.Pick(context.Background(), ws, req); got.ID != want.ID {
+					t.Fatalf("fallback picked %s, cache_aware_hash %s", got.ID, want.ID)
+				}
+			}
+			d := p.Decisions()
+			branch := map[string]string{"blind": BranchFallbackNoEvents, "tokenizer": BranchFallbackTokenizer}[name]
+			if d[branch] != 5 || d[BranchPreciseHit]+d[BranchPreciseMiss] != 0 {
+				t.Fatalf("decisions %v", d)
+			}
+			if name == "blind" && kv.tokenized != 0 {
+				t.Fatalf("tokenized %d prompts that no event could match", kv.tokenized)
+			}
+		})
+	}
+}
+
+// TestPreciseTokenizesUnderTheRequestContext: a client that has left cancels the tokenization,
+// and the pick still answers from the tree.
+func TestPreciseTokenizesUnderTheRequestContext(t *testing.T) {
+	ws := cahWorkers(t, 2)
+	kv := &fakeKV{held: map[string]int{}}
+	p := newCostPolicy(t, "precise", kv, cahLoads{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if w := p.Pick(ctx, ws, &Request{Text: "hello"}); w == nil {
+		t.Fatal("no pick")
+	}
+	if !errors.Is(kv.ctxErr, context.Canceled) {
+		t.Fatalf("the tokenizer saw context error %v, want the request's cancellation", kv.ctxErr)
+	}
+	if d := p.Decisions(); d[BranchFallbackTokenizer] != 1 {
+		t.Fatalf("decisions %v", d)
+	}
+}
+
+// TestBestCostHasNoSideEffects: asking the cost records nothing: the next pick is the one a
+// policy never asked would make, and the counters and the tree are untouched.
+func TestBestCostHasNoSideEffects(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	asked, plain := newCostPolicy(t, "cache_aware_hash", nil, cahLoads{}), newCostPolicy(t, "cache_aware_hash", nil, cahLoads{})
+	for i := range 20 {
+		req := &Request{Text: prompt(i, ""), PromptBytes: 4000}
+		s, ok := asked.BestCost(context.Background(), ws, req)
+		if !ok || !(s > 0) {
+			t.Fatalf("BestCost = %v, %v", s, ok)
+		}
+		if req.Decision.HasCost {
+			t.Fatal("BestCost wrote the caller's decision")
+		}
+		if a, b := Choose(context.Background(), asked, ws, req), Choose(context.Background(), plain, ws, &Request{Text: prompt(i, ""), PromptBytes: 4000}); a.ID != b.ID {
+			t.Fatalf("after BestCost the pick moved: %s vs %s", a.ID, b.ID)
+		}
+	}
+	if fmt.Sprint(asked.Decisions()) != fmt.Sprint(plain.Decisions()) {
+		t.Fatalf("decisions %v vs %v", asked.Decisions(), plain.Decisions())
+	}
+	if _, ok := asked.BestCost(context.Background(), nil, &Request{}); ok {
+		t.Fatal("BestCost without candidates reported a cost")
+	}
+}
+
+// TestCostHardCaps: a worker over the KV-usage or queue cap is passed over while another is
+// under it; when all are over, the cap does not empty the pool.
+func TestCostHardCaps(t *testing.T) {
+	ws := cahWorkers(t, 2)
+	now := time.Unix(1000, 0)
+	reports := idReports{
+		ws[0].ID: {HasTokenData: true, HasUncachedTokens: true, TokenUsage: 0.99, PolledAt: now},
+		ws[1].ID: {HasTokenData: true, HasUncachedTokens: true, TokenUsage: 0.5, WaitingUncachedTokens: 50000, PolledAt: now},
+	}
+	cfg := DefaultConfig()
+	cfg.Loads, cfg.NoBackground, cfg.Now = reports, true, func() time.Time { return now }
+	cfg.Cost.MaxTokenUsage = 0.95
+	p, err := New("least_load", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Pick(context.Background(), ws, &Request{PromptBytes: 100}); got != ws[1] {
+		t.Fatalf("picked %s over its KV cap", got.ID)
+	}
+	reports[ws[1].ID] = loadmon.Report{HasTokenData: true, HasUncachedTokens: true, TokenUsage: 0.99, WaitingUncachedTokens: 50000, PolledAt: now}
+	if got := p.Pick(context.Background(), ws, &Request{PromptBytes: 100}); got != ws[0] {
+		t.Fatalf("with both over the cap: %v, want the cheaper worker 0", got)
+	}
+}
+
+func TestCostConfigValidate(t *testing.T) {
+	for name, tweak := range map[string]func(*CostConfig){
+		"negative rate": func(c *CostConfig) { c.PrefillRate = -1 },
+		"NaN rate":      func(c *CostConfig) { c.PrefillRate = math.NaN() },
+		"tie share > 1": func(c *CostConfig) { c.TieShare = 2 },
+		"follow > 1":    func(c *CostConfig) { c.FollowShare = 1.5 },
+		"max waiting":   func(c *CostConfig) { c.MaxWaiting = -1 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tweak(&cfg.Cost)
+			if err := cfg.Validate(); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+// TestCostConcurrent: decisions from many goroutines at once (run with -race).
+func TestCostConcurrent(t *testing.T) {
+	ws := cahWorkers(t, 8)
+	reports := idReports{}
+	for _, w := range ws {
+		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, PolledAt: time.Unix(1000, 0)}
+	}
+	p := newCostPolicy(t, "cache_aware_hash", nil, reports)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				if Choose(context.Background(), p, ws, &Request{Text: prompt(g*1000+i%20, "tail"), PromptBytes: 2000}) == nil {
+					t.Error("no pick")
+					return
+				}
+				if i%50 == 0 {
+					p.Forget(ws[i%8].ID)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
