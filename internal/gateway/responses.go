@@ -30,7 +30,8 @@ import (
 // the start of the worker's answer (the top-level "id" of a JSON body, the "response.id" of a
 // stream's first event), at most responseIDMax bytes of printable ASCII; a worker that sends none
 // is routed by policy next time. The ids come from workers, never from clients: a client that
-// names another's response id is routed to that worker, which decides whether to serve it.
+// names another's response id is routed to that worker, which decides whether to serve it; and a
+// worker cannot take over an id another worker gave (remember).
 
 // ResponsesConfig bounds the memory of which worker answered each response id.
 type ResponsesConfig struct {
@@ -80,7 +81,9 @@ func newResponseAffinity(c ResponsesConfig, now func() time.Time) *responseAffin
 	return &responseAffinity{max: c.MaxEntries, ttl: c.TTL, now: now, byID: map[string]*list.Element{}}
 }
 
-// remember records that workerID answered response id.
+// remember records that workerID answered response id. An id already remembered for another
+// worker, and not expired, stays with it: engines draw ids at random, so a second worker giving
+// the same id is one trying to draw another conversation's follow-ups to itself.
 func (a *responseAffinity) remember(id, workerID string) {
 	if a.max < 0 || id == "" {
 		return
@@ -90,6 +93,9 @@ func (a *responseAffinity) remember(id, workerID string) {
 	defer a.mu.Unlock()
 	if e, ok := a.byID[id]; ok {
 		ent := e.Value.(*affinityEntry)
+		if ent.worker != workerID && now.Before(ent.expires) {
+			return
+		}
 		ent.worker, ent.expires = workerID, now.Add(a.ttl)
 		a.order.MoveToFront(e)
 		return

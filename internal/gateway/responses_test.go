@@ -138,6 +138,10 @@ func TestResponseAffinityBounds(t *testing.T) {
 	if a.len() != 1 {
 		t.Errorf("%d entries after expiry, want 1 (e)", a.len())
 	}
+	a.remember("e", "w-hostile") // another worker claiming e's id does not take it over
+	if w, _ := a.lookup("e"); w != "w-e" {
+		t.Errorf("e moved to %q", w)
+	}
 	off := newResponseAffinity(ResponsesConfig{MaxEntries: -1}, time.Now)
 	off.remember("x", "w")
 	if _, ok := off.lookup("x"); ok || off.len() != 0 {
