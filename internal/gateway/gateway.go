@@ -99,7 +99,7 @@ func DefaultConfig() Config {
 		RegisterRetry:      500 * time.Millisecond,
 		Breaker:            worker.DefaultBreakerConfig(),
 		Health:             worker.DefaultHealthConfig(),
-		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig()},
+		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig(), StreamIdleTimeout: proxy.DefaultStreamIdleTimeout},
 	}
 }
 
@@ -193,10 +193,13 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	s.flow.metrics.register(s.metrics.reg, s.flow)
 	cfg.Proxy.Observer = s.metrics
 	cfg.Proxy.HopID = s.hopID
+	if cfg.Proxy.Logger == nil {
+		cfg.Proxy.Logger = s.log
+	}
 	if cfg.Proxy.Transport == nil {
 		t := proxy.NewTransport()
 		t.MaxResponseHeaderBytes = cfg.Limits.MaxUpstreamHeaderBytes
-		cfg.Proxy.Transport = proxy.NewH1(t)
+		cfg.Proxy.Transport = t
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
