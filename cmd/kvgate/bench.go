@@ -249,6 +249,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
 	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
 	pc.CacheAware.MaxTreeSize = ff.treeSize
+	pc.Cost = ff.cost
 	pc.Sticky.Enabled, pc.Sticky.Placement = ff.sticky, ff.stickyPlace
 	spec := fleet.GridSpec{
 		Base: fleet.Config{

@@ -144,6 +144,7 @@ type fleetFlags struct {
 	balanceAbs   int64
 	balanceRel   float64
 	treeSize     int
+	cost         policy.CostConfig
 	engineMix    string
 	sticky       bool
 	stickyPlace  string
@@ -198,6 +199,8 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
 	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
 	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
+	ff.cost = pd.Cost
+	costFlags(fs, &ff.cost, "fleet policy: ")
 	fs.BoolVar(&ff.sticky, "sticky-sessions", false, "fleet policy: wrap every policy in sticky sessions (keyed by the session)")
 	fs.StringVar(&ff.stickyPlace, "sticky-placement", policy.PlaceHash, "fleet policy: where a new sticky session goes: hash or policy")
 	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")

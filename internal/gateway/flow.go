@@ -197,6 +197,7 @@ type flowRequest struct {
 	candidates []*worker.Worker
 	pol        policy.Policy
 	preq       *policy.Request
+	body       *Body // nil in tests that admit without one
 	bytes      int64
 	priority   int
 	hasBodyPri bool
@@ -304,6 +305,9 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 	g.metrics.queue.WithLabelValues(lbl.values()...).Inc()
 	g.dispatchLocked(mf, fr.candidates, fr.pol)
 	g.mu.Unlock()
+	if fr.body != nil {
+		fr.body.shrink() // the queue holds the body's bytes, not a pooled buffer
+	}
 	if g.onQueued != nil {
 		g.onQueued()
 	}
