@@ -117,7 +117,11 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
-	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	var ids *auditIDs
+	if s.audit.allows(r) {
+		ids = &s.auditIDs
+	}
+	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), ids)
 	aw.observer, _ = policy.As[policy.CacheObserver](pol)
 	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)

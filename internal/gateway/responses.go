@@ -5,11 +5,11 @@ import (
 	"cmp"
 	"container/list"
 	"context"
-	"encoding/json"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/tracing"
@@ -243,62 +243,30 @@ func validResponseID(id string) string {
 	return id
 }
 
-// jsonMemberString walks doc (possibly cut short) token by token and returns the string at the
-// path of object keys, or "" when the path is not reached or does not hold a string.
-func jsonMemberString(doc []byte, path ...string) string {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	depth, matched := 0, 0 // depth of objects and arrays entered; keys of path matched
-	expectKey := false     // the next token of the current object is a key
-	var stack []bool       // per level entered: an object (true) or an array
-	for {
-		tok, err := dec.Token()
-		if err != nil { // the end of what was kept, or not JSON
-			return ""
-		}
-		switch v := tok.(type) {
-		case json.Delim:
-			switch v {
-			case '{', '[':
-				depth++
-				stack = append(stack, v == '{')
-				expectKey = v == '{'
+// jsonMemberString returns the string at the path of object keys in doc (which may be cut
+// short: what was read before the cut counts), or "" when the path is not reached or does not
+// hold a string. The first of duplicate keys wins.
+func jsonMemberString(doc []byte, path ...string) (out string) {
+	sc := jsonscan.New(doc)
+	var walk func(depth int)
+	walk = func(depth int) {
+		sc.Object(func(key []byte) {
+			switch {
+			case out != "" || string(key) != path[depth]:
+				sc.Skip()
+			case depth == len(path)-1 && sc.Peek() == '"':
+				out = string(sc.Str(true))
+			case depth < len(path)-1 && sc.Peek() == '{':
+				walk(depth + 1)
 			default:
-				depth--
-				stack = stack[:len(stack)-1]
-				if depth < matched {
-					return "" // left the object the path was in
-				}
-				expectKey = len(stack) > 0 && stack[len(stack)-1]
+				sc.Skip()
 			}
-			continue
-		}
-		inObject := len(stack) > 0 && stack[len(stack)-1]
-		if inObject && expectKey {
-			key, _ := tok.(string)
-			expectKey = false
-			if depth == matched+1 && key == path[matched] {
-				matched++
-				if matched == len(path) {
-					next, err := dec.Token()
-					if s, ok := next.(string); ok && err == nil {
-						return s
-					}
-					return ""
-				}
-				// The value must be an object to go on.
-				next, err := dec.Token()
-				if d, ok := next.(json.Delim); !ok || d != '{' || err != nil {
-					return ""
-				}
-				depth++
-				stack = append(stack, true)
-				expectKey = true
-			}
-			continue
-		}
-		// A scalar value: the next token of an object is a key again.
-		expectKey = inObject
+		})
 	}
+	if sc.Peek() == '{' {
+		walk(0)
+	}
+	return out
 }
 
 // forwardResponses forwards a Responses request: a follow-up turn goes back to the worker that

@@ -35,7 +35,8 @@ import (
 //     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
 //     it joins, (running + sent) ÷ the fleet's mean generation throughput, plus, once the
 //     batch is full, the wait for a slot: the requests ahead of it past the batch's capacity
-//     × CostConfig.DecodeTokens ÷ that throughput.
+//     ÷ the rate the worker finishes requests (measured from this replica's completions ×
+//     the replica estimate; until then each takes CostConfig.DecodeTokens at that throughput).
 //  3. Pick: the least cost; every candidate within ε = TieSeconds + TieShare × that cost of it
 //     is a tie, and ties go to the highest rendezvous score of the request's placement key, so
 //     replicas that see slightly different loads still agree where a new prefix lives.
@@ -171,14 +172,33 @@ func (t *Terms) price() {
 	t.Cost = finite(max(t.Queued+t.Sent+t.Prompt-t.Cached, 0)/t.Rate + t.Decode)
 }
 
+// report is the part of a worker's load report the cost reads: a decision copies one per
+// candidate, so it is kept small.
+type report struct {
+	polled                                       time.Time
+	uncachedTokens, waiting, running, maxRunning int64
+	inflightAtPoll                               int64
+	gen, usage, replicas                         float64
+	tokenData, hasUncached                       bool
+}
+
+func reportOf(r *loadmon.Report) report {
+	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
+		maxRunning: r.MaxRunning, inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
+}
+
 // costCand is one candidate during a decision.
 type costCand struct {
 	w     *worker.Worker
-	r     loadmon.Report
+	r     report
 	fresh bool
-	// ahead is the requests sent since the report (scaled), for D's step and slot terms.
+	// ahead is the requests the engine has gained since the report (this replica's sends less
+	// its completions, scaled; negative when more finished), for D's step and slot terms.
 	ahead float64
-	// credit is the part of t.Cached that is the rendezvous owner's learned credit
+	// idHash is the worker id's rendezvous hash (idHash).
+	idHash uint64
+	// credit is the part of t.Cached that is the rendezvous owner's credit
 	// (Cost.creditOwner), not a prediction of the tree or the events.
 	credit float64
 	t      Terms
@@ -186,10 +206,18 @@ type costCand struct {
 
 // workerCost is what a replica remembers of one worker between decisions.
 type workerCost struct {
-	// polled is the PolledAt of the report that sentTok and sentReq follow.
+	// polled is the PolledAt of the report that sentTok follows.
 	polled time.Time
-	// queued is that report's Q, in tokens; sentTok and sentReq what this replica sent since.
-	queued, sentTok, sentReq float64
+	// queued is that report's Q, in tokens; sentTok what this replica sent since.
+	queued, sentTok float64
+	// idHash is the worker id's rendezvous hash (idHash), computed once.
+	idHash uint64
+	// doneRate is the requests per second the worker finishes (countDone), 0 until measured;
+	// doneAt and doneSeen are the report and this replica's processed count it was last
+	// measured at.
+	doneRate float64
+	doneAt   time.Time
+	doneSeen int64
 	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
 	// intervals that measured it.
 	rate  float64
@@ -232,27 +260,30 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		if !w.Available() {
 			continue
 		}
-		c := costCand{w: w}
+		var r loadmon.Report
+		var fresh bool
 		if pinned {
-			_, c.r, c.fresh = snap.Sample(w)
+			r, fresh = snap.Report(w)
 		} else {
-			c.r, c.fresh = s.loads.Report(w)
+			r, fresh = s.loads.Report(w)
 		}
-		c.t = Terms{Worker: w.ID, Prompt: prompt}
-		av = append(av, c)
+		av = append(av, costCand{w: w, r: reportOf(&r), fresh: fresh, t: Terms{Worker: w.ID, Prompt: prompt}})
 	}
 	av = s.capped(av)
-	// The fleet's mean generation throughput per engine, for D (see terms).
-	var gen float64
+	// The fleet's mean generation throughput per engine, for D (see terms), never below one
+	// token a second per running request: no engine decodes slower, and a throughput that says
+	// so is a moving average still catching up with its batch (after a start or a burst).
+	var gen, running float64
 	n := 0
 	for i := range av {
-		if av[i].fresh && av[i].r.GenThroughput > 0 {
-			gen += av[i].r.GenThroughput
+		if av[i].fresh && av[i].r.gen > 0 {
+			gen += av[i].r.gen
+			running += float64(av[i].r.running)
 			n++
 		}
 	}
 	if n > 0 {
-		gen /= float64(n)
+		gen = max(gen, running) / float64(n)
 	}
 	now := s.now()
 	s.mu.Lock()
@@ -265,9 +296,12 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 
 // capped drops the candidates over a hard cap, unless that would drop them all.
 func (s *scorer) capped(av []costCand) []costCand {
+	if s.cfg.MaxTokenUsage >= 1 && s.cfg.MaxWaiting == 0 {
+		return av // both caps off
+	}
 	over := func(c *costCand) bool {
-		return c.fresh && (c.r.HasTokenData && c.r.TokenUsage > s.cfg.MaxTokenUsage ||
-			s.cfg.MaxWaiting > 0 && c.r.Waiting > s.cfg.MaxWaiting)
+		return c.fresh && (c.r.tokenData && c.r.usage > s.cfg.MaxTokenUsage ||
+			s.cfg.MaxWaiting > 0 && c.r.waiting > s.cfg.MaxWaiting)
 	}
 	n := 0
 	for i := range av {
@@ -294,9 +328,10 @@ func (s *scorer) capped(av []costCand) []costCand {
 func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	st := s.ws[c.w.ID]
 	if st == nil {
-		st = &workerCost{}
+		st = &workerCost{idHash: idHash(c.w.ID)}
 		s.ws[c.w.ID] = st
 	}
+	c.idHash = st.idHash
 	t := &c.t
 	if !c.fresh {
 		// No report to go by: this replica's own requests in flight are all it knows.
@@ -307,23 +342,28 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		return
 	}
 	r := &c.r
-	q := float64(r.WaitingUncachedTokens)
-	if !r.HasUncachedTokens {
-		q = float64(r.Waiting) * s.meanUncached
+	q := float64(r.uncachedTokens)
+	if !r.hasUncached {
+		q = float64(r.waiting) * s.meanUncached
 	}
-	rep := max(r.Replicas, 1)
-	if r.PolledAt.After(st.polled) {
-		s.roll(st, r.PolledAt, q)
+	rep := max(r.replicas, 1)
+	if r.polled.After(st.polled) {
+		s.roll(st, r.polled, q)
+		s.countDone(st, c.w.Processed(), r.polled, rep)
 	}
 	t.Rate = s.rateOf(st)
-	if r.PolledAt.Equal(st.polled) {
+	if r.polled.Equal(st.polled) {
 		t.Sent = st.sentTok * rep
-		c.ahead = st.sentReq * rep
 	}
+	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
+	// the report's, corrected by what this replica sent and saw finish since, times the
+	// replica estimate. What finished since the report no longer holds a slot.
+	local := c.w.Inflight()
+	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)) - float64(r.running+r.waiting)
 	// The engine has been prefilling since the poll: what it had queued then, and then what
 	// was sent it since, is that much less now (a report up to a poll interval old would
 	// otherwise push work off an engine that has long finished it).
-	done := t.Rate * max(now.Sub(r.PolledAt).Seconds(), 0)
+	done := t.Rate * max(now.Sub(r.polled).Seconds(), 0)
 	t.Queued = max(q-done, 0)
 	t.Sent = max(t.Sent-max(done-q, 0), 0)
 	if gen > 0 {
@@ -334,23 +374,49 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// DecodeTokens of decode. The fleet's mean, not the engine's own throughput, because
 		// an engine's is a moving average that lags its batch: after a burst it would make a
 		// busy engine look arbitrarily slow and an idle one free.
-		steps := float64(r.Running) + c.ahead
-		steps += s.slotsAhead(r, c.ahead) * s.cfg.DecodeTokens
-		t.Decode = steps / gen
+		t.Decode = max(float64(r.running)+c.ahead, 0) / gen
+	}
+	if k := s.slotsAhead(r, c.ahead); k > 0 {
+		// The wait for a slot: k requests must finish first. At the engine's measured rate of
+		// finishing requests when there is one; else each takes DecodeTokens at the fleet's
+		// throughput per engine.
+		switch {
+		case st.doneRate > 0:
+			t.Decode += k / st.doneRate
+		case gen > 0:
+			t.Decode += k * s.cfg.DecodeTokens / gen
+		}
 	}
 	t.price()
+}
+
+// countDone measures how fast the worker finishes requests, from this replica's count of
+// requests it finished there (processed) between two reports, times the replica estimate rep:
+// a moving average (CostConfig.RateDecay's complement as weight is too slow here; a tenth per
+// interval) over intervals in which the worker had requests to finish.
+func (s *scorer) countDone(st *workerCost, processed int64, polled time.Time, rep float64) {
+	if dt := polled.Sub(st.doneAt).Seconds(); !st.doneAt.IsZero() && dt > 0 && processed >= st.doneSeen {
+		if n := float64(processed-st.doneSeen) * rep / dt; n > 0 || st.doneRate > 0 {
+			if st.doneRate == 0 {
+				st.doneRate = n
+			} else {
+				st.doneRate += 0.1 * (n - st.doneRate)
+			}
+		}
+	}
+	st.doneAt, st.doneSeen = polled, processed
 }
 
 // slotsAhead is how many running requests must finish before a new one gets a batch slot on
 // the worker of report r, ahead being the requests sent since it: past the batch's capacity
 // (max_running_requests) when the worker reports it; else the reported queue while there is
 // one (a server that queues has a full batch or KV cache).
-func (s *scorer) slotsAhead(r *loadmon.Report, ahead float64) float64 {
-	if r.MaxRunning > 0 {
-		return max(float64(r.Running+r.Waiting)+ahead+1-float64(r.MaxRunning), 0)
+func (s *scorer) slotsAhead(r *report, ahead float64) float64 {
+	if r.maxRunning > 0 {
+		return max(float64(r.running+r.waiting)+ahead+1-float64(r.maxRunning), 0)
 	}
-	if r.Waiting > 0 {
-		return float64(r.Waiting) + ahead
+	if r.waiting > 0 {
+		return float64(r.waiting) + ahead
 	}
 	return 0
 }
@@ -386,7 +452,7 @@ func (s *scorer) roll(st *workerCost, polled time.Time, queued float64) {
 		st.rate = max(fall, st.rate*(1-s.cfg.RateDecay))
 		st.rated++
 	}
-	st.polled, st.queued, st.sentTok, st.sentReq = polled, queued, 0, 0
+	st.polled, st.queued, st.sentTok = polled, queued, 0
 }
 
 // commit records that c's worker was sent a prompt of which uncached tokens miss its cache.
@@ -397,9 +463,8 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if st == nil {
 		return // forgotten meanwhile
 	}
-	if c.fresh && c.r.PolledAt.Equal(st.polled) {
+	if c.fresh && c.r.polled.Equal(st.polled) {
 		st.sentTok += uncached
-		st.sentReq++
 	}
 	const window = 64 // requests over which the mean uncached prompt moves
 	if s.meanUncached == 0 {
@@ -436,7 +501,7 @@ func (s *scorer) choose(av []costCand, key uint64) (best, runner int, tied bool)
 			continue
 		}
 		n++
-		if sc := score(key, av[i].w.ID); n == 1 || sc > bestScore {
+		if sc := scoreHashed(key, av[i].idHash); n == 1 || sc > bestScore {
 			best, bestScore = i, sc
 		}
 	}

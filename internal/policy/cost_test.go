@@ -150,7 +150,7 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 			}
 			gen /= float64(max(n, 1))
 			for i, f := range tt.ws {
-				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: f.q, sentTok: f.sentTok, sentReq: 0, rate: f.rate, rated: 100}
+				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: f.q, sentTok: f.sentTok, rate: f.rate, rated: 100}
 				d := 0.0
 				if gen > 0 {
 					d = float64(f.running) / gen

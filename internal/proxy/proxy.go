@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -52,7 +53,7 @@ type Config struct {
 	AttemptTimeout time.Duration
 	// Retry bounds retries.
 	Retry RetryConfig
-	// Transport sends upstream requests; nil means NewH1(NewTransport()).
+	// Transport sends upstream requests; nil means NewTransport().
 	Transport http.RoundTripper
 	// Observer is told of errors and retries; nil means none.
 	Observer Observer
@@ -63,7 +64,19 @@ type Config struct {
 	ForwardClientAuth bool
 	// HopID, when set, is appended to HopHeader on every upstream request.
 	HopID string
+	// StreamIdleTimeout ends a streamed answer on which the worker has sent nothing for this
+	// long, counted from its response headers, with an SSE error event (--stream-idle-timeout;
+	// DefaultStreamIdleTimeout there). Zero or negative means no such bound: only
+	// RequestTimeout ends a silent stream.
+	StreamIdleTimeout time.Duration
+	// Logger receives what a client is not shown: the text of a worker's 5xx answer (cut to
+	// maxLoggedBody bytes). nil means slog.Default().
+	Logger *slog.Logger
 }
+
+// DefaultStreamIdleTimeout is the gateway's default Config.StreamIdleTimeout: far above any
+// pause between an engine's tokens, yet a hung engine's streams end within a minute.
+const DefaultStreamIdleTimeout = 60 * time.Second
 
 // Observer receives forwarding events for metrics. Methods must be cheap and concurrency-safe.
 type Observer interface {
@@ -104,10 +117,7 @@ type Forwarder struct {
 	// redirect rather than following it (as httputil.ReverseProxy does), and a client's
 	// per-request header copy (kept for redirects) would be work for nothing.
 	transport http.RoundTripper
-	// direct is true when transport is an H1, which writes a small body from the caller's
-	// memory in the same write as the header (no copy of its own is needed).
-	direct bool
-	obs    Observer
+	obs       Observer
 	// deadlines bounds each request by RequestTimeout.
 	deadlines *deadlines
 	// hop is the HopHeader value of a request that crossed no other gateway.
@@ -143,34 +153,19 @@ func New(cfg Config) *Forwarder {
 		cfg.Rand = rand.Float64
 	}
 	if cfg.Transport == nil {
-		cfg.Transport = NewH1(NewTransport())
+		cfg.Transport = NewTransport()
 	}
-	direct := isH1(cfg.Transport)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	return &Forwarder{
 		cfg:       cfg,
 		deadlines: &deadlines{d: cfg.RequestTimeout},
 		transport: cfg.Transport,
-		direct:    direct,
 		hop:       []string{cfg.HopID},
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
 		rand:      cfg.Rand,
 	}
-}
-
-// isH1 reports whether rt is an H1, or wraps one (a wrapper says so with an
-// Unwrap() http.RoundTripper method, as the tracing transport does).
-func isH1(rt http.RoundTripper) bool {
-	for range 8 {
-		switch t := rt.(type) {
-		case *H1:
-			return true
-		case interface{ Unwrap() http.RoundTripper }:
-			rt = t.Unwrap()
-		default:
-			return false
-		}
-	}
-	return false
 }
 
 // Picker chooses the worker for an attempt, given the workers already tried (in order). It
@@ -368,9 +363,12 @@ type attempt struct {
 	f     *Forwarder
 	w     *worker.Worker
 	lease worker.Lease
-	// cancel and timer bound the attempt up to its response headers (Config.AttemptTimeout);
-	// both are nil when there is no such bound.
-	cancel context.CancelFunc
+	// ctx and cancel are the attempt's own context, set when something but the request's end
+	// may end the attempt: timer up to its response headers (Config.AttemptTimeout), or a
+	// streamed answer's idle bound (Config.StreamIdleTimeout, cause errStreamIdle). cancel and
+	// timer are nil when there is no such bound.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 	timer  *time.Timer
 	resp   *http.Response
 	// drain asks end to read what is left of a short body so the connection is reused.
@@ -396,15 +394,19 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		a.lease.FirstByte()
 	}
 	actx := ctx
-	if d := f.cfg.AttemptTimeout; d > 0 {
+	d := f.cfg.AttemptTimeout
+	if d > 0 || (req.Stream && f.cfg.StreamIdleTimeout > 0) {
 		// Only a bound of its own needs a context of its own: without one, the request's
 		// context is the attempt's, and end has nothing to cancel (the response body's Close
 		// releases the connection).
-		var cancel context.CancelFunc
-		actx, cancel = context.WithCancel(ctx)
+		var cancel context.CancelCauseFunc
+		actx, cancel = context.WithCancelCause(ctx)
 		a.cancel = cancel
-		a.timer = time.AfterFunc(d, cancel)
+		if d > 0 {
+			a.timer = time.AfterFunc(d, func() { cancel(nil) })
+		}
 	}
+	a.ctx = actx
 	u, err := newUpstreamRequest(actx, w.URL, req.Path, len(req.Header)+upstreamHeaders)
 	if err != nil {
 		// Only a malformed path can fail here; it is a gateway bug, not the worker's.
@@ -414,9 +416,8 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 	}
 	copyRequestHeader(u.Header, req.Header)
 	// A pooled connection the worker had already closed fails a request that never reached it.
-	// H1 sends such a request again on a new connection, when a reused connection fails before
-	// any answer byte; marked idempotent (a nil value is not sent), net/http's Transport does
-	// the same for the requests H1 hands it.
+	// Marked idempotent (a nil value is not sent), net/http's Transport sends such a request
+	// again on a new connection when a reused one fails before any byte of an answer.
 	if _, ok := u.Header["X-Idempotency-Key"]; !ok {
 		u.Header["X-Idempotency-Key"] = nil
 	}
@@ -431,10 +432,10 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		u.Header["X-Forwarded-For"] = vals[1:2:2]
 	}
 	f.setCredentials(u, w.Spec.APIKey)
-	// Last: every caller sends u, and the transport closes (so releases) its body. H1 sends a
-	// small body with the header in one write from the caller's memory; net/http needs a copy
-	// of its own for that (setSmallBody).
-	if len(req.Body) <= smallBody && !f.direct {
+	// Last: every caller sends u, and the transport closes (so releases) its body. net/http
+	// writes a small body with the header in one write only from a copy of its own
+	// (setSmallBody).
+	if len(req.Body) <= smallBody {
 		setSmallBody(u, req.Body)
 	} else {
 		setBody(u, req)
@@ -445,6 +446,17 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 // send sends u and waits for the response headers; the attempt's timer covers only this part.
 func (a *attempt) send(ctx context.Context, u *http.Request) *Error {
 	resp, err := a.f.transport.RoundTrip(u)
+	if err != nil && garbled(err) && ctx.Err() == nil && u.GetBody != nil {
+		// What came back does not parse as an answer: bytes a worker left on a pooled
+		// connection after an earlier answer (a body longer than its Content-Length, a late
+		// stray write), read as this request's. net/http has closed that connection; the
+		// request goes once more, on another, rather than fail for another request's bytes.
+		if body, gerr := u.GetBody(); gerr == nil {
+			again := *u
+			again.Body = body
+			resp, err = a.f.transport.RoundTrip(&again)
+		}
+	}
 	timedOut := a.timer != nil && !a.timer.Stop()
 	if err == nil && timedOut {
 		// The attempt timer fired just as the headers arrived: the body is already cancelled.
@@ -476,7 +488,7 @@ func (a *attempt) end() {
 		a.timer.Stop()
 	}
 	if a.cancel != nil {
-		a.cancel()
+		a.cancel(nil)
 	}
 	a.lease.End(a.outcome)
 	if a.failed && (a.outcome == worker.Failed || a.kind == KindStatus) {
@@ -509,6 +521,9 @@ func (f *Forwarder) try(ctx context.Context, rw http.ResponseWriter, req *Reques
 			f.obs.RetriesExhausted(statusReason(code))
 		}
 	}
+	if code >= 500 {
+		return a.replaceServerError(rw, req, res), true
+	}
 	return a.relay(ctx, rw, req, start, res), true
 }
 
@@ -520,14 +535,34 @@ const maxEventBytes = 1 << 20
 
 // relay copies the worker's response to the client. A streamed answer is flushed per chunk
 // and, when it is an event stream, written only up to the end of its last complete event, so
-// that a stream cut mid-event never shows the client half an event.
+// that a stream cut mid-event never shows the client half an event. A whole answer is committed
+// only once its first bytes are in: one cut before them is an error the caller answers (502),
+// not an empty reply.
 func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Request, start time.Time, res *Result) *Error {
 	u := a.resp
-	h := rw.Header()
-	copyResponseHeader(h, u.Header)
 	sse := strings.HasPrefix(u.Header.Get("Content-Type"), "text/event-stream")
 	events := sse || (req.Stream && u.StatusCode < 300)
 	flush := events || req.Stream || u.ContentLength < 0
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	var idle *time.Timer
+	if req.Stream && a.cancel != nil && a.f.cfg.StreamIdleTimeout > 0 {
+		cancel := a.cancel
+		idle = time.AfterFunc(a.f.cfg.StreamIdleTimeout, func() { cancel(errStreamIdle) })
+		defer idle.Stop()
+	}
+	n, err := 0, error(nil)
+	if !req.Stream && !sse {
+		for n == 0 && err == nil {
+			n, err = u.Body.Read(buf)
+		}
+		if n == 0 && err != nil && err != io.EOF {
+			return a.readFailed(ctx, err, u.StatusCode)
+		}
+	}
+	h := rw.Header()
+	copyResponseHeader(h, u)
 	if events {
 		h.Del("Content-Length")
 	}
@@ -538,16 +573,18 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 		flusher = nopFlusher{}
 	}
 	flusher.Flush()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
 	held := 0          // buf[:held] is the start of an event not yet complete
 	atBoundary := true // everything written so far ends between events
 	var readErr error
-	for {
-		n, err := u.Body.Read(buf[held:])
+	for first := n > 0 || err != nil; ; first = false {
+		if !first {
+			n, err = u.Body.Read(buf[held:])
+		}
 		if n > 0 {
 			a.lease.FirstByte() // the worker is past its prefill (Worker.Awaiting)
+			if idle != nil {
+				idle.Reset(a.f.cfg.StreamIdleTimeout)
+			}
 		}
 		end := held + n
 		out := end
@@ -591,13 +628,9 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 		a.outcome = statusOutcome(u.StatusCode)
 		return nil
 	}
-	kind, outcome := classify(ctx, readErr, false, true)
-	a.setFailure(kind, outcome)
-	if kind == KindCanceled {
+	e := a.readFailed(ctx, readErr, u.StatusCode)
+	if e.Kind == KindCanceled {
 		res.Status = 499
-	}
-	e := &Error{Kind: kind, Worker: a.w.ID, LastStatus: u.StatusCode, Err: readErr}
-	if kind == KindCanceled {
 		return e
 	}
 	if !events {
@@ -605,15 +638,32 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 		return e
 	}
 	msg, code := "the worker's stream broke; the response is incomplete", "upstream_stream_broken"
-	switch kind {
+	switch e.Kind {
 	case KindShutdown:
 		msg, code = "the gateway is shutting down; the response is incomplete", "gateway_shutting_down"
 	case KindTimeout:
 		msg, code = "the request reached the gateway's time limit; the response is incomplete", "request_timeout"
+	case KindStreamIdle:
+		msg, code = fmt.Sprintf("the worker sent nothing for %v; the stream was ended", a.f.cfg.StreamIdleTimeout), "stream_idle_timeout"
 	}
 	writeSSEError(rw, msg, code, atBoundary)
 	flusher.Flush()
 	return e
+}
+
+// errStreamIdle is the cause with which an attempt's context ends when its stream was silent
+// for Config.StreamIdleTimeout.
+var errStreamIdle = errors.New("the worker's stream was idle too long")
+
+// readFailed classifies a failed read of the worker's answer (status code) and records it.
+func (a *attempt) readFailed(ctx context.Context, err error, code int) *Error {
+	kind, outcome := classify(ctx, err, false, true)
+	if a.ctx != nil && errors.Is(context.Cause(a.ctx), errStreamIdle) && kind != KindCanceled {
+		// The worker hung mid-stream: its fault, whatever the read returned.
+		kind, outcome = KindStreamIdle, worker.Failed
+	}
+	a.setFailure(kind, outcome)
+	return &Error{Kind: kind, Worker: a.w.ID, LastStatus: code, Err: err}
 }
 
 type nopFlusher struct{}

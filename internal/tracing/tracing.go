@@ -170,7 +170,7 @@ type transport struct {
 }
 
 // Unwrap returns the transport that sends the requests, so that a caller can tell what it
-// wraps (the proxy sends small bodies from its own memory when that is its H1).
+// wraps.
 func (tr *transport) Unwrap() http.RoundTripper { return tr.base }
 
 func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {

@@ -103,6 +103,9 @@ func contains(xs []string, x string) bool {
 func (o Options) gridCase(wl string, win time.Duration, shape string, tm engine.TimingModel, seed uint64) (caseSpec, error) {
 	c := caseSpec{workload: wl, shape: shape, timing: tm, seed: seed, base: o.Base}
 	c.base.Engine.Timing = tm
+	if tm == engine.TimingPerSlot {
+		c.base.Engine.MaxRunning = o.Slots
+	}
 	c.base.LoadMode = o.LoadMode
 	rate := rates[wl]
 	switch wl {
