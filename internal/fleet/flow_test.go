@@ -98,16 +98,14 @@ func TestFlowTables(t *testing.T) {
 		return sum, rep
 	}
 	sat := flowSaturation()
-	// unbounded is a queue that never holds a request: dispatch on arrival, with the model's
-	// accounting.
-	unbounded := flow.Config{Enabled: true, Saturation: flow.Saturation{DefaultSlots: 1 << 40, MaxWaiting: 1 << 40, MaxKVUsage: 1, MaxPredictedWait: 1 << 62}}
 	q := flow.Config{Enabled: true, Saturation: sat, Timeout: 60 * time.Second}
+	unbounded := flow.Config{Enabled: true} // with OnArrival: the queue never holds
 	if only == "" || only == "latebinding" {
 		var b strings.Builder
 		fmt.Fprintf(&b, "\n| rate | dispatch | TTFT p50 | TTFT p99 | own-prefill p99 (floor) | goodput (req/s, TTFT ≤ 2 s) | output tok/s | queue wait p50 / p99 | shed |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, scale := range []float64{1, 0.5} {
 			for _, on := range []bool{false, true} {
-				fm := FlowModel{Config: unbounded}
+				fm := FlowModel{Config: unbounded, OnArrival: true}
 				name := "on arrival"
 				if on {
 					fm.Config, name = q, "late binding"
@@ -132,7 +130,7 @@ func TestFlowTables(t *testing.T) {
 			fm   FlowModel
 		}{
 			{"quiet alone", FlowModel{Config: q, Classes: classes, Only: classes[1].Label()}},
-			{"both, on arrival", FlowModel{Config: unbounded, Classes: classes}},
+			{"both, on arrival", FlowModel{Config: unbounded, Classes: classes, OnArrival: true}},
 			{"both, fair queue", FlowModel{Config: q, Classes: classes}},
 			{"1:1, both backlogged", FlowModel{Config: q, Classes: []FlowClass{{Tenant: "a", Share: 1}, {Tenant: "b", Share: 1}}}},
 		} {

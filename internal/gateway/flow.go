@@ -38,12 +38,6 @@ const (
 	TTFTSLOHeader = "X-Kvgate-Ttft-Slo-Ms"
 )
 
-// coster is the routing cost's prediction (package policy's Coster): the best expected time to
-// first token, in seconds, over the candidates; ok false when the policy cannot say.
-type coster interface {
-	BestCost(ctx context.Context, candidates []*worker.Worker, req *policy.Request) (seconds float64, ok bool)
-}
-
 // flowGate is the gateway's flow control: package flow's queue and limits, driven in real time.
 // A request is admitted at once while its model's queue is empty and the pool has headroom;
 // else it waits on its own channel until a dispatch grants it, its client leaves, or its
@@ -260,7 +254,7 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 			return &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: TTFTSLOHeader + " must be an integer of milliseconds in [1, 3600000]"}
 		}
 		slo := time.Duration(ms) * time.Millisecond
-		if c, ok := fr.pol.(coster); ok {
+		if c, ok := fr.pol.(policy.Coster); ok {
 			if best, ok := c.BestCost(r.Context(), fr.candidates, fr.preq); ok && best > slo.Seconds() {
 				g.metrics.shed(fr.model, flow.ReasonSLO)
 				return &flowRefusal{status: http.StatusTooManyRequests, code: "ttft_slo_unmet", reason: flow.ReasonSLO,
@@ -452,11 +446,11 @@ func (g *flowGate) headroom(mf *modelFlow, candidates []*worker.Worker, pol poli
 // predictedWait asks the routing cost for the wait of a request without a prompt: what stands
 // before any new request's own prefill on the best engine.
 func (g *flowGate) predictedWait(candidates []*worker.Worker, pol policy.Policy) (float64, bool) {
-	c, ok := pol.(coster)
+	c, ok := pol.(policy.Coster)
 	if !ok {
 		return 0, false
 	}
-	return c.BestCost(context.Background(), candidates, &policy.Request{Model: "", Text: ""})
+	return c.BestCost(context.Background(), candidates, nil) // nil: a request without a prompt
 }
 
 // signals is what the gate knows of w now; g.mu is held (it updates the learned slots).

@@ -145,18 +145,20 @@ func TestFlowLiveQueue2000(t *testing.T) {
 	if queued.Load() < n/2 {
 		t.Errorf("only %d requests were queued", queued.Load())
 	}
-	if h := peakHeap.Load(); h > heapBound {
+	if h := peakHeap.Load(); h > heapBound && !raceEnabled { // the race detector's allocations are larger
 		t.Errorf("peak heap %d bytes, past the %d bound", h, heapBound)
 	}
 	if peakLen.Load() > int64(fc.MaxRequests) || peakBytes.Load() > fc.Config.WithDefaults().MaxBytes {
 		t.Error("the queue passed its bounds")
 	}
 	gw.Close() // waits for every handler to return
-	// A client that left before its request was read never reached the gateway: every other
-	// request is counted, each 200 the client saw as a 200.
+	// A client that left before its request was read never reached the gateway, and one that
+	// left as its answer was written may have missed a 200: every other request is counted,
+	// each 200 a client saw as a 200.
 	total, _ := metricSum(t, s, "kvgate_requests_total", nil)
 	served, _ := metricSum(t, s, "kvgate_requests_total", map[string]string{"status": "200"})
-	if served != float64(ok.Load()) || total < served || total-served > float64(leftQueued.Load()) {
+	left := float64(leftQueued.Load())
+	if served < float64(ok.Load()) || served > float64(ok.Load())+left || total < served || total-served > left {
 		t.Errorf("the gateway counted %g requests, %g answered 200; the clients saw %d answered and %d leave", total, served, ok.Load(), leftQueued.Load())
 	}
 	if v, _ := metricSum(t, s, "kvgate_queue_shed_total", nil); v != 0 {
