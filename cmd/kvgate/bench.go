@@ -249,6 +249,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 	pc.CacheAware.BalanceAbsThreshold = ff.balanceAbs
 	pc.CacheAware.BalanceRelThreshold = ff.balanceRel
 	pc.CacheAware.MaxTreeSize = ff.treeSize
+	pc.Cost = ff.cost
 	pc.Sticky.Enabled, pc.Sticky.Placement = ff.sticky, ff.stickyPlace
 	spec := fleet.GridSpec{
 		Base: fleet.Config{
@@ -347,6 +348,7 @@ func (f *benchFlags) runSuite(ctx context.Context, stdout, stderr io.Writer) err
 		Policy: x.Policies[0], LoadMode: x.Modes[0], Base: x.Base, Trace: f.trace,
 		Window: f.fleet.suiteWindow, Hour: f.fleet.suiteHour, Duration: f.duration, Warmup: f.warmup,
 		Workloads: splitList(f.fleet.suiteWorkloads), Shapes: splitList(f.fleet.suiteShapes), Parallel: f.fleet.parallel,
+		Slots: f.fleet.suiteSlots,
 	}
 	for _, t := range splitList(f.fleet.suiteTimings) {
 		tm, err := engine.ParseTimingModel(t)

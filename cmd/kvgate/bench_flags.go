@@ -76,7 +76,7 @@ Progress goes to stderr when it is a terminal, the report to stdout.
 
 `)
 		fs.PrintDefaults()
-		fmt.Fprint(stderr, "\nThe report's "+bench.ColumnHelp(nil))
+		fmt.Fprint(stderr, "\nThe report's "+bench.ColumnHelp(nil)+bench.PredictionHelp()+bench.SweepHelp())
 	}
 	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
 	fs.StringVar(&f.trace, "trace", "", "trace file to replay (implies --workload trace)")
@@ -144,6 +144,7 @@ type fleetFlags struct {
 	balanceAbs   int64
 	balanceRel   float64
 	treeSize     int
+	cost         policy.CostConfig
 	engineMix    string
 	sticky       bool
 	stickyPlace  string
@@ -157,6 +158,7 @@ type fleetFlags struct {
 	suiteSeeds     string
 	suiteWindow    time.Duration
 	suiteHour      bool
+	suiteSlots     int
 
 	sweep      bool
 	slo        time.Duration
@@ -197,6 +199,8 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.Int64Var(&ff.balanceAbs, "balance-abs-threshold", pd.CacheAware.BalanceAbsThreshold, "fleet policy: cache_aware absolute imbalance threshold")
 	fs.Float64Var(&ff.balanceRel, "balance-rel-threshold", pd.CacheAware.BalanceRelThreshold, "fleet policy: cache_aware relative imbalance threshold")
 	fs.IntVar(&ff.treeSize, "max-tree-size", pd.CacheAware.MaxTreeSize, "fleet policy: characters per worker kept in a prefix tree")
+	ff.cost = pd.Cost
+	costFlags(fs, &ff.cost, "fleet policy: ")
 	fs.BoolVar(&ff.sticky, "sticky-sessions", false, "fleet policy: wrap every policy in sticky sessions (keyed by the session)")
 	fs.StringVar(&ff.stickyPlace, "sticky-placement", policy.PlaceHash, "fleet policy: where a new sticky session goes: hash or policy")
 	fs.DurationVar(&ff.kvEvents.Delay, "events-delay", 5*time.Millisecond, "fleet precise_prefix: delay from an engine's cache change to every gateway's index")
@@ -213,6 +217,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&ff.suiteSeeds, "suite-seeds", "1,2", "fleet suite: comma-separated seeds")
 	fs.DurationVar(&ff.suiteWindow, "suite-window", 15*time.Minute, "fleet suite: trace time the trace rows replay from the start")
 	fs.BoolVar(&ff.suiteHour, "suite-hour", false, "fleet suite: add rows replaying the whole conversation and agent traces")
+	fs.IntVar(&ff.suiteSlots, "suite-slots", 8, "fleet suite: running requests per engine of the per-slot rows (4x8 rows: 8)")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")

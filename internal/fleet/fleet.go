@@ -102,6 +102,8 @@ type Config struct {
 	Failover []bench.Change
 	// Timeline, when positive, windows the run by send time (Summary.Timeline) with this width.
 	Timeline time.Duration
+	// Flow models the gateways' flow control (flow.go); the zero value is off.
+	Flow FlowModel
 	// KVEvents configures the engines' KV-cache events that precise_prefix reads.
 	KVEvents KVEvents
 	// Warm warms each engine that Failover adds, as the gateway warms a worker that joins

@@ -28,6 +28,8 @@ const (
 	evEvict                         // a gateway trims its policy's trees
 	evWorker                        // a worker change of Config.Failover (idx: its index)
 	evWarmDeadline                  // a warm-up's time is up (idx: its index in sim.warms)
+	evFlowDeadline                  // a queued request's deadline (idx: the gateway; flow.go)
+	evFlowDispatch                  // capacity may have appeared: dispatch the gateway's queue
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -111,6 +113,10 @@ type flight struct {
 	// extra is decision time the simulated engine did not see (tokenization), added to the
 	// request's latencies.
 	extra time.Duration
+	// wait is the time the request spent in the gateway's queue (flow.go), part of its TTFT;
+	// class is its flow class.
+	wait  time.Duration
+	class int
 	// warm is set for a warm-up request (warm.go), which is no client's: nil for the others.
 	warm *warmRun
 }
@@ -151,6 +157,8 @@ type sim struct {
 	// warms are the warm-ups of added engines (warm.go); warmStats counts them, nil if none.
 	warms     []*warmRun
 	warmStats *bench.WarmStats
+	// fq is the gateways' flow control (flow.go); nil when Config.Flow is off.
+	fq *flowSim
 }
 
 var _ Truth = (*sim)(nil)
@@ -173,8 +181,23 @@ func (s *sim) Load(i int) engine.Load {
 // Run simulates the workload of sched on the fleet cfg and returns its summary, labelled
 // cfg.Label(). ctx cancels a long run between events.
 func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary, error) {
+	sum, _, err := RunFlow(ctx, cfg, sched)
+	return sum, err
+}
+
+// RunFlow is Run that also returns what flow control did, per class (nil when Config.Flow is
+// off).
+func RunFlow(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary, *FlowReport, error) {
+	sum, s, err := run(ctx, cfg, sched)
+	if err != nil || s.fq == nil {
+		return sum, nil, err
+	}
+	return sum, s.fq.report(sum.Label), nil
+}
+
+func run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary, *sim, error) {
 	if err := cfg.Validate(); err != nil {
-		return bench.Summary{}, err
+		return bench.Summary{}, nil, err
 	}
 	cfg = cfg.withDefaults()
 	s := &sim{
@@ -189,13 +212,13 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 		s.coll.Timeline = &bench.Timeline{Bucket: cfg.Timeline}
 	}
 	if err := s.build(); err != nil {
-		return bench.Summary{}, err
+		return bench.Summary{}, nil, err
 	}
 	defer s.close()
 	s.start()
 	for n := 0; len(s.q) > 0; n++ {
 		if n&0xfff == 0 && ctx.Err() != nil {
-			return bench.Summary{}, ctx.Err()
+			return bench.Summary{}, nil, ctx.Err()
 		}
 		ev := s.q.pop()
 		s.now = ev.at
@@ -216,7 +239,7 @@ func Run(ctx context.Context, cfg Config, sched *bench.Schedule) (bench.Summary,
 	if len(cfg.Failover) > 0 {
 		sum.Recoveries = recoveries(cfg, s.coll.Warmup, sum.Timeline, nil)
 	}
-	return sum, nil
+	return sum, s, nil
 }
 
 // build creates the engines and gateways.
@@ -239,6 +262,9 @@ func (s *sim) build() error {
 			return err
 		}
 		s.gws[g] = gw
+	}
+	if s.cfg.Flow.Enabled {
+		s.fq = newFlowSim(s)
 	}
 	return nil
 }
@@ -349,7 +375,14 @@ func (s *sim) dispatch(ev event) {
 	case evPoll:
 		if s.live() {
 			s.gws[ev.idx].poll()
+			if s.fq != nil {
+				s.fq.dispatch(ev.idx)
+			}
 		}
+	case evFlowDeadline:
+		s.fq.expire(ev.idx)
+	case evFlowDispatch:
+		s.fq.kicked(ev.idx)
 	case evEvict:
 		if s.live() {
 			s.gws[ev.idx].evict()
@@ -378,18 +411,35 @@ func (s *sim) sendTurn(a *active) {
 	} else if s.cfg.Spread == SpreadUniform && len(s.gws) > 1 {
 		g = s.rng.IntN(len(s.gws))
 	}
+	if s.fq != nil {
+		if s.fq.skip(a) {
+			s.endSession()
+			return
+		}
+		s.fq.enqueue(a, g, t)
+		return
+	}
+	s.submit(a, g, t, s.now, 0)
+}
+
+// submit picks the engine for a turn that reached gateway g at arrived, and sends it there now;
+// class is its flow class (flow.go).
+func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, class int) {
 	gw := s.gws[g]
 	text := t.Text()
 	w, idx := gw.pick(text, a.s.Key)
 	if w == nil {
 		s.noWorker++
-		s.coll.Add(bench.Record{Sent: s.now, Err: "no available worker"})
+		s.coll.Add(bench.Record{Sent: arrived, Err: "no available worker"})
 		s.endSession()
 		return
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, sent: s.now, eng: idx, dec: gw.req.Decision}
+	f := &flight{sess: a, gw: g, sent: arrived, wait: s.now - arrived, class: class, eng: idx, dec: gw.req.Decision}
+	if s.fq != nil {
+		s.fq.sentTo(g, idx, text)
+	}
 	f.first, f.release = w.Track()
 	if gw.kv != nil {
 		// precise_prefix tokenized the prompt, and pays for that.
@@ -467,7 +517,7 @@ func (s *sim) finish(ev engine.Event) {
 	}
 	f.release()
 	rec := bench.Record{
-		Sent: f.sent, TTFT: ev.TTFT + f.extra, E2E: ev.At - f.sent + f.extra,
+		Sent: f.sent, TTFT: ev.TTFT + f.extra + f.wait, E2E: ev.At - f.sent + f.extra,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
 		Worker: engineName(f.eng), Predicted: f.dec.Predicted, HasPrediction: f.dec.HasPrediction,
 	}
@@ -475,6 +525,10 @@ func (s *sim) finish(ev engine.Event) {
 		rec.ITL = (rec.E2E - rec.TTFT) / time.Duration(ev.CompletionTokens-1)
 	}
 	s.coll.Add(rec)
+	if s.fq != nil {
+		s.fq.finished(f.class, rec, s.engines[f.eng].e.Config().PrefillTPS)
+		s.fq.kick(f.gw)
+	}
 	if o, ok := s.gws[f.gw].pol.(policy.CacheObserver); ok && f.dec.HasPrediction && ev.PromptTokens > 0 {
 		// The gateway compares the same two shares once the answer's usage arrives.
 		o.Observed(f.dec.Predicted, float64(ev.CachedTokens)/float64(ev.PromptTokens))

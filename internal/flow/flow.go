@@ -94,6 +94,11 @@ type Config struct {
 	// (q−p)·Aging longer than the oldest of band q goes first. Default 2s; negative: strict
 	// bands without aging.
 	Aging time.Duration
+	// AgedShare bounds the share of dispatches that aging may give a lower band while a higher
+	// band has requests, in (0,1]: a lower band is never starved (it gets at least this share of
+	// the capacity while backlogged) and a higher band loses at most this share to it. Default
+	// 0.1.
+	AgedShare float64
 	// Saturation is the point past which an engine takes no more requests from the queue.
 	Saturation Saturation
 	// Tenants are the configured tenants; any other tenant takes the OtherTenant entry, else
@@ -103,7 +108,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults, off.
 func DefaultConfig() Config {
-	return Config{MaxRequests: 1024, MaxBytes: 256 << 20, Timeout: 30 * time.Second, Aging: 2 * time.Second, Saturation: DefaultSaturation()}
+	return Config{MaxRequests: 1024, MaxBytes: 256 << 20, Timeout: 30 * time.Second, Aging: 2 * time.Second, AgedShare: 0.1, Saturation: DefaultSaturation()}
 }
 
 // WithDefaults returns c with its zero fields at their defaults.
@@ -120,6 +125,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Aging == 0 {
 		c.Aging = d.Aging
+	}
+	if c.AgedShare == 0 {
+		c.AgedShare = d.AgedShare
 	}
 	c.Saturation = c.Saturation.WithDefaults()
 	for i := range c.Tenants {
@@ -148,6 +156,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("flow: max queue bytes %d must be positive", c.MaxBytes)
 	case c.Timeout < 0:
 		return errors.New("flow: the queue timeout must not be negative")
+	case !(c.AgedShare > 0 && c.AgedShare <= 1):
+		return fmt.Errorf("flow: the aged share %g is outside (0, 1]", c.AgedShare)
 	}
 	if err := c.Saturation.Validate(); err != nil {
 		return err

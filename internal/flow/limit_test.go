@@ -70,6 +70,8 @@ func TestSaturation(t *testing.T) {
 		{"finished since", Signals{Available: true, HasReport: true, Running: 4, Waiting: 1, SentSince: -2, Slots: 4}, 3, 0.5},
 		{"kv full", Signals{Available: true, HasReport: true, KVUsage: 0.95}, 0, 1},
 		{"kv half", Signals{Available: true, HasReport: true, KVUsage: 0.45}, 10, 0.5},
+		{"predicted wait", Signals{Available: true, HasWait: true, PredictedWait: 2}, 0, 1},
+		{"short wait", Signals{Available: true, HasWait: true, PredictedWait: 0.5}, 10, 0.25},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -233,3 +233,49 @@ func FuzzParsePriority(f *testing.F) {
 		}
 	})
 }
+
+// TestQueueAgedShareBoundsInversion: with both bands backlogged and the low band aged far past
+// the high one, the low band gets AgedShare of the dispatches — never starved, and the high band
+// loses no more than that.
+func TestQueueAgedShareBoundsInversion(t *testing.T) {
+	q := NewQueue(Config{MaxRequests: 10000, Timeout: time.Hour, Aging: time.Millisecond, AgedShare: 0.2})
+	for i := 0; i < 1000; i++ {
+		_ = q.Push(ent("low", 0), t0)
+	}
+	now := t0.Add(time.Minute)
+	low := 0
+	for i := 0; i < 500; i++ {
+		_ = q.Push(ent("high", 5), now)
+		if q.Pop(now).Tenant == "low" {
+			low++
+		}
+	}
+	if share := float64(low) / 500; share < 0.15 || share > 0.21 {
+		t.Errorf("the aged low band got %.3f of the dispatches, want about 0.2", share)
+	}
+}
+
+// TestQueueUnservedChargesNothing: requests that leave unserved (timeouts, cancels) do not count
+// against their tenant's share.
+func TestQueueUnservedChargesNothing(t *testing.T) {
+	q := NewQueue(Config{MaxRequests: 10000, Timeout: time.Hour})
+	var as []*Entry
+	for i := 0; i < 200; i++ {
+		a := &Entry{Tenant: "a", Cost: 10}
+		_ = q.Push(a, t0)
+		as = append(as, a)
+		_ = q.Push(&Entry{Tenant: "b", Cost: 10}, t0)
+	}
+	for _, a := range as[:100] {
+		q.Remove(a) // a's oldest time out
+	}
+	na := 0
+	for i := 0; i < 100; i++ {
+		if q.Pop(t0).Tenant == "a" {
+			na++
+		}
+	}
+	if na < 48 || na > 52 {
+		t.Errorf("a got %d of 100 dispatches after its timeouts, want about 50", na)
+	}
+}

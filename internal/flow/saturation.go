@@ -15,7 +15,8 @@ type Saturation struct {
 	// below this. Default 2; 0 keeps engine queues empty.
 	MaxWaiting float64
 	// MaxKVUsage is the KV-cache usage, in [0,1], at and above which an engine takes no more.
-	// Default 0.95.
+	// Default 0.8: past it an engine that admits more preempts running requests to make room,
+	// and their prefill is done again.
 	MaxKVUsage float64
 	// MaxPredictedWait is the predicted wait before a new request's prefill starts (the routing
 	// cost, when the policy predicts one) at and above which the pool takes no more. Default 2s.
@@ -29,7 +30,7 @@ type Saturation struct {
 
 // DefaultSaturation returns the defaults.
 func DefaultSaturation() Saturation {
-	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.95, MaxPredictedWait: 2 * time.Second, DefaultSlots: 256}
+	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.8, MaxPredictedWait: 2 * time.Second, DefaultSlots: 256}
 }
 
 // WithDefaults returns s with its zero fields at their defaults (MaxWaiting keeps an explicit 0
@@ -87,6 +88,10 @@ type Signals struct {
 	Inflight int64
 	// Slots is the engine's learned running batch (Slots.Observe); 0 means unknown.
 	Slots int64
+	// PredictedWait is the routing cost's predicted wait, in seconds, before a new request's
+	// prefill starts on this engine; meaningful only when HasWait.
+	PredictedWait float64
+	HasWait       bool
 }
 
 // capacity is how many requests the engine holds before it saturates.
@@ -107,9 +112,11 @@ func load(sig *Signals) float64 {
 }
 
 // Headroom returns how many more requests the engine takes before it saturates; 0 when it is
-// unavailable, saturated, or its KV cache is at MaxKVUsage.
+// unavailable, saturated, its KV cache is at MaxKVUsage, or its predicted wait at
+// MaxPredictedWait.
 func (s Saturation) Headroom(sig Signals) float64 {
-	if !sig.Available || (sig.HasReport && sig.KVUsage >= s.MaxKVUsage) {
+	if !sig.Available || (sig.HasReport && sig.KVUsage >= s.MaxKVUsage) ||
+		(sig.HasWait && sig.PredictedWait >= s.MaxPredictedWait.Seconds()) {
 		return 0
 	}
 	return max(0, math.Floor(s.capacity(&sig)-load(&sig)))
@@ -124,6 +131,9 @@ func (s Saturation) Level(sig Signals) float64 {
 	l := load(&sig) / s.capacity(&sig)
 	if sig.HasReport {
 		l = max(l, sig.KVUsage/s.MaxKVUsage)
+	}
+	if sig.HasWait {
+		l = max(l, s.WaitLevel(sig.PredictedWait))
 	}
 	return min(max(l, 0), 1)
 }

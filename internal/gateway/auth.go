@@ -6,6 +6,8 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+
+	"github.com/kvgate/kvgate/internal/flow"
 )
 
 // keySet holds the keys a plane accepts, as SHA-256 digests: comparing digests of fixed length in
@@ -83,4 +85,80 @@ func requireJSON(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// apiKey is one data-plane key as configured: "SECRET", or "NAME=SECRET" to give it a name (the
+// tenant flow control counts its requests under), or "NAME+priority=SECRET" to also let its
+// clients choose their requests' priority. A key whose text before its first '=' is not a
+// valid name, or whose text after it is only '=' (base64 padding), is a secret as a whole; a
+// leading '=' ("=SECRET") keeps a secret containing '=' whole.
+type apiKey struct {
+	name        string
+	setPriority bool
+	secret      string
+}
+
+// parseAPIKey splits a configured data-plane key.
+func parseAPIKey(s string) apiKey {
+	if strings.HasPrefix(s, "=") {
+		return apiKey{secret: s[1:]}
+	}
+	head, secret, ok := strings.Cut(s, "=")
+	if !ok || strings.Trim(secret, "=") == "" {
+		return apiKey{secret: s}
+	}
+	name, perm, hasPerm := strings.Cut(head, "+")
+	if !flow.ValidTenantName(name) || (hasPerm && perm != "priority") {
+		return apiKey{secret: s}
+	}
+	return apiKey{name: name, setPriority: hasPerm, secret: secret}
+}
+
+// apiKeySecrets returns the secrets of keys, for the keySet that checks them.
+func apiKeySecrets(keys []string) []string {
+	out := make([]string, len(keys))
+	for i, k := range keys {
+		out[i] = parseAPIKey(k).secret
+	}
+	return out
+}
+
+// keyIdentities holds who each data-plane key is: its digest, name and permission. Like keySet,
+// it compares every key's digest in constant time.
+type keyIdentities struct {
+	digests keySet
+	keys    []apiKey // secret cleared
+}
+
+func newKeyIdentities(keys []string) keyIdentities {
+	var ki keyIdentities
+	for _, k := range keys {
+		a := parseAPIKey(k)
+		if a.secret == "" {
+			continue
+		}
+		ki.digests = append(ki.digests, sha256.Sum256([]byte(a.secret)))
+		a.secret = ""
+		ki.keys = append(ki.keys, a)
+	}
+	return ki
+}
+
+// lookup returns the name and the priority permission of the key got; "" and false for no key or
+// an unnamed one.
+func (ki *keyIdentities) lookup(got string) (name string, setPriority bool) {
+	if len(ki.digests) == 0 || got == "" {
+		return "", false
+	}
+	g := sha256.Sum256([]byte(got))
+	at := -1
+	for i := range ki.digests {
+		if subtle.ConstantTimeCompare(g[:], ki.digests[i][:]) == 1 {
+			at = i
+		}
+	}
+	if at < 0 {
+		return "", false
+	}
+	return ki.keys[at].name, ki.keys[at].setPriority
 }

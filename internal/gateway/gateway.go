@@ -23,7 +23,9 @@ import (
 // Config configures the gateway's HTTP surface.
 type Config struct {
 	// APIKeys are the data-plane keys: a client must send one of them as "Authorization: Bearer
-	// KEY" (401 otherwise). Empty: the data plane needs no key.
+	// KEY" (401 otherwise). Empty: the data plane needs no key. A key written "NAME=SECRET"
+	// names its tenant for flow control, "NAME+priority=SECRET" also lets it set priorities
+	// (auth.go, apiKey).
 	APIKeys []string
 	// AdminKey, when set, is required on the admin routes (/workers, /get_loads). Empty: the
 	// admin routes need no key, which is safe only where AdminHandler listens on loopback.
@@ -51,9 +53,16 @@ type Config struct {
 	// AccessLogSample is the share of requests, in [0,1], that get an "access" log line; requests
 	// answered 5xx always do. 0 means none (the default).
 	AccessLogSample float64
-	// AuditHeaders adds x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to every
-	// routed response (audit.go says who sees them). Default false.
+	// AuditHeaders adds x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to the routed
+	// responses of requests that carry the admin key or a key named in AuditHeadersClients
+	// (auditaccess.go). Default false. Validate refuses it when no client could see them.
 	AuditHeaders bool
+	// AuditHeadersClients names the data-plane keys (NAME of an APIKeys entry "NAME=SECRET")
+	// whose requests get the audit headers. Empty: only requests carrying the admin key.
+	AuditHeadersClients []string
+	// AuditIDKey keys the HMAC that makes x-kvgate-worker opaque; give every replica the same
+	// one (at least 16 bytes) for ids that agree across them. Empty: a random key per process.
+	AuditIDKey string
 	// MaxConcurrentRequests caps requests in flight through this gateway (429 above); 0 = no cap.
 	MaxConcurrentRequests int64
 	// ProbeTimeout bounds the registration probe of a worker. Default 5s.
@@ -74,6 +83,9 @@ type Config struct {
 	// Warm warms each regular worker that joins a pool with the pool's hot prefixes
 	// (warm.go); the zero value is off.
 	Warm policy.WarmConfig
+	// Flow is flow control: the per-model queue, priorities, tenants and their limits
+	// (flow.go); the zero value is off, and requests go to a worker on arrival.
+	Flow FlowConfig
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -87,7 +99,7 @@ func DefaultConfig() Config {
 		RegisterRetry:      500 * time.Millisecond,
 		Breaker:            worker.DefaultBreakerConfig(),
 		Health:             worker.DefaultHealthConfig(),
-		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig()},
+		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig(), StreamIdleTimeout: proxy.DefaultStreamIdleTimeout},
 	}
 }
 
@@ -127,6 +139,13 @@ type Server struct {
 	warm *warmer
 	// responses remembers which worker answered each response id.
 	responses *responseAffinity
+	// audit says which requests get the audit headers; auditIDs makes their worker ids opaque.
+	audit    auditAccess
+	auditIDs auditIDs
+	// flow is flow control; flowOn says whether it admits requests (else it only reports the
+	// pools' saturation).
+	flow   *flowGate
+	flowOn bool
 }
 
 // Validate reports a configuration that would expose the admin plane without a key, or an
@@ -136,6 +155,12 @@ func (c Config) Validate() error {
 		return errors.New("the admin routes may be served on the main port only with an admin key")
 	}
 	if err := c.Warm.Validate(); err != nil {
+		return err
+	}
+	if _, err := newAuditAccess(&c, newKeySet(c.AdminKey)); err != nil {
+		return err
+	}
+	if err := c.Flow.Validate(); err != nil {
 		return err
 	}
 	_, err := parseHostRules(c.AllowedWorkerHosts)
@@ -156,18 +181,25 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	cfg.RegisterRetry = cmp.Or(max(cfg.RegisterRetry, 0), d.RegisterRetry)
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger,
-		apiKeys: newKeySet(cfg.APIKeys...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
+		apiKeys: newKeySet(apiKeySecrets(cfg.APIKeys)...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
 		hopID: newHopID(), probing: map[string]bool{}, responses: newResponseAffinity(cfg.Responses, time.Now)}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	s.audit, _ = newAuditAccess(&cfg, s.adminKeys) // validated above
+	s.auditIDs = newAuditIDs(cfg.AuditIDKey)
 	s.metrics = newMetrics(reg, router, loads)
+	s.flow, s.flowOn = newFlowGate(s, cfg.Flow, cfg.APIKeys), cfg.Flow.Enabled
+	s.flow.metrics.register(s.metrics.reg, s.flow)
 	cfg.Proxy.Observer = s.metrics
 	cfg.Proxy.HopID = s.hopID
+	if cfg.Proxy.Logger == nil {
+		cfg.Proxy.Logger = s.log
+	}
 	if cfg.Proxy.Transport == nil {
 		t := proxy.NewTransport()
 		t.MaxResponseHeaderBytes = cfg.Limits.MaxUpstreamHeaderBytes
-		cfg.Proxy.Transport = proxy.NewH1(t)
+		cfg.Proxy.Transport = t
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
@@ -182,6 +214,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 		}
 		router.Forget(e.Worker.ID)
 		s.metrics.forgetWorker(e.Worker.ID)
+		s.flow.forgetWorker(e.Worker)
 		view := reg.View()
 		for _, m := range e.Worker.Spec.Models {
 			if view.Pool(m) == nil {

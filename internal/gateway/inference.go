@@ -117,18 +117,33 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
-	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	var ids *auditIDs
+	if s.audit.allows(r) {
+		ids = &s.auditIDs
+	}
+	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), ids)
 	aw.observer, _ = policy.As[policy.CacheObserver](pol)
 	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)
+	if s.flowOn {
+		fr := &rq.flow
+		*fr = flowRequest{model: pool.Model, candidates: candidates, pol: pol, preq: preq, body: rb, bytes: int64(len(body)), hasBodyPri: p.HasPriority, bodyPri: p.Priority}
+		if f := s.flow.admit(r, fr, &rq.ticket); f != nil {
+			writeRefusal(w, f, id)
+			return f.status, pool.Model, nil
+		}
+		defer rq.ticket.done()
+		body = rb.Bytes() // a queued request's body moved (Body.shrink)
+		preq.Body = body
+	}
 	rq.forward = proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}
 	var res proxy.Result
 	if kind == kindResponses {
-		res = s.forwardResponses(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr), candidates, &p, preq, pol.Name(), tr)
+		res = s.forwardResponses(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket), candidates, &p, preq, pol.Name(), tr)
 	} else {
-		res = s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr))
+		res = s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket))
 	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
 	s.calibrate(&preq.Decision, &res, p.Stream)
@@ -140,11 +155,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 }
 
 // routedRequest is what route keeps of a request while it is forwarded: the policy's view of
-// it, the writer that audits the answer, and what the proxy forwards.
+// it, the writer that audits the answer, what the proxy forwards, and its flow control.
 type routedRequest struct {
 	policy  policy.Request
 	audit   auditWriter
 	forward proxy.Request
+	flow    flowRequest
+	ticket  flowTicket
 }
 
 // upstreamPath is the worker path for route with the client's query string.
@@ -156,9 +173,11 @@ func upstreamPath(route string, r *http.Request) string {
 }
 
 // picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
-// retry sees those not yet tried while any of them is available, else all again.
-func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request) proxy.Picker {
+// retry sees those not yet tried while any of them is available, else all again. The first pick
+// ends the request's flow-control hold t (the worker's in-flight count takes it over).
+func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request, t *flowTicket) proxy.Picker {
 	return func(tried []*worker.Worker) *worker.Worker {
+		t.pick()
 		c := candidates
 		if len(tried) > 0 {
 			rest := make([]*worker.Worker, 0, len(candidates))

@@ -31,6 +31,10 @@ type Parsed struct {
 	// PreviousResponseID is a Responses API body's "previous_response_id" ("" when absent): the
 	// turn it follows, whose worker holds the conversation.
 	PreviousResponseID string
+	// Priority is the body's integer "priority" (vLLM's: lower first), when HasPriority. A
+	// priority of another type is left to the worker to refuse.
+	Priority    int64
+	HasPriority bool
 }
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
@@ -98,6 +102,9 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 				return
 			case string(key) == "user" && s.Peek() == '"':
 				p.User = string(s.Str(true))
+				return
+			case string(key) == "priority" && (s.Peek() == '-' || (s.Peek() >= '0' && s.Peek() <= '9')):
+				p.Priority, p.HasPriority = s.Int()
 				return
 			case string(key) == "stream":
 				if s.Null() {

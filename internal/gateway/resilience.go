@@ -16,11 +16,22 @@ import (
 
 // Start runs the gateway's background work, the active health checks and the warm-ups of
 // joining workers (warm.go), until ctx ends or Stop is called.
-func (s *Server) Start(ctx context.Context) { s.checker.Start(ctx); s.warm.start(ctx) }
+func (s *Server) Start(ctx context.Context) {
+	s.checker.Start(ctx)
+	s.warm.start(ctx)
+	if s.flowOn {
+		s.flow.start(ctx)
+	}
+}
 
 // Stop ends what Start began and waits for it to exit, then closes the idle connections to
 // workers (in-flight ones are the requests', which end them). It is idempotent.
-func (s *Server) Stop() { s.warm.stop(); s.checker.Stop(); s.client.CloseIdleConnections() }
+func (s *Server) Stop() {
+	s.flow.stop()
+	s.warm.stop()
+	s.checker.Stop()
+	s.client.CloseIdleConnections()
+}
 
 // newChecker builds the health checker, reporting transitions to the metrics.
 func (s *Server) newChecker() *worker.Checker {
@@ -28,6 +39,7 @@ func (s *Server) newChecker() *worker.Checker {
 		Logger: s.log,
 		OnTransition: func(w *worker.Worker, _, to worker.Health) {
 			s.metrics.healthTo.WithLabelValues(w.ID, to.String()).Inc()
+			s.flow.dispatchAll() // a worker that became ready may take queued requests
 		},
 	})
 }
@@ -127,6 +139,8 @@ func failureMessage(e *proxy.Error) string {
 		return "the worker could not be connected to"
 	case proxy.KindTimeout:
 		return "the worker did not answer in time"
+	case proxy.KindStreamIdle:
+		return "the worker's stream went silent"
 	case proxy.KindCanceled:
 		return "the client closed the request"
 	case proxy.KindShutdown:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"iter"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,11 +19,13 @@ type Monitor struct {
 	reg *worker.Registry
 	cfg Config // resolved: no zero fields
 
-	// raw: poll plain-http workers with the raw client (Config.Client was nil); dialer dials it.
-	raw    bool
-	dialer net.Dialer
+	// ownClient: Config.Client was nil, so the client is the monitor's own, and Stop closes
+	// its idle connections.
+	ownClient bool
 
 	snap atomic.Pointer[Snapshot]
+	// updated is closed, and replaced, at each round's publication (Updates).
+	updated atomic.Pointer[chan struct{}]
 
 	// pollMu serializes polling rounds; it guards states, round, targets, results and scratch.
 	pollMu  sync.Mutex
@@ -52,9 +53,10 @@ func New(reg *worker.Registry, cfg Config) *Monitor {
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("loadmon.New: %v", err))
 	}
-	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, raw: cfg.Client == nil,
-		dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}}
+	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, ownClient: cfg.Client == nil}
 	m.snap.Store(emptySnapshot)
+	ch := make(chan struct{})
+	m.updated.Store(&ch)
 	reg.Subscribe(m.onEvent)
 	return m
 }
@@ -115,12 +117,7 @@ func (m *Monitor) Stop() {
 		m.wg.Wait()
 		m.cancel = nil
 	}
-	m.pollMu.Lock()
-	for _, st := range m.states {
-		st.close()
-	}
-	m.pollMu.Unlock()
-	if m.raw { // the net/http client is ours too: release its idle connections
+	if m.ownClient {
 		m.cfg.Client.CloseIdleConnections()
 	}
 }
@@ -137,6 +134,10 @@ func (m *Monitor) run(ctx context.Context) {
 		}
 	}
 }
+
+// Updates returns a channel closed when the next polling round's snapshot is published, so that
+// a waiter (the gateway's queue) acts on fresh load without polling the Monitor.
+func (m *Monitor) Updates() <-chan struct{} { return *m.updated.Load() }
 
 // Snapshot returns the current snapshot; never nil.
 func (m *Monitor) Snapshot() *Snapshot { return m.snap.Load() }
@@ -243,10 +244,7 @@ func (m *Monitor) collectTargets(view *worker.View) []*pollState {
 	for _, w := range view.All {
 		st := m.states[w.ID]
 		if st == nil || st.w != w {
-			if st != nil {
-				st.close()
-			}
-			st = newPollState(w, m.raw)
+			st = newPollState(w)
 			m.states[w.ID] = st
 		}
 		st.round = m.round
@@ -257,7 +255,6 @@ func (m *Monitor) collectTargets(view *worker.View) []*pollState {
 	if len(m.states) > len(view.All) {
 		for id, st := range m.states {
 			if st.round != m.round {
-				st.close()
 				delete(m.states, id)
 			}
 		}
@@ -344,6 +341,8 @@ func (m *Monitor) publish(view *worker.View, targets []*pollState, results []res
 		}
 	}
 	m.snap.Store(s)
+	next := make(chan struct{})
+	close(*m.updated.Swap(&next))
 }
 
 // setReplicas stamps every entry of a round with the round's replica estimate.

@@ -32,3 +32,14 @@ func (p Pinned) Sample(w *worker.Worker) (load int64, r Report, fresh bool) {
 	}
 	return Effective(p.mode, local, r, fresh), r, fresh
 }
+
+// Report returns w's fresh report from the pinned snapshot (Monitor.Report), with one lookup and
+// without computing its effective load.
+func (p Pinned) Report(w *worker.Worker) (r Report, fresh bool) {
+	if p.snap != nil {
+		if e, ok := p.snap.entries[w.ID]; ok && e.Age(p.now) <= p.stale {
+			return e.Report, true
+		}
+	}
+	return Report{}, false
+}

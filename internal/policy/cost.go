@@ -33,9 +33,10 @@ import (
 //     μ_w  tokens/s  w's prefill rate, measured from its reports (scorer.roll), starting at
 //     CostConfig.PrefillRate.
 //     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
-//     it joins, (running + sent) ÷ the fleet's mean generation throughput, plus, once the
-//     batch is full, the wait for a slot: the requests ahead of it past the batch's capacity
-//     × CostConfig.DecodeTokens ÷ that throughput.
+//     it joins, the requests at the engine now (the report's, corrected by this replica's
+//     sends and completions since, times the replica estimate) ÷ the fleet's mean
+//     generation throughput per engine. A queue for batch slots is not a term of its own:
+//     its requests' prefill is in Q already, in the unit a cache hit saves.
 //  3. Pick: the least cost; every candidate within ε = TieSeconds + TieShare × that cost of it
 //     is a tie, and ties go to the highest rendezvous score of the request's placement key, so
 //     replicas that see slightly different loads still agree where a new prefix lives.
@@ -55,10 +56,6 @@ type CostConfig struct {
 	// BytesPerToken converts prompt bytes into tokens where the prompt is not tokenized.
 	// Default 4.
 	BytesPerToken float64 `yaml:"bytes_per_token"`
-	// DecodeTokens is the completion tokens expected per request, in tokens: a request that
-	// waits for a batch slot waits for that many decode steps of a running request per request
-	// ahead of it. Default 256.
-	DecodeTokens float64 `yaml:"decode_tokens"`
 	// TieSeconds is the absolute part of ε, in seconds. Default 0.005.
 	TieSeconds float64 `yaml:"tie_seconds"`
 	// TieShare is the relative part of ε, a share of the least cost. Default 0.05.
@@ -85,7 +82,7 @@ type CostConfig struct {
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
-	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, DecodeTokens: 256, TieSeconds: 0.005,
+	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
 		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, MaxTokenUsage: 1}
 }
 
@@ -101,9 +98,6 @@ func (c CostConfig) withDefaults() CostConfig {
 	}
 	if c.BytesPerToken == 0 {
 		c.BytesPerToken = d.BytesPerToken
-	}
-	if c.DecodeTokens == 0 {
-		c.DecodeTokens = d.DecodeTokens
 	}
 	if c.RateDecay == 0 {
 		c.RateDecay = d.RateDecay
@@ -125,8 +119,6 @@ func (c CostConfig) validate() error {
 		return errors.New("prefill_rate must be in [0, 1e9] tokens/s")
 	case !(c.BytesPerToken >= 0) || c.BytesPerToken > 64:
 		return errors.New("bytes_per_token must be in [0, 64]")
-	case !(c.DecodeTokens >= 0) || c.DecodeTokens > 1e7:
-		return errors.New("decode_tokens must be in [0, 1e7]")
 	case !(c.TieSeconds >= 0) || c.TieSeconds > 60:
 		return errors.New("tie_seconds must be in [0, 60]")
 	case !(c.TieShare >= 0) || c.TieShare > 1:
@@ -171,14 +163,32 @@ func (t *Terms) price() {
 	t.Cost = finite(max(t.Queued+t.Sent+t.Prompt-t.Cached, 0)/t.Rate + t.Decode)
 }
 
+// report is the part of a worker's load report the cost reads: a decision copies one per
+// candidate, so it is kept small.
+type report struct {
+	polled                                           time.Time
+	uncachedTokens, waiting, running, inflightAtPoll int64
+	gen, usage, replicas                             float64
+	tokenData, hasUncached                           bool
+}
+
+func reportOf(r *loadmon.Report) report {
+	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
+		inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
+}
+
 // costCand is one candidate during a decision.
 type costCand struct {
 	w     *worker.Worker
-	r     loadmon.Report
+	r     report
 	fresh bool
-	// ahead is the requests sent since the report (scaled), for D's step and slot terms.
+	// ahead is the requests the engine has gained since the report (this replica's sends less
+	// its completions, scaled; negative when more finished), for D.
 	ahead float64
-	// credit is the part of t.Cached that is the rendezvous owner's learned credit
+	// idHash is the worker id's rendezvous hash (idHash).
+	idHash uint64
+	// credit is the part of t.Cached that is the rendezvous owner's credit
 	// (Cost.creditOwner), not a prediction of the tree or the events.
 	credit float64
 	t      Terms
@@ -186,10 +196,12 @@ type costCand struct {
 
 // workerCost is what a replica remembers of one worker between decisions.
 type workerCost struct {
-	// polled is the PolledAt of the report that sentTok and sentReq follow.
+	// polled is the PolledAt of the report that sentTok follows.
 	polled time.Time
-	// queued is that report's Q, in tokens; sentTok and sentReq what this replica sent since.
-	queued, sentTok, sentReq float64
+	// queued is that report's Q, in tokens; sentTok what this replica sent since.
+	queued, sentTok float64
+	// idHash is the worker id's rendezvous hash (idHash), computed once.
+	idHash uint64
 	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
 	// intervals that measured it.
 	rate  float64
@@ -232,27 +244,30 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		if !w.Available() {
 			continue
 		}
-		c := costCand{w: w}
+		var r loadmon.Report
+		var fresh bool
 		if pinned {
-			_, c.r, c.fresh = snap.Sample(w)
+			r, fresh = snap.Report(w)
 		} else {
-			c.r, c.fresh = s.loads.Report(w)
+			r, fresh = s.loads.Report(w)
 		}
-		c.t = Terms{Worker: w.ID, Prompt: prompt}
-		av = append(av, c)
+		av = append(av, costCand{w: w, r: reportOf(&r), fresh: fresh, t: Terms{Worker: w.ID, Prompt: prompt}})
 	}
 	av = s.capped(av)
-	// The fleet's mean generation throughput per engine, for D (see terms).
-	var gen float64
+	// The fleet's mean generation throughput per engine, for D (see terms), never below one
+	// token a second per running request: no engine decodes slower, and a throughput that says
+	// so is a moving average still catching up with its batch (after a start or a burst).
+	var gen, running float64
 	n := 0
 	for i := range av {
-		if av[i].fresh && av[i].r.GenThroughput > 0 {
-			gen += av[i].r.GenThroughput
+		if av[i].fresh && av[i].r.gen > 0 {
+			gen += av[i].r.gen
+			running += float64(av[i].r.running)
 			n++
 		}
 	}
 	if n > 0 {
-		gen /= float64(n)
+		gen = max(gen, running) / float64(n)
 	}
 	now := s.now()
 	s.mu.Lock()
@@ -265,9 +280,12 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 
 // capped drops the candidates over a hard cap, unless that would drop them all.
 func (s *scorer) capped(av []costCand) []costCand {
+	if s.cfg.MaxTokenUsage >= 1 && s.cfg.MaxWaiting == 0 {
+		return av // both caps off
+	}
 	over := func(c *costCand) bool {
-		return c.fresh && (c.r.HasTokenData && c.r.TokenUsage > s.cfg.MaxTokenUsage ||
-			s.cfg.MaxWaiting > 0 && c.r.Waiting > s.cfg.MaxWaiting)
+		return c.fresh && (c.r.tokenData && c.r.usage > s.cfg.MaxTokenUsage ||
+			s.cfg.MaxWaiting > 0 && c.r.waiting > s.cfg.MaxWaiting)
 	}
 	n := 0
 	for i := range av {
@@ -294,9 +312,10 @@ func (s *scorer) capped(av []costCand) []costCand {
 func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	st := s.ws[c.w.ID]
 	if st == nil {
-		st = &workerCost{}
+		st = &workerCost{idHash: idHash(c.w.ID)}
 		s.ws[c.w.ID] = st
 	}
+	c.idHash = st.idHash
 	t := &c.t
 	if !c.fresh {
 		// No report to go by: this replica's own requests in flight are all it knows.
@@ -307,52 +326,39 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		return
 	}
 	r := &c.r
-	q := float64(r.WaitingUncachedTokens)
-	if !r.HasUncachedTokens {
-		q = float64(r.Waiting) * s.meanUncached
+	q := float64(r.uncachedTokens)
+	if !r.hasUncached {
+		q = float64(r.waiting) * s.meanUncached
 	}
-	rep := max(r.Replicas, 1)
-	if r.PolledAt.After(st.polled) {
-		s.roll(st, r.PolledAt, q)
+	rep := max(r.replicas, 1)
+	if r.polled.After(st.polled) {
+		s.roll(st, r.polled, q)
 	}
 	t.Rate = s.rateOf(st)
-	if r.PolledAt.Equal(st.polled) {
+	if r.polled.Equal(st.polled) {
 		t.Sent = st.sentTok * rep
-		c.ahead = st.sentReq * rep
 	}
+	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
+	// the report's, corrected by what this replica sent and saw finish since, times the
+	// replica estimate. What finished since the report is no longer in the batch.
+	local := c.w.Inflight()
+	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)) - float64(r.running+r.waiting)
 	// The engine has been prefilling since the poll: what it had queued then, and then what
 	// was sent it since, is that much less now (a report up to a poll interval old would
 	// otherwise push work off an engine that has long finished it).
-	done := t.Rate * max(now.Sub(r.PolledAt).Seconds(), 0)
+	done := t.Rate * max(now.Sub(r.polled).Seconds(), 0)
 	t.Queued = max(q-done, 0)
 	t.Sent = max(t.Sent-max(done-q, 0), 0)
 	if gen > 0 {
 		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
 		// the fleet generates): the batch joined, with what was sent since the report, over the
 		// fleet's mean throughput, so an engine with twice the mean batch counts twice the mean
-		// step. While the engine queues, add the wait for a slot: the requests ahead, each
-		// DecodeTokens of decode. The fleet's mean, not the engine's own throughput, because
+		// step. The fleet's mean, not the engine's own throughput, because
 		// an engine's is a moving average that lags its batch: after a burst it would make a
 		// busy engine look arbitrarily slow and an idle one free.
-		steps := float64(r.Running) + c.ahead
-		steps += s.slotsAhead(r, c.ahead) * s.cfg.DecodeTokens
-		t.Decode = steps / gen
+		t.Decode = max(float64(r.running+r.waiting)+c.ahead, 0) / gen
 	}
 	t.price()
-}
-
-// slotsAhead is how many running requests must finish before a new one gets a batch slot on
-// the worker of report r, ahead being the requests sent since it: past the batch's capacity
-// (max_running_requests) when the worker reports it; else the reported queue while there is
-// one (a server that queues has a full batch or KV cache).
-func (s *scorer) slotsAhead(r *loadmon.Report, ahead float64) float64 {
-	if r.MaxRunning > 0 {
-		return max(float64(r.Running+r.Waiting)+ahead+1-float64(r.MaxRunning), 0)
-	}
-	if r.Waiting > 0 {
-		return float64(r.Waiting) + ahead
-	}
-	return 0
 }
 
 // rateOf is μ of a worker: measured once RateSamples intervals measured it, else the configured
@@ -386,7 +392,7 @@ func (s *scorer) roll(st *workerCost, polled time.Time, queued float64) {
 		st.rate = max(fall, st.rate*(1-s.cfg.RateDecay))
 		st.rated++
 	}
-	st.polled, st.queued, st.sentTok, st.sentReq = polled, queued, 0, 0
+	st.polled, st.queued, st.sentTok = polled, queued, 0
 }
 
 // commit records that c's worker was sent a prompt of which uncached tokens miss its cache.
@@ -397,9 +403,8 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if st == nil {
 		return // forgotten meanwhile
 	}
-	if c.fresh && c.r.PolledAt.Equal(st.polled) {
+	if c.fresh && c.r.polled.Equal(st.polled) {
 		st.sentTok += uncached
-		st.sentReq++
 	}
 	const window = 64 // requests over which the mean uncached prompt moves
 	if s.meanUncached == 0 {
@@ -436,7 +441,7 @@ func (s *scorer) choose(av []costCand, key uint64) (best, runner int, tied bool)
 			continue
 		}
 		n++
-		if sc := score(key, av[i].w.ID); n == 1 || sc > bestScore {
+		if sc := scoreHashed(key, av[i].idHash); n == 1 || sc > bestScore {
 			best, bestScore = i, sc
 		}
 	}

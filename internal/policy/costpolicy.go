@@ -350,15 +350,15 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 func (p *Cost) creditOwner(av []costCand, key uint64) {
 	owner, best := 0, uint64(0)
 	for i := range av {
-		if s := score(key, av[i].w.ID); i == 0 || s > best {
+		if s := scoreHashed(key, av[i].idHash); i == 0 || s > best {
 			owner, best = i, s
 		}
 	}
 	c := &av[owner]
-	if !c.fresh || c.r.Replicas <= 1 {
+	if !c.fresh || c.r.replicas <= 1 {
 		return
 	}
-	c.credit = (1 - 1/c.r.Replicas) * p.sc.cfg.FollowShare * max(c.t.Prompt-c.t.Cached, 0)
+	c.credit = (1 - 1/c.r.replicas) * p.sc.cfg.FollowShare * max(c.t.Prompt-c.t.Cached, 0)
 	c.t.Cached += c.credit
 }
 

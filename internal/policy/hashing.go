@@ -44,9 +44,13 @@ func mix64(z uint64) uint64 {
 
 // score is worker id's rendezvous weight for a key hash, mixed so that the order of workers is
 // independent from key to key.
-func score(key uint64, id string) uint64 {
-	return mix64(key ^ hashString(id)*0x9e3779b97f4a7c15)
-}
+func score(key uint64, id string) uint64 { return scoreHashed(key, idHash(id)) }
+
+// idHash is the part of score that depends on the worker id alone, for callers that keep it.
+func idHash(id string) uint64 { return hashString(id) * 0x9e3779b97f4a7c15 }
+
+// scoreHashed is score with the id's idHash.
+func scoreHashed(key, idh uint64) uint64 { return mix64(key ^ idh) }
 
 // ConsistentHashing sends every request with the same routing key (Request.Key: the
 // x-kvgate-routing-key header, else another identity header) to the same worker while it is

@@ -78,7 +78,11 @@ func TestChatCompletionUsageAndCache(t *testing.T) {
 }
 
 func TestChatCompletionStreaming(t *testing.T) {
-	_, ts := startServer(t, fastConfig())
+	// Decode steps of 10 ms: the server sends what was generated since its last write as one
+	// chunk, so at 1 ms steps a loaded machine that delays the writer merges most of them.
+	cfg := fastConfig()
+	cfg.Engine.DecodeBase = 10 * time.Millisecond
+	_, ts := startServer(t, cfg)
 	c, ctx := sdk(ts), testCtx(t)
 	p := chatParams(longPrompt, 20)
 	p.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}

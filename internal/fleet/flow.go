@@ -1,0 +1,409 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/flow"
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
+)
+
+// FlowModel is the gateway's flow control in the simulator: every replica holds its requests
+// in a package flow queue, with the same ordering, fairness, aging and saturation code the
+// gateway runs, and dispatches them — picking the engine then, not at arrival — when an engine
+// finishes a request, when a poll brings fresh reports, and on arrival. The zero value is off:
+// every request goes to an engine on arrival.
+//
+// The pool takes no more, as in the gateway, while the cost-based policy (policy.Coster)
+// predicts a wait at the bound on its best engine; and each engine, in the simulator, while its
+// own predicted wait is at the bound: its reported queued prefill plus the prompt tokens this
+// replica sent it since the poll, less what it prefilled since, over its prefill speed as
+// measured between two polls.
+type FlowModel struct {
+	// Config is the queue's configuration; Enabled turns the model on.
+	flow.Config
+	// Classes split the sessions among tenants and priorities: session k belongs to the class
+	// whose cumulative share covers k mod the shares' sum, in order. Empty: one class, tenant
+	// "" at priority 0.
+	Classes []FlowClass
+	// Only, when set, runs the sessions of this class label alone (the others are skipped), to
+	// measure a class unloaded with exactly its own traffic.
+	Only string
+	// OnArrival dispatches every request on arrival, with the model's per-class accounting:
+	// the baseline the queue is measured against.
+	OnArrival bool
+}
+
+// FlowClass is one share of the sessions.
+type FlowClass struct {
+	// Tenant and Priority are the class's requests' tenant and priority.
+	Tenant   string
+	Priority int
+	// Weight is the tenant's fair-share weight; 0 means 1.
+	Weight float64
+	// Share is the class's relative share of the sessions (at least 1).
+	Share int
+}
+
+// Label names the class in reports: "tenant/priority".
+func (c FlowClass) Label() string { return c.Tenant + "/p" + strconv.Itoa(c.Priority) }
+
+// FlowReport is what the queue did in one run, per class.
+type FlowReport struct {
+	// Classes are per class, in FlowModel.Classes order.
+	Classes []FlowClassReport
+	// Shed counts the requests that left a queue unserved, by reason.
+	Shed map[flow.Reason]int
+	// MaxQueued is the largest queue length any replica held.
+	MaxQueued int
+	// Good counts the measured requests served with a TTFT within GoodTTFT.
+	Good int
+	// OwnPrefillP99 is the p99 over the measured served requests of their own uncached
+	// prefill time at the engines' nominal speed, in seconds: a floor under TTFT p99 that no
+	// dispatch order lowers.
+	OwnPrefillP99 float64
+}
+
+// GoodTTFT is the TTFT objective of FlowReport.Good.
+const GoodTTFT = 2 * time.Second
+
+// FlowClassReport is one class's outcome.
+type FlowClassReport struct {
+	// Label is the class's label.
+	Label string
+	// Summary is the class's requests' summary (TTFT includes the queue wait).
+	Summary bench.Summary
+	// WaitP50, WaitP99 and WaitMax are the class's queue waits, in seconds, over the requests
+	// dispatched after the warmup.
+	WaitP50, WaitP99, WaitMax float64
+	// Share is the class's share of the prompt tokens dispatched while every class had requests
+	// queued (both backlogged); 0 when that never happened.
+	Share float64
+}
+
+// classOf returns the class index of session id.
+func (m *FlowModel) classOf(id int) int {
+	if len(m.Classes) == 0 {
+		return 0
+	}
+	total := 0
+	for _, c := range m.Classes {
+		total += max(c.Share, 1)
+	}
+	k := id % total
+	for i, c := range m.Classes {
+		if k -= max(c.Share, 1); k < 0 {
+			return i
+		}
+	}
+	return len(m.Classes) - 1
+}
+
+// flowSim is the flow model's state in one run.
+type flowSim struct {
+	s       *sim
+	m       FlowModel
+	classes []FlowClass
+	gws     []*gwFlow
+	colls   []bench.Collector
+	waits   [][]float64
+	// backlogged tokens dispatched per class while every class had requests queued.
+	shareTok []float64
+	shed     map[flow.Reason]int
+	maxQ     int
+	good     int
+	own      []float64 // each measured request's own prefill time, seconds
+	expired  []*flow.Entry
+}
+
+// gwFlow is one replica's queue.
+type gwFlow struct {
+	q        *flow.Queue
+	slots    []flow.Slots
+	polled   []time.Time
+	sent     []float64 // prompt tokens sent to each engine since its last poll
+	backlog  []float64 // each engine's queued prefill at its last poll
+	mu       []float64 // each engine's measured prefill speed, tokens/s (the cost model's μ)
+	deadline time.Duration
+	queuedBy []int // queued entries per class
+	armed    bool
+	kicked   bool
+	kickAt   time.Duration
+}
+
+// held is a queued turn.
+type held struct {
+	a       *active
+	g       int
+	turn    *bench.Turn
+	arrived time.Duration
+	class   int
+}
+
+func newFlowSim(s *sim) *flowSim {
+	m := s.cfg.Flow
+	fs := &flowSim{s: s, m: m, classes: m.Classes, shed: map[flow.Reason]int{}}
+	if len(fs.classes) == 0 {
+		fs.classes = []FlowClass{{Share: 1}}
+	}
+	fs.colls = make([]bench.Collector, len(fs.classes))
+	for i := range fs.colls {
+		fs.colls[i].Warmup = s.coll.Warmup
+	}
+	fs.waits = make([][]float64, len(fs.classes))
+	fs.shareTok = make([]float64, len(fs.classes))
+	for range s.gws {
+		n := len(s.engines)
+		fs.gws = append(fs.gws, &gwFlow{q: flow.NewQueue(m.Config), slots: make([]flow.Slots, n), polled: make([]time.Time, n),
+			sent: make([]float64, n), backlog: make([]float64, n), mu: make([]float64, n), queuedBy: make([]int, len(fs.classes))})
+	}
+	return fs
+}
+
+// skip reports whether a session is left out of the run (FlowModel.Only).
+func (fs *flowSim) skip(a *active) bool {
+	return fs.m.Only != "" && fs.classes[fs.m.classOf(a.s.ID)].Label() != fs.m.Only
+}
+
+// enqueue holds the turn in replica g's queue, then dispatches what the pool can take.
+func (fs *flowSim) enqueue(a *active, g int, t *bench.Turn) {
+	c := fs.m.classOf(a.s.ID)
+	cl := fs.classes[c]
+	h := &held{a: a, g: g, turn: t, arrived: fs.s.now, class: c}
+	text := t.Text()
+	e := &flow.Entry{Tenant: cl.Tenant, Weight: cl.Weight, Priority: cl.Priority, Cost: float64(len(text)) / 4, Bytes: int64(len(text)), Owner: h}
+	if fs.m.OnArrival {
+		fs.s.submit(a, g, t, fs.s.now, c)
+		return
+	}
+	gf := fs.gws[g]
+	if err := gf.q.Push(e, epoch.Add(fs.s.now)); err != nil {
+		reason := flow.ReasonQueueFull
+		if err == flow.ErrBytes {
+			reason = flow.ReasonQueueBytes
+		}
+		fs.refuse(h, reason)
+		return
+	}
+	gf.queuedBy[c]++
+	fs.maxQ = max(fs.maxQ, gf.q.Len())
+	fs.dispatch(g)
+	fs.arm(g)
+}
+
+// refuse records a turn flow control answered itself, and ends its session (the client got a
+// 429 or 503).
+func (fs *flowSim) refuse(h *held, r flow.Reason) {
+	fs.shed[r]++
+	rec := bench.Record{Sent: h.arrived, Err: "flow: " + string(r)}
+	fs.s.coll.Add(rec)
+	fs.colls[h.class].Add(rec)
+	fs.s.endSession()
+}
+
+// arm queues the replica's next deadline event, if earlier than the one queued.
+func (fs *flowSim) arm(g int) {
+	gf := fs.gws[g]
+	at, ok := gf.q.NextDeadline()
+	if !ok {
+		return
+	}
+	d := at.Sub(epoch)
+	if gf.armed && gf.deadline <= d {
+		return
+	}
+	gf.armed, gf.deadline = true, d
+	fs.s.push(event{at: d, kind: evFlowDeadline, idx: g})
+}
+
+// expire answers the replica's requests past their deadline.
+func (fs *flowSim) expire(g int) {
+	gf := fs.gws[g]
+	if gf.deadline != fs.s.now {
+		return // superseded by an earlier deadline's event
+	}
+	gf.armed = false
+	fs.expired = gf.q.Expire(epoch.Add(fs.s.now), fs.expired[:0])
+	for _, e := range fs.expired {
+		h := e.Owner.(*held)
+		gf.queuedBy[h.class]--
+		fs.refuse(h, flow.ReasonTimeout)
+	}
+	fs.arm(g)
+}
+
+// dispatch submits queued turns of replica g, best first, while some engine has headroom.
+func (fs *flowSim) dispatch(g int) {
+	gf := fs.gws[g]
+	now := epoch.Add(fs.s.now)
+	for {
+		room, next := fs.headroom(g)
+		if gf.q.Len() == 0 {
+			return
+		}
+		if room < 1 {
+			if next > 0 {
+				// Only the engines' prefill stands in the way: it drains without an event.
+				fs.kickAt(g, fs.s.now+next)
+			}
+			return
+		}
+		backlogged := true
+		for _, n := range gf.queuedBy {
+			backlogged = backlogged && n > 0
+		}
+		e := gf.q.Pop(now)
+		h := e.Owner.(*held)
+		gf.queuedBy[h.class]--
+		if backlogged && len(gf.queuedBy) > 1 {
+			fs.shareTok[h.class] += e.Cost
+		}
+		if fs.s.now >= fs.s.coll.Warmup {
+			fs.waits[h.class] = append(fs.waits[h.class], (fs.s.now - h.arrived).Seconds())
+		}
+		fs.s.submit(h.a, h.g, h.turn, h.arrived, h.class)
+	}
+}
+
+// kick asks for a dispatch of replica g's queue at now, once: an engine finished a request.
+// It runs as its own event because an engine's finish is handled while the simulator walks that
+// engine's events, which a dispatch (a pick, a submit) must not disturb.
+func (fs *flowSim) kick(g int) {
+	gf := fs.gws[g]
+	if gf.kicked || gf.q.Len() == 0 {
+		return
+	}
+	gf.kicked, gf.kickAt = true, fs.s.now
+	fs.s.push(event{at: fs.s.now, kind: evFlowDispatch, idx: g})
+}
+
+// kickAt asks for a dispatch of replica g's queue at at (the earliest asked for wins).
+func (fs *flowSim) kickAt(g int, at time.Duration) {
+	gf := fs.gws[g]
+	if gf.kicked && gf.kickAt <= at {
+		return
+	}
+	gf.kicked, gf.kickAt = true, at
+	fs.s.push(event{at: at, kind: evFlowDispatch, idx: g})
+}
+
+// kicked runs a dispatch kick asked for.
+func (fs *flowSim) kicked(g int) {
+	gf := fs.gws[g]
+	if gf.kickAt != fs.s.now {
+		return // superseded by an earlier kick
+	}
+	gf.kicked = false
+	fs.dispatch(g)
+}
+
+// sentTo notes a prompt submitted to engine i by replica g, for the predicted wait.
+func (fs *flowSim) sentTo(g, i int, text string) { fs.gws[g].sent[i] += float64(len(text)) / 4 }
+
+// headroom is what replica g's pool takes before every engine saturates, and, when that is
+// nothing, how soon an engine held back only by its predicted wait drains below the bound (0:
+// none is).
+func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
+	gw, gf := fs.s.gws[g], fs.gws[g]
+	sat := fs.m.Saturation.WithDefaults()
+	bound := sat.MaxPredictedWait.Seconds()
+	for i, w := range gw.workers {
+		if gw.cands != nil && !slices.Contains(gw.cands, w) {
+			continue
+		}
+		sig := flow.Signals{Available: w.Available(), Inflight: w.Inflight()}
+		if r, fresh := gw.report(i); fresh {
+			fs.learn(gf, i, r)
+			sig.HasReport, sig.Running, sig.Waiting, sig.KVUsage = true, r.Running, r.Waiting, r.TokenUsage
+			sig.SentSince, sig.Slots = sig.Inflight-r.InflightAtPoll, gf.slots[i].N()
+			if mu := gf.mu[i]; mu > 0 {
+				// What was queued at the poll and sent since, less what the engine has
+				// prefilled since at its measured speed.
+				done := mu * epoch.Add(fs.s.now).Sub(r.PolledAt).Seconds()
+				sig.PredictedWait, sig.HasWait = max(float64(r.WaitingUncachedTokens)+gf.sent[i]-done, 0)/mu, true
+			}
+		}
+		room += sat.Headroom(sig)
+		if sig.HasWait && sig.PredictedWait >= bound {
+			over := sig.PredictedWait - bound
+			sig.PredictedWait = 0
+			if sat.Headroom(sig) >= 1 {
+				d := time.Duration(over*float64(time.Second)) + time.Millisecond
+				if next == 0 || d < next {
+					next = d
+				}
+			}
+		}
+	}
+	if c, ok := gw.pol.(policy.Coster); ok && room >= 1 {
+		// The gateway's own check: the routing cost's predicted wait before a prompt-less
+		// request's prefill on the best engine.
+		if wait, ok := c.BestCost(context.Background(), gw.candidates(), nil); ok && wait >= bound {
+			return 0, max(next, time.Duration((wait-bound)*float64(time.Second))+time.Millisecond)
+		}
+	}
+	return room, next
+}
+
+// learn updates engine i's learned slots from a new report, and restarts its since-poll count.
+func (fs *flowSim) learn(gf *gwFlow, i int, r loadmon.Report) {
+	if r.PolledAt.Equal(gf.polled[i]) {
+		return
+	}
+	backlog := float64(r.WaitingUncachedTokens)
+	if gf.mu[i] == 0 {
+		gf.mu[i] = fs.s.engines[i].e.Config().PrefillTPS // the nominal speed until measured
+	}
+	if dt := r.PolledAt.Sub(gf.polled[i]).Seconds(); !gf.polled[i].IsZero() && dt > 0 && gf.backlog[i] > 0 && backlog > 0 {
+		// Busy through the interval: what it prefilled is what it had and was sent, less
+		// what it still has. An even blend of the last measure and the new one.
+		rate := (gf.backlog[i] + gf.sent[i] - backlog) / dt
+		gf.mu[i] = 0.5*gf.mu[i] + 0.5*max(rate, gf.mu[i]/4)
+	}
+	gf.polled[i], gf.backlog[i] = r.PolledAt, backlog
+	gf.slots[i].Observe(r.Running, r.Waiting)
+	gf.sent[i] = 0
+}
+
+// finished records a served request of class c.
+func (fs *flowSim) finished(c int, rec bench.Record, tps float64) {
+	fs.colls[c].Add(rec)
+	if rec.Sent < fs.s.coll.Warmup {
+		return
+	}
+	if rec.TTFT <= GoodTTFT {
+		fs.good++
+	}
+	fs.own = append(fs.own, float64(rec.PromptTokens-rec.CachedTokens)/tps)
+}
+
+// report summarizes the run per class.
+func (fs *flowSim) report(label string) *FlowReport {
+	rep := &FlowReport{Shed: fs.shed, MaxQueued: fs.maxQ, Good: fs.good}
+	if n := len(fs.own); n > 0 {
+		slices.Sort(fs.own)
+		rep.OwnPrefillP99 = fs.own[min(n-1, n*99/100)]
+	}
+	var tot float64
+	for _, t := range fs.shareTok {
+		tot += t
+	}
+	for i, c := range fs.classes {
+		cr := FlowClassReport{Label: c.Label(), Summary: fs.colls[i].Summarize(fmt.Sprintf("%s %s", label, c.Label()))}
+		w := fs.waits[i]
+		slices.Sort(w)
+		if n := len(w); n > 0 {
+			cr.WaitP50, cr.WaitP99, cr.WaitMax = w[n/2], w[min(n-1, n*99/100)], w[n-1]
+		}
+		if tot > 0 {
+			cr.Share = fs.shareTok[i] / tot
+		}
+		rep.Classes = append(rep.Classes, cr)
+	}
+	return rep
+}

@@ -1,0 +1,188 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/flow"
+)
+
+// TestFlowModelAccountsEveryRequest runs an overloaded fleet with the queue on: every request is
+// served or shed, the queue holds some, and TTFT includes the queue wait.
+func TestFlowModelAccountsEveryRequest(t *testing.T) {
+	w, _ := bench.NewWorkload("shared-prefix", 1)
+	sched, err := bench.NewSchedule(w, bench.Arrivals{Rate: 400}, bench.Limits{Requests: 600}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Engines: 2, Policy: "round_robin", Flow: FlowModel{
+		Config:  flow.Config{Enabled: true, Timeout: 2 * time.Second, Saturation: flow.Saturation{DefaultSlots: 8, MaxWaiting: -1}},
+		Classes: []FlowClass{{Tenant: "a", Share: 3}, {Tenant: "b", Share: 1}},
+	}}
+	sum, rep, err := RunFlow(context.Background(), cfg, sched)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shed := 0
+	for _, n := range rep.Shed {
+		shed += n
+	}
+	if sum.OK+sum.Errors != 600 {
+		t.Fatalf("%d requests recorded, want 600", sum.OK+sum.Errors)
+	}
+	if sum.Errors != shed {
+		t.Errorf("errors %d, shed %d: a request was lost or failed otherwise", sum.Errors, shed)
+	}
+	if rep.MaxQueued == 0 {
+		t.Error("the queue never held a request on an overloaded fleet")
+	}
+	var served int
+	for _, c := range rep.Classes {
+		served += c.Summary.OK
+		if c.WaitMax <= 0 {
+			t.Errorf("class %s never waited", c.Label)
+		}
+	}
+	if served != sum.OK {
+		t.Errorf("classes served %d, the run %d", served, sum.OK)
+	}
+	// Determinism: the same run gives the same result.
+	sched2, _ := bench.NewSchedule(w, bench.Arrivals{Rate: 400}, bench.Limits{Requests: 600}, 1)
+	sum2, _, _ := RunFlow(context.Background(), cfg, sched2)
+	if sum2.TTFTP99 != sum.TTFTP99 || sum2.TTFTP50 != sum.TTFTP50 {
+		t.Errorf("two runs differ: %v vs %v", sum.TTFTP99, sum2.TTFTP99)
+	}
+}
+
+// TestFlowTables produces the flow-control tables of docs/benchmarks.md from the public
+// conversation trace (KVGATE_FLOW_TRACE names it; the test is skipped without it):
+//
+//	KVGATE_FLOW_TRACE=../shared/traces/mooncake-conversation.jsonl go test -run TestFlowTables -v -timeout 1h ./internal/fleet/
+//
+// KVGATE_FLOW_TO bounds the trace window (default 15m); KVGATE_FLOW_ONLY runs one table
+// (latebinding, tenants or bands); KVGATE_FLOW_POLL sets the load-poll interval (default 1s);
+// KVGATE_FLOW_WAIT, KVGATE_FLOW_KV and KVGATE_FLOW_WAITING the saturation point.
+func TestFlowTables(t *testing.T) {
+	path := os.Getenv("KVGATE_FLOW_TRACE")
+	if path == "" {
+		t.Skip("KVGATE_FLOW_TRACE is not set")
+	}
+	to := 15 * time.Minute
+	if v := os.Getenv("KVGATE_FLOW_TO"); v != "" {
+		to, _ = time.ParseDuration(v)
+	}
+	only := os.Getenv("KVGATE_FLOW_ONLY")
+	poll := time.Second
+	if v := os.Getenv("KVGATE_FLOW_POLL"); v != "" {
+		poll, _ = time.ParseDuration(v)
+	}
+	run := func(scale float64, fm FlowModel) (bench.Summary, *FlowReport) {
+		w, err := bench.LoadMooncake(path, bench.MooncakeOptions{TimeScale: scale, To: to})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sched, err := bench.NewSchedule(w, bench.Arrivals{}, bench.Limits{}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, rep, err := RunFlow(context.Background(), Config{Engines: 8, Policy: "cache_aware_hash", Flow: fm, Seed: 1, PollInterval: poll}, sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum, rep
+	}
+	sat := flowSaturation()
+	q := flow.Config{Enabled: true, Saturation: sat, Timeout: 60 * time.Second}
+	unbounded := flow.Config{Enabled: true} // with OnArrival: the queue never holds
+	if only == "" || only == "latebinding" {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n| rate | dispatch | TTFT p50 | TTFT p99 | own-prefill p99 (floor) | goodput (req/s, TTFT ≤ 2 s) | output tok/s | queue wait p50 / p99 | shed |\n|---|---|---|---|---|---|---|---|---|\n")
+		for _, scale := range []float64{1, 0.5} {
+			for _, on := range []bool{false, true} {
+				fm := FlowModel{Config: unbounded, OnArrival: true}
+				name := "on arrival"
+				if on {
+					fm.Config, name = q, "late binding"
+				}
+				sum, rep := run(scale, fm)
+				wait := fmt.Sprintf("%.2f / %.2f s", rep.Classes[0].WaitP50, rep.Classes[0].WaitP99)
+				shed := 0
+				for _, n := range rep.Shed {
+					shed += n
+				}
+				fmt.Fprintf(&b, "| ×%g | %s | %.2f s | %.2f s | %.2f s | %.3f | %.0f | %s | %d |\n", 1/scale, name, sum.TTFTP50/1000, sum.TTFTP99/1000, rep.OwnPrefillP99, float64(rep.Good)/sum.SpanSec, sum.OutTokSec, wait, shed)
+			}
+		}
+		t.Log(b.String())
+	}
+	if only == "" || only == "tenants" {
+		classes := []FlowClass{{Tenant: "noisy", Share: 10}, {Tenant: "quiet", Share: 1}}
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n| run | tenant | TTFT p50 | TTFT p99 | queue wait p99 / max | share while both queued |\n|---|---|---|---|---|---|\n")
+		for _, c := range []struct {
+			name string
+			fm   FlowModel
+		}{
+			{"quiet alone", FlowModel{Config: q, Classes: classes, Only: classes[1].Label()}},
+			{"both, on arrival", FlowModel{Config: unbounded, Classes: classes, OnArrival: true}},
+			{"both, fair queue", FlowModel{Config: q, Classes: classes}},
+			{"1:1, both backlogged", FlowModel{Config: q, Classes: []FlowClass{{Tenant: "a", Share: 1}, {Tenant: "b", Share: 1}}}},
+		} {
+			_, rep := run(0.5, c.fm)
+			for _, cr := range rep.Classes {
+				if cr.Summary.OK+cr.Summary.Errors == 0 {
+					continue
+				}
+				fmt.Fprintf(&b, "| %s | %s | %.2f s | %.2f s | %.2f / %.2f s | %.3f |\n", c.name, cr.Label, cr.Summary.TTFTP50/1000, cr.Summary.TTFTP99/1000, cr.WaitP99, cr.WaitMax, cr.Share)
+			}
+		}
+		t.Log(b.String())
+	}
+	if only == "" || only == "bands" {
+		classes := []FlowClass{{Tenant: "app", Priority: 5, Share: 1}, {Tenant: "app", Priority: 0, Share: 10}}
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n| run | band | TTFT p50 | TTFT p99 | queue wait p50 / p99 / max | shed |\n|---|---|---|---|---|---|\n")
+		for _, c := range []struct {
+			name string
+			fm   FlowModel
+		}{
+			{"high alone", FlowModel{Config: q, Classes: classes, Only: classes[0].Label()}},
+			{"both bands", FlowModel{Config: q, Classes: classes}},
+		} {
+			_, rep := run(0.5, c.fm)
+			shed := 0
+			for _, n := range rep.Shed {
+				shed += n
+			}
+			for _, cr := range rep.Classes {
+				if cr.Summary.OK+cr.Summary.Errors == 0 {
+					continue
+				}
+				fmt.Fprintf(&b, "| %s | %s | %.2f s | %.2f s | %.2f / %.2f / %.2f s | %d |\n", c.name, cr.Label, cr.Summary.TTFTP50/1000, cr.Summary.TTFTP99/1000, cr.WaitP50, cr.WaitP99, cr.WaitMax, shed)
+			}
+		}
+		t.Log(b.String())
+	}
+}
+
+// flowSaturation is the saturation point of the tables, from KVGATE_FLOW_WAIT (the predicted
+// wait bound, default the package default) and KVGATE_FLOW_WAITING.
+func flowSaturation() flow.Saturation {
+	s := flow.DefaultSaturation()
+	if v := os.Getenv("KVGATE_FLOW_WAIT"); v != "" {
+		s.MaxPredictedWait, _ = time.ParseDuration(v)
+	}
+	if v := os.Getenv("KVGATE_FLOW_KV"); v != "" {
+		s.MaxKVUsage, _ = strconv.ParseFloat(v, 64)
+	}
+	if v := os.Getenv("KVGATE_FLOW_WAITING"); v != "" {
+		s.MaxWaiting, _ = strconv.ParseFloat(v, 64)
+	}
+	return s
+}

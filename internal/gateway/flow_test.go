@@ -1,0 +1,512 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/flow"
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// heldWorker is a fake worker whose answers wait until the test releases them: it reports each
+// request's prompt as it arrives.
+type heldWorker struct {
+	*fakeWorker
+	arrived chan string
+	release chan struct{}
+}
+
+func newHeldWorker(t *testing.T) *heldWorker {
+	h := &heldWorker{fakeWorker: newFakeWorker(t, "m"), arrived: make(chan string, 64), release: make(chan struct{}, 64)}
+	h.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		var b struct {
+			Messages []struct{ Content string } `json:"messages"`
+		}
+		raw, _ := io.ReadAll(r.Body)
+		_ = json.Unmarshal(raw, &b)
+		h.arrived <- b.Messages[0].Content
+		select {
+		case <-h.release:
+		case <-r.Context().Done():
+			return
+		}
+		r.Body = io.NopCloser(strings.NewReader(string(raw)))
+		defaultInference(w, r)
+	})
+	return h
+}
+
+// next returns the prompt of the next request the worker received.
+func (h *heldWorker) next(t *testing.T) string {
+	t.Helper()
+	select {
+	case s := <-h.arrived:
+		return s
+	case <-time.After(10 * time.Second):
+		t.Fatal("no request reached the worker")
+		return ""
+	}
+}
+
+// flowGateway is a test gateway with flow control on, whose engines each take one request.
+func flowGateway(t *testing.T, fc FlowConfig, keys []string, workers ...*fakeWorker) (*testGateway, chan struct{}) {
+	t.Helper()
+	fc.Enabled = true
+	fc.Saturation = flow.Saturation{DefaultSlots: 1, MaxWaiting: -1}
+	g := newTestGateway(t, Config{Flow: fc, APIKeys: keys}, "round_robin", workers...)
+	queued := make(chan struct{}, 64)
+	g.flow.onQueued = func() { queued <- struct{}{} }
+	t.Cleanup(g.Stop)
+	return g, queued
+}
+
+func flowBody(prompt string) string {
+	return `{"model":"m","messages":[{"role":"user","content":"` + prompt + `"}]}`
+}
+
+// async posts in the background and delivers the response.
+func async(t *testing.T, g *testGateway, ctx context.Context, body string, hdr ...string) chan *http.Response {
+	ch := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			resp = nil
+		}
+		ch <- resp
+	}()
+	return ch
+}
+
+func waitQueued(t *testing.T, queued chan struct{}) {
+	t.Helper()
+	select {
+	case <-queued:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request was not queued")
+	}
+}
+
+func status(t *testing.T, ch chan *http.Response) *http.Response {
+	t.Helper()
+	select {
+	case r := <-ch:
+		if r == nil {
+			t.Fatal("request failed")
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no response")
+		return nil
+	}
+}
+
+// settled checks that nothing is left queued, pending or in flight.
+func settled(t *testing.T, g *testGateway) {
+	t.Helper()
+	if v, _ := metricSum(t, g.Server, "kvgate_queue_requests", nil); v != 0 {
+		t.Errorf("kvgate_queue_requests sums to %g", v)
+	}
+	g.flow.mu.Lock()
+	defer g.flow.mu.Unlock()
+	if n := g.flow.queued.Load(); n != 0 {
+		t.Errorf("%d requests left queued", n)
+	}
+	for m, mf := range g.flow.models {
+		if mf.q.Len() != 0 || mf.q.Bytes() != 0 || mf.pending.Load() != 0 {
+			t.Errorf("model %s: queue %d entries, %d bytes, %d pending", m, mf.q.Len(), mf.q.Bytes(), mf.pending.Load())
+		}
+	}
+	if n := totalInflight(g.Server); n != 0 {
+		t.Errorf("%d requests left in flight", n)
+	}
+}
+
+func TestFlowLateBindingPriorityOrder(t *testing.T) {
+	hw := newHeldWorker(t)
+	g, queued := flowGateway(t, FlowConfig{}, []string{"batch=k1", "ops+priority=k2"}, hw.fakeWorker)
+	ctx := context.Background()
+	first := async(t, g, ctx, flowBody("A"), "Authorization", "Bearer k1")
+	if got := hw.next(t); got != "A" {
+		t.Fatalf("first request %q", got)
+	}
+	low := async(t, g, ctx, flowBody("low"), "Authorization", "Bearer k1", PriorityHeader, "9") // not permitted: ignored
+	waitQueued(t, queued)
+	high := async(t, g, ctx, flowBody("high"), "Authorization", "Bearer k2", PriorityHeader, "5")
+	waitQueued(t, queued)
+	if n := hw.requests(); n != 1 {
+		t.Fatalf("the worker saw %d requests while saturated, want 1", n)
+	}
+	hw.release <- struct{}{}
+	if r := status(t, first); r.StatusCode != 200 {
+		t.Fatalf("first: %d", r.StatusCode)
+	}
+	if got := hw.next(t); got != "high" {
+		t.Fatalf("after the first finished, %q went; want the permitted high priority", got)
+	}
+	hw.release <- struct{}{}
+	hw.release <- struct{}{}
+	if got := hw.next(t); got != "low" {
+		t.Fatalf("then %q", got)
+	}
+	for _, ch := range []chan *http.Response{high, low} {
+		if r := status(t, ch); r.StatusCode != 200 {
+			t.Errorf("status %d", r.StatusCode)
+		}
+	}
+	g.waitDone(t, 3)
+	settled(t, g)
+	if _, n := metricSum(t, g.Server, "kvgate_queue_wait_seconds", nil); n < 2 {
+		t.Errorf("wait histogram has %d series, want the two tenants'", n)
+	}
+}
+
+func TestFlowCancelLeavesQueue(t *testing.T) {
+	hw := newHeldWorker(t)
+	g, queued := flowGateway(t, FlowConfig{}, nil, hw.fakeWorker)
+	first := async(t, g, context.Background(), flowBody("A"))
+	hw.next(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := async(t, g, ctx, flowBody("gone"))
+	waitQueued(t, queued)
+	cancel()
+	<-gone
+	g.waitDone(t, 1) // the canceled request's handler returned
+	if v, _ := metricSum(t, g.Server, "kvgate_queue_canceled_total", nil); v != 1 {
+		t.Errorf("canceled %g, want 1", v)
+	}
+	hw.release <- struct{}{}
+	status(t, first)
+	g.waitDone(t, 1)
+	settled(t, g)
+	if n := hw.requests(); n != 1 {
+		t.Errorf("the canceled request reached the worker (%d requests)", n)
+	}
+}
+
+func TestFlowTimeout429And503(t *testing.T) {
+	hw := newHeldWorker(t)
+	g, queued := flowGateway(t, FlowConfig{Config: flow.Config{Timeout: 50 * time.Millisecond}}, nil, hw.fakeWorker)
+	first := async(t, g, context.Background(), flowBody("A"))
+	hw.next(t)
+	r := status(t, async(t, g, context.Background(), flowBody("late")))
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
+		t.Fatalf("timeout: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if e := decodeError(t, r); e.Code != "queue_timeout" || e.Type != "rate_limit_error" {
+		t.Errorf("timeout error %+v", e)
+	}
+	<-queued
+	// The pool loses its worker while a request waits: 503 at the deadline.
+	ch := async(t, g, context.Background(), flowBody("orphan"))
+	waitQueued(t, queued)
+	g.reg.View().All[0].SetHealth(worker.NotReady)
+	r = status(t, ch)
+	if r.StatusCode != 503 || r.Header.Get("Retry-After") == "" {
+		t.Fatalf("empty pool: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if e := decodeError(t, r); e.Code != "no_available_worker" || strings.Contains(e.Message, "127.0.0.1") {
+		t.Errorf("empty pool error %+v", e)
+	}
+	for reason, want := range map[flow.Reason]float64{flow.ReasonTimeout: 1, flow.ReasonNoWorker: 1} {
+		if v, _ := metricSum(t, g.Server, "kvgate_queue_shed_total", map[string]string{"reason": string(reason)}); v != want {
+			t.Errorf("shed %s = %g, want %g", reason, v, want)
+		}
+	}
+	hw.release <- struct{}{}
+	status(t, first)
+	g.waitDone(t, 3)
+	settled(t, g)
+}
+
+func TestFlowQueueFullAndRateLimit(t *testing.T) {
+	hw := newHeldWorker(t)
+	fc := FlowConfig{Config: flow.Config{MaxRequests: 1, Tenants: []flow.Tenant{{Name: "slow", RequestsPerSecond: 1}}}}
+	g, queued := flowGateway(t, fc, []string{"slow=k1", "k2"}, hw.fakeWorker)
+	first := async(t, g, context.Background(), flowBody("A"), "Authorization", "Bearer k2")
+	hw.next(t)
+	second := async(t, g, context.Background(), flowBody("B"), "Authorization", "Bearer k2")
+	waitQueued(t, queued)
+	r := g.post(t, "/v1/chat/completions", flowBody("C"), "Authorization", "Bearer k2")
+	if r.StatusCode != 429 || decodeError(t, r).Code != "queue_full" {
+		t.Fatalf("past the bound: %d", r.StatusCode)
+	}
+	// The rate limit refuses before the queue: the tenant's second request in a second.
+	r = g.post(t, "/v1/chat/completions", flowBody("D"), "Authorization", "Bearer k1") // queue full: 429, but it took the token
+	r.Body.Close()
+	r = g.post(t, "/v1/chat/completions", flowBody("E"), "Authorization", "Bearer k1")
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
+		t.Fatalf("rate limit: %d %q", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if e := decodeError(t, r); e.Code != "rate_limited" || !strings.Contains(e.Message, `"slow"`) {
+		t.Errorf("rate limit error %+v", e)
+	}
+	hw.release <- struct{}{}
+	hw.release <- struct{}{}
+	status(t, first)
+	status(t, second)
+	g.waitDone(t, 5)
+	settled(t, g)
+}
+
+func TestFlowShutdownAnswersQueued(t *testing.T) {
+	hw := newHeldWorker(t)
+	g, queued := flowGateway(t, FlowConfig{}, nil, hw.fakeWorker)
+	first := async(t, g, context.Background(), flowBody("A"))
+	hw.next(t)
+	ch := async(t, g, context.Background(), flowBody("B"))
+	waitQueued(t, queued)
+	g.Stop()
+	if r := status(t, ch); r.StatusCode != 503 || decodeError(t, r).Code != "shutting_down" {
+		t.Fatalf("queued at shutdown: %d", r.StatusCode)
+	}
+	hw.release <- struct{}{}
+	status(t, first)
+	g.waitDone(t, 2)
+	settled(t, g)
+}
+
+func TestFlowTenantHeader(t *testing.T) {
+	f := newFakeWorker(t, "m")
+	g, _ := flowGateway(t, FlowConfig{TenantHeader: "X-Tenant"}, nil, f)
+	r := g.post(t, "/v1/chat/completions", flowBody("x"), "X-Tenant", "bad tenant!")
+	if r.StatusCode != 400 {
+		t.Fatalf("invalid tenant header: %d", r.StatusCode)
+	}
+	r.Body.Close()
+	r = g.post(t, "/v1/chat/completions", flowBody("x"), "X-Tenant", "acme", PriorityHeader, "x")
+	if r.StatusCode != 200 {
+		t.Fatalf("a priority from a client not permitted to set one must be ignored: %d", r.StatusCode)
+	}
+	r.Body.Close()
+	g.waitDone(t, 2)
+	if v, n := metricSum(t, g.Server, "kvgate_queue_wait_seconds", map[string]string{"tenant": flow.OtherTenant, "band": "0"}); v != 1 || n != 1 {
+		t.Errorf("the admitted request's wait: %g samples in %d series under tenant \"other\"", v, n)
+	}
+	if _, n := metricSum(t, g.Server, "kvgate_queue_wait_seconds", nil); n != 1 {
+		t.Errorf("an unconfigured tenant made %d wait series, want the one \"other\"", n)
+	}
+	settled(t, g)
+}
+
+// fakeCoster is a policy that predicts a fixed time to first token.
+type fakeCoster struct {
+	policy.Policy
+	seconds float64
+}
+
+func (f fakeCoster) BestCost(context.Context, []*worker.Worker, *policy.Request) (float64, bool) {
+	return f.seconds, true
+}
+
+func TestFlowTTFTSLOAdmission(t *testing.T) {
+	f := newFakeWorker(t, "m")
+	g, _ := flowGateway(t, FlowConfig{}, nil, f)
+	pol, _ := g.router.For("m", worker.Regular)
+	cands := g.reg.View().Pool("m").Regular
+	try := func(slo string, predicted float64) *flowRefusal {
+		req, _ := http.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		req.Header.Set(TTFTSLOHeader, slo)
+		fr := &flowRequest{model: "m", candidates: cands, pol: fakeCoster{pol, predicted}, preq: &policy.Request{}, bytes: 100}
+		var tk flowTicket
+		ref := g.flow.admit(req, fr, &tk)
+		tk.done()
+		return ref
+	}
+	ref := try("500", 2.3)
+	if ref == nil || ref.status != 429 || ref.reason != flow.ReasonSLO || ref.retry < 1700*time.Millisecond {
+		t.Fatalf("predicted 2.3s against 500ms: %+v", ref)
+	}
+	if ref := try("500", 0.2); ref != nil {
+		t.Fatalf("predicted 200ms against 500ms refused: %+v", ref)
+	}
+	if ref := try("soon", 0.2); ref == nil || ref.status != 400 {
+		t.Fatalf("malformed SLO: %+v", ref)
+	}
+	settled(t, g)
+}
+
+func TestParseAPIKey(t *testing.T) {
+	for in, want := range map[string]apiKey{
+		"plain":                 {secret: "plain"},
+		"team=s3cret":           {name: "team", secret: "s3cret"},
+		"ops+priority=s":        {name: "ops", setPriority: true, secret: "s"},
+		"abcd==":                {secret: "abcd=="},
+		"=a=b":                  {secret: "a=b"},
+		"bad name=x":            {secret: "bad name=x"},
+		"ops+admin=x":           {secret: "ops+admin=x"},
+		"c2VjcmV0LWtleQ==":      {secret: "c2VjcmV0LWtleQ=="},
+		"team=c2VjcmV0LWtleQ==": {name: "team", secret: "c2VjcmV0LWtleQ=="},
+	} {
+		if got := parseAPIKey(in); got != want {
+			t.Errorf("parseAPIKey(%q) = %+v, want %+v", in, got, want)
+		}
+	}
+	ki := newKeyIdentities([]string{"a=1", "b+priority=2", "3"})
+	for tok, want := range map[string]struct {
+		name string
+		prio bool
+	}{"1": {"a", false}, "2": {"b", true}, "3": {"", false}, "a=1": {"", false}, "": {"", false}} {
+		if n, p := ki.lookup(tok); n != want.name || p != want.prio {
+			t.Errorf("lookup(%q) = %q %v", tok, n, p)
+		}
+	}
+}
+
+func FuzzParseAPIKey(f *testing.F) {
+	for _, s := range []string{"a=b", "x+priority=y", "==", "=", "abc=="} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		k := parseAPIKey(s)
+		if k.name != "" && !flow.ValidTenantName(k.name) {
+			t.Fatalf("%q: invalid name %q", s, k.name)
+		}
+		if k.name == "" && k.secret != s && "="+k.secret != s {
+			t.Fatalf("%q: an unnamed key lost bytes: %q", s, k.secret)
+		}
+	})
+}
+
+// TestFlowNoGoroutineLeft checks Start and Stop leave no watcher behind.
+func TestFlowWatcherStops(t *testing.T) {
+	f := newFakeWorker(t, "m")
+	g, _ := flowGateway(t, FlowConfig{}, nil, f)
+	ch := make(chan struct{})
+	g.flow.s.loads = updatesOnly{ch}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); g.flow.start(context.Background()) }()
+	wg.Wait()
+	g.flow.stop() // returns only once the watcher has exited
+	if g.flow.cancel == nil {
+		t.Fatal("the watcher never started")
+	}
+}
+
+// updatesOnly is a load source with no reports that announces publications on ch.
+type updatesOnly struct{ ch chan struct{} }
+
+func (updatesOnly) Load(w *worker.Worker) int64 { return w.Inflight() }
+func (updatesOnly) Report(*worker.Worker) (r loadmon.Report, ok bool) {
+	return r, false
+}
+func (u updatesOnly) Updates() <-chan struct{} { return u.ch }
+
+// metricSum sums the samples of the metric name whose labels include match (a histogram counts
+// its observations) and returns the sum and the number of series.
+func metricSum(t *testing.T, s *Server, name string, match map[string]string) (sum float64, series int) {
+	t.Helper()
+	mfs, err := s.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range match {
+				found := false
+				for _, lp := range m.GetLabel() {
+					found = found || (lp.GetName() == k && lp.GetValue() == v)
+				}
+				if !found {
+					continue next
+				}
+			}
+			series++
+			switch {
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum, series
+}
+
+// BenchmarkFlowIdle measures what flow control adds to a request while its queue is empty and
+// the pool has headroom: admission (key lookup, tenant, limits, saturation over the pool) and
+// release, against the same handler path with the queue off.
+//
+//	go test -run XXX -bench FlowIdle -benchmem ./internal/gateway/
+func BenchmarkFlowIdle(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		if on {
+			name = "on"
+		}
+		b.Run("handler/"+name, func(b *testing.B) {
+			router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer router.Close()
+			cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}},
+				APIKeys: []string{"team=k1"}, Flow: FlowConfig{Config: flow.Config{Enabled: on}}}
+			s := New(cfg, worker.NewRegistry(), router, nil)
+			for i := range 8 {
+				if _, err := s.Register(context.Background(), AddWorkerRequest{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			h := s.Handler()
+			body := proxyCostBody(1_000, false)
+			b.ReportAllocs()
+			w := &discardWriter{h: http.Header{}}
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer k1")
+				clear(w.h)
+				h.ServeHTTP(w, req)
+			}
+		})
+	}
+	b.Run("admit", func(b *testing.B) {
+		router, _ := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
+		defer router.Close()
+		s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), APIKeys: []string{"team=k1"},
+			Flow: FlowConfig{Config: flow.Config{Enabled: true}}}, worker.NewRegistry(), router, nil)
+		for i := range 8 {
+			w, _ := worker.New(worker.Spec{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1), Models: []string{"m"}}, worker.BreakerConfig{Disabled: true})
+			w.SetHealth(worker.Ready)
+			_ = s.reg.Add(w)
+		}
+		pol, _ := router.For("m", worker.Regular)
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		req.Header.Set("Authorization", "Bearer k1")
+		fr := &flowRequest{model: "m", candidates: s.reg.View().Pool("m").Regular, pol: pol, preq: &policy.Request{}, bytes: 1000}
+		var t flowTicket
+		b.ReportAllocs()
+		for b.Loop() {
+			t = flowTicket{}
+			if f := s.flow.admit(req, fr, &t); f != nil {
+				b.Fatal(f.msg)
+			}
+			t.pick()
+			t.done()
+		}
+	})
+}
