@@ -65,6 +65,31 @@ type inferencePool struct {
 	} `json:"spec"`
 }
 
+// scaledObject is the part of KEDA's keda.sh/v1alpha1 ScaledObject that the autoscaling example
+// uses, decoded strictly like the others.
+type scaledObject struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		ScaleTargetRef struct {
+			Name string `json:"name"`
+		} `json:"scaleTargetRef"`
+		MinReplicaCount int32 `json:"minReplicaCount"`
+		MaxReplicaCount int32 `json:"maxReplicaCount"`
+		PollingInterval int32 `json:"pollingInterval,omitempty"`
+		CooldownPeriod  int32 `json:"cooldownPeriod,omitempty"`
+		Advanced        *struct {
+			HorizontalPodAutoscalerConfig struct {
+				Behavior autoscalingv2.HorizontalPodAutoscalerBehavior `json:"behavior"`
+			} `json:"horizontalPodAutoscalerConfig"`
+		} `json:"advanced,omitempty"`
+		Triggers []struct {
+			Type     string            `json:"type"`
+			Metadata map[string]string `json:"metadata"`
+		} `json:"triggers"`
+	} `json:"spec"`
+}
+
 // kinds maps apiVersion/kind to the Go type a manifest must decode into.
 var kinds = map[string]func() any{
 	"v1/ServiceAccount":                            func() any { return &corev1.ServiceAccount{} },
@@ -78,6 +103,7 @@ var kinds = map[string]func() any{
 	"autoscaling/v2/HorizontalPodAutoscaler":       func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":      func() any { return &serviceMonitor{} },
 	"inference.networking.k8s.io/v1/InferencePool": func() any { return &inferencePool{} },
+	"keda.sh/v1alpha1/ScaledObject":                func() any { return &scaledObject{} },
 }
 
 // object is one decoded manifest with where it came from.

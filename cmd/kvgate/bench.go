@@ -348,6 +348,7 @@ func (f *benchFlags) runSuite(ctx context.Context, stdout, stderr io.Writer) err
 		Policy: x.Policies[0], LoadMode: x.Modes[0], Base: x.Base, Trace: f.trace,
 		Window: f.fleet.suiteWindow, Hour: f.fleet.suiteHour, Duration: f.duration, Warmup: f.warmup,
 		Workloads: splitList(f.fleet.suiteWorkloads), Shapes: splitList(f.fleet.suiteShapes), Parallel: f.fleet.parallel,
+		Slots: f.fleet.suiteSlots,
 	}
 	for _, t := range splitList(f.fleet.suiteTimings) {
 		tm, err := engine.ParseTimingModel(t)

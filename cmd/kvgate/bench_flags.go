@@ -76,7 +76,7 @@ Progress goes to stderr when it is a terminal, the report to stdout.
 
 `)
 		fs.PrintDefaults()
-		fmt.Fprint(stderr, "\nThe report's "+bench.ColumnHelp(nil))
+		fmt.Fprint(stderr, "\nThe report's "+bench.ColumnHelp(nil)+bench.PredictionHelp()+bench.SweepHelp())
 	}
 	fs.StringVar(&f.workload, "workload", "shared-prefix", "workload: "+strings.Join(bench.WorkloadNames, ", "))
 	fs.StringVar(&f.trace, "trace", "", "trace file to replay (implies --workload trace)")
@@ -158,6 +158,7 @@ type fleetFlags struct {
 	suiteSeeds     string
 	suiteWindow    time.Duration
 	suiteHour      bool
+	suiteSlots     int
 
 	sweep      bool
 	slo        time.Duration
@@ -216,6 +217,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&ff.suiteSeeds, "suite-seeds", "1,2", "fleet suite: comma-separated seeds")
 	fs.DurationVar(&ff.suiteWindow, "suite-window", 15*time.Minute, "fleet suite: trace time the trace rows replay from the start")
 	fs.BoolVar(&ff.suiteHour, "suite-hour", false, "fleet suite: add rows replaying the whole conversation and agent traces")
+	fs.IntVar(&ff.suiteSlots, "suite-slots", 8, "fleet suite: running requests per engine of the per-slot rows (4x8 rows: 8)")
 	fs.BoolVar(&ff.sweep, "sweep", false, "fleet: search each configuration's goodput (highest rate meeting --slo); --rate is the first rate tried")
 	fs.DurationVar(&ff.slo, "slo", 2*time.Second, "fleet sweep: TTFT p99 objective")
 	fs.Float64Var(&ff.sweepHi, "sweep-max", 0, "fleet sweep: highest rate tried (0 = 64 × --rate)")

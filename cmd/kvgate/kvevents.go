@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/gateway"
@@ -67,7 +68,12 @@ func startKVEvents(o *kvEventOptions, reg *worker.Registry, log *slog.Logger) (*
 		return nil, nil, err
 	}
 	if svc.BindAddr != "" {
-		log.Info("kv events: listening for engine publishers", "addr", svc.BindAddr)
+		openTo := "processes on this machine (loopback)"
+		if len(cfg.AllowedHosts) > 0 {
+			openTo = "connections from " + strings.Join(cfg.AllowedHosts, ", ")
+		}
+		log.Info("kv events: listening for engine publishers", "addr", svc.BindAddr, "open_to", openTo,
+			"may_publish_for", "workers on the publisher's own host, or allowed by their "+kvevents.PublisherLabel+" label")
 	}
 	reg.Subscribe(func(e worker.Event) {
 		if e.Removed {

@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/testutil"
+	"github.com/kvgate/kvgate/internal/worker"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -36,7 +37,7 @@ func startEventRig(t *testing.T, engines, replicas int) *eventRig {
 	}
 	r := &eventRig{fleet: fleet}
 	args := []string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "-1", "--policy", "precise_prefix",
-		"--worker-urls", strings.Join(fleet.URLs(), ","), "--tokenizer-timeout", "5s", "--audit-headers"}
+		"--worker-urls", strings.Join(fleet.URLs(), ","), "--tokenizer-timeout", "5s"}
 	for i, s := range fleet.Servers() {
 		pub, _ := s.EventsAddr()
 		args = append(args, "--worker-label", fmt.Sprintf("kv_events_endpoint=tcp://%s@%s", pub, fleet.URLs()[i]))
@@ -152,5 +153,35 @@ func TestPreciseRoutingFollowsEngineEvents(t *testing.T) {
 	r.sync(t)
 	if c := ask(t, "http://"+r.gateways[0], prompts[0]); c < 600 {
 		t.Fatalf("after engine 0 evicted prompt 0, replica 0 did not send it to engine 1 (%d cached tokens)", c)
+	}
+}
+
+// --kv-events-bind beyond loopback needs --kv-events-allowed-hosts; with it, the start-up log
+// says who may connect and publish.
+func TestKVEventsBindNeedsAllowedHosts(t *testing.T) {
+	o, err := parseServe([]string{"--kv-events-bind", "tcp://0.0.0.0:0", "--worker-urls", "http://127.0.0.1:1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := worker.NewRegistry()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if _, _, err := startKVEvents(&o.kv, reg, log); err == nil || !strings.Contains(err.Error(), "--kv-events-allowed-hosts") {
+		t.Fatalf("a bind beyond loopback without an allow-list started: %v", err)
+	}
+	o, err = parseServe([]string{"--kv-events-bind", "tcp://0.0.0.0:0", "--kv-events-allowed-hosts", "10.0.0.0/16, 127.0.0.1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.kv.events.AllowedHosts; len(got) != 2 || got[0] != "10.0.0.0/16" {
+		t.Fatalf("allowed hosts %q", got)
+	}
+	var logs strings.Builder
+	_, stop, err := startKVEvents(&o.kv, reg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if !strings.Contains(logs.String(), "open_to=\"connections from 10.0.0.0/16, 127.0.0.1\"") {
+		t.Fatalf("start-up log:\n%s", logs.String())
 	}
 }

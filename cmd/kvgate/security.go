@@ -112,6 +112,9 @@ func resolveSecurity(o *serveOptions) error {
 	if sec.workerAPIKey == "" {
 		sec.workerAPIKey = strings.TrimSpace(os.Getenv("KVGATE_WORKER_API_KEY"))
 	}
+	if o.gw.AuditIDKey == "" {
+		o.gw.AuditIDKey = strings.TrimSpace(os.Getenv("KVGATE_AUDIT_ID_KEY"))
+	}
 	o.gw.AdminOnDataPlane = sec.adminOnAPIPort
 	if sec.adminPort >= 0 && !isLoopback(sec.adminHost) && o.gw.AdminKey == "" {
 		return fmt.Errorf("--admin-host %s is not a loopback address: set --admin-key (or $KVGATE_ADMIN_KEY) before the admin plane listens there", sec.adminHost)

@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -130,5 +133,38 @@ func TestServeAdminPlane(t *testing.T) {
 	}
 	if strings.Contains(text, "data-secret") {
 		t.Error("the log shows a key")
+	}
+}
+
+// `kvgate serve --worker-urls` naming the gateway's own port: the worker is refused at once (its
+// address is announced before the first registration attempt) and never retried, and the
+// gateway serves with no worker.
+func TestServeRefusesItselfAsWorker(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	o, err := parseServe([]string{"--host", "127.0.0.1", "--port", port, "--prometheus-port", "0", "--admin-port", "0",
+		"--worker-urls", "http://localhost:" + port}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.SyncBuffer
+	addrs, stop := startServe(t, o, slog.New(slog.NewTextHandler(&logs, nil)))
+	defer stop()
+	resp, err := http.Get("http://" + addrs.admin + "/workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct{ Total int }
+	json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if list.Total != 0 {
+		t.Fatalf("%d workers registered, want none", list.Total)
+	}
+	if text := logs.String(); !strings.Contains(text, "worker not registered") || !strings.Contains(text, "own listeners") {
+		t.Fatalf("no refusal logged:\n%s", text)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -102,6 +103,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.Int64Var(&g.MaxPayloadSize, "max-payload-size", g.MaxPayloadSize, "largest request body in bytes")
 	fs.DurationVar(&g.Proxy.RequestTimeout, "request-timeout", g.Proxy.RequestTimeout, "bound on one request, retries included")
 	fs.DurationVar(&g.Proxy.AttemptTimeout, "attempt-timeout", 0, "bound on one attempt up to the response headers (0 = request-timeout only)")
+	fs.DurationVar(&g.Proxy.StreamIdleTimeout, "stream-idle-timeout", g.Proxy.StreamIdleTimeout, "end a streamed answer on which the worker sent nothing for this long, with an SSE error event (0 = off)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.logJSON, "log-json", false, "log JSON lines instead of text")
 	fs.Int64Var(&g.MaxConcurrentRequests, "max-concurrent-requests", 0, "requests in flight above which clients get 429 (0 = no cap)")
@@ -142,7 +144,9 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&p.Sticky.Placement, "sticky-placement", policy.PlaceHash, "sticky sessions: where a new session goes: hash (rendezvous order of its key; replicas agree) or policy (the routing policy's choice)")
 	fs.Float64Var(&p.Sticky.QueueRatio, "sticky-queue-ratio", p.Sticky.QueueRatio, "sticky sessions: a worker whose engine queues more than this share of its running batch is saturated")
 	fs.Float64Var(&g.AccessLogSample, "access-log-sample", 0, "share of requests, 0 to 1, logged as one \"access\" line each (request id, model, worker, branch, status, TTFT, duration, tokens); 5xx answers always are")
-	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to responses (every data-plane client sees them)")
+	fs.BoolVar(&g.AuditHeaders, "audit-headers", false, "add x-kvgate-worker (opaque), x-kvgate-route and x-kvgate-predicted-hit (tenths) to the responses of requests that carry the admin key or a key named in --audit-headers-clients")
+	fs.Var((*listFlag)(&g.AuditHeadersClients), "audit-headers-clients", "names of data-plane keys (--api-key NAME=SECRET) whose requests get the audit headers (none = only requests carrying the admin key)")
+	fs.Var(secretFlag{&g.AuditIDKey}, "audit-id-key", "key (16 bytes or more) of the HMAC that makes x-kvgate-worker opaque; the same on every replica for ids that agree (also $KVGATE_AUDIT_ID_KEY; none = random per process)")
 	fs.IntVar(&g.Responses.MaxEntries, "responses-affinity-entries", 65536, "/v1/responses: response ids remembered with the worker that answered them, so a follow-up turn (previous_response_id) goes back to it; least recently used dropped past it (negative = off)")
 	fs.DurationVar(&g.Responses.TTL, "responses-affinity-ttl", time.Hour, "/v1/responses: how long after its answer a response id is remembered")
 	fs.DurationVar(&o.loadMon.Interval, "load-monitor-interval", o.loadMon.Interval, "how often workers are polled for their load")
@@ -236,6 +240,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o.gw.Logger = log
+	// net/http's Transport logs to the standard logger, quoting what a worker sent on an idle
+	// connection: through proxy.StdLog that reaches the gateway's log without the bytes.
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(proxy.StdLog(log))
 	return serve(ctx, o, log, nil)
 }
 

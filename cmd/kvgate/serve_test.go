@@ -60,6 +60,14 @@ func TestParseServeFlags(t *testing.T) {
 		}},
 		{name: "bad tokenizer", args: []string{"--tokenizer", "hf"}, wantErr: `--tokenizer "hf"`},
 		{name: "unknown policy", args: []string{"--policy", "fastest"}, wantErr: `unknown policy "fastest"`},
+		{name: "audit headers nobody could see", args: []string{"--audit-headers"}, wantErr: "--audit-headers: no client could see them"},
+		{name: "audit headers for an unknown key", args: []string{"--audit-headers", "--api-key", "ops=s3cret", "--audit-headers-clients", "opz"}, wantErr: `no data-plane key is named "opz"`},
+		{name: "short audit id key", args: []string{"--audit-headers", "--admin-key", "k", "--audit-id-key", "short"}, wantErr: "--audit-id-key: at least 16 bytes"},
+		{name: "audit headers for a named key", args: []string{"--audit-headers", "--api-key", "ops=s3cret", "--audit-headers-clients", "ops", "--audit-id-key", "0123456789abcdefXYZ"}, check: func(t *testing.T, o *serveOptions) {
+			if !o.gw.AuditHeaders || len(o.gw.AuditHeadersClients) != 1 || o.gw.AuditIDKey != "0123456789abcdefXYZ" {
+				t.Errorf("audit config %+v %v", o.gw.AuditHeadersClients, o.gw.AuditHeaders)
+			}
+		}},
 		{name: "unknown config key", args: []string{"--config", bad}, wantErr: `unknown key "polcy"`},
 		{name: "missing config", args: []string{"--config", filepath.Join(dir, "none.yaml")}, wantErr: "no such file"},
 		{name: "bad threshold", args: []string{"--cache-threshold", "3"}, wantErr: "cache_threshold"},

@@ -21,6 +21,8 @@ type adminWorker struct {
 	ID       string `json:"id"`
 	URL      string `json:"url"`
 	Draining bool   `json:"draining"`
+	// AuditID is how the gateway's audit headers name the worker (set while they are on).
+	AuditID string `json:"audit_id"`
 }
 
 // admin calls the gateway's admin API for live failover runs.
@@ -67,6 +69,9 @@ func (a *admin) apply(ctx context.Context, c Change) (string, error) {
 		var w adminWorker
 		if err := a.do(ctx, http.MethodPost, "/workers", map[string]string{"url": c.Arg}, &w); err != nil {
 			return "", err
+		}
+		if w.AuditID != "" {
+			return w.AuditID, nil // the name the records' x-kvgate-worker carries
 		}
 		return w.ID, nil
 	}

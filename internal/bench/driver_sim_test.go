@@ -5,13 +5,20 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/sim"
 )
 
 // TestLiveAgainstSim drives `kvgate sim`'s server in process and checks that the driver reports
 // exactly the prompt and cached tokens the engine accounted for.
 func TestLiveAgainstSim(t *testing.T) {
-	srv := sim.NewServer(sim.Config{})
+	for _, tm := range []engine.TimingModel{engine.TimingBatched, engine.TimingPerSlot} {
+		t.Run(tm.String(), func(t *testing.T) { liveAgainstSim(t, tm) })
+	}
+}
+
+func liveAgainstSim(t *testing.T, tm engine.TimingModel) {
+	srv := sim.NewServer(sim.Config{Engine: engine.Config{Timing: tm}})
 	defer srv.Close()
 	hs := httptest.NewServer(srv)
 	defer hs.Close()

@@ -317,6 +317,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if len(r.Rows) > 0 {
 		b.WriteString("\n" + ColumnHelp(r.Rows))
 	}
+	if hasPrediction(r.Rows) {
+		b.WriteString(PredictionHelp())
+	}
+	if len(r.Sweeps) > 0 {
+		b.WriteString(SweepHelp())
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -368,6 +374,46 @@ var Columns = [][2]string{
 	{"spread", "load spread: max ÷ min over engines of the time-averaged backlog (running + waiting); inf when an engine never had work (fleet)"},
 	{"stall", "share of engine time decoding waited behind prefill: steps that ran longer than their decode cost because of the prefill chunk they carried (fleet, batched timing)"},
 	{"batch", "mean running requests per engine, sampled at every poll (fleet)"},
+}
+
+// PredictionColumns explain the prediction table (rows whose policy predicts a cached share).
+var PredictionColumns = [][2]string{
+	{"predicted, of ok", "successful requests whose policy predicted a cached share, of all successful ones"},
+	{"MAE", "mean absolute error of the predicted share against the engine's reported cached ÷ prompt tokens"},
+	{"bias", "mean signed error of that prediction (positive: the policy expected more hits than it got)"},
+}
+
+// SweepColumns explain the goodput table of --sweep.
+var SweepColumns = [][2]string{
+	{"SLO TTFT p99", "the objective a rate must meet (--slo)"},
+	{"goodput req/s", "the highest offered rate found whose TTFT p99 met the SLO with under 0.1 % errors"},
+	{"÷oracle", "goodput ÷ the oracle's at the same gateway count"},
+	{"hit at goodput", "the hit rate at that rate"},
+	{"probes", "rates simulated by the search"},
+}
+
+// PredictionHelp explains the prediction table's columns.
+func PredictionHelp() string { return helpLines("prediction columns", PredictionColumns) }
+
+// SweepHelp explains the sweep table's columns.
+func SweepHelp() string { return helpLines("sweep columns", SweepColumns) }
+
+func hasPrediction(rows []Summary) bool {
+	for _, s := range rows {
+		if s.Predicted > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func helpLines(title string, cols [][2]string) string {
+	var b strings.Builder
+	b.WriteString(title + ":\n")
+	for _, c := range cols {
+		fmt.Fprintf(&b, "  %-20s %s\n", c[0], c[1])
+	}
+	return b.String()
 }
 
 // ColumnHelp explains the columns the rows' table shows (all of them when rows is nil).

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/flow"
 	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
 )
 
 // FlowModel is the gateway's flow control in the simulator: every replica holds its requests
@@ -17,10 +19,11 @@ import (
 // finishes a request, when a poll brings fresh reports, and on arrival. The zero value is off:
 // every request goes to an engine on arrival.
 //
-// The routing cost's predicted wait, which the gateway reads from a cost-based policy, is in the
-// simulator each engine's reported queued prefill plus the prompt tokens this replica sent it
-// since the poll, less what it prefilled since, over its prefill speed as measured between two
-// polls (the cost model's μ).
+// The pool takes no more, as in the gateway, while the cost-based policy (policy.Coster)
+// predicts a wait at the bound on its best engine; and each engine, in the simulator, while its
+// own predicted wait is at the bound: its reported queued prefill plus the prompt tokens this
+// replica sent it since the poll, less what it prefilled since, over its prefill speed as
+// measured between two polls.
 type FlowModel struct {
 	// Config is the queue's configuration; Enabled turns the model on.
 	flow.Config
@@ -31,6 +34,9 @@ type FlowModel struct {
 	// Only, when set, runs the sessions of this class label alone (the others are skipped), to
 	// measure a class unloaded with exactly its own traffic.
 	Only string
+	// OnArrival dispatches every request on arrival, with the model's per-class accounting:
+	// the baseline the queue is measured against.
+	OnArrival bool
 }
 
 // FlowClass is one share of the sessions.
@@ -57,6 +63,10 @@ type FlowReport struct {
 	MaxQueued int
 	// Good counts the measured requests served with a TTFT within GoodTTFT.
 	Good int
+	// OwnPrefillP99 is the p99 over the measured served requests of their own uncached
+	// prefill time at the engines' nominal speed, in seconds: a floor under TTFT p99 that no
+	// dispatch order lowers.
+	OwnPrefillP99 float64
 }
 
 // GoodTTFT is the TTFT objective of FlowReport.Good.
@@ -107,6 +117,7 @@ type flowSim struct {
 	shed     map[flow.Reason]int
 	maxQ     int
 	good     int
+	own      []float64 // each measured request's own prefill time, seconds
 	expired  []*flow.Entry
 }
 
@@ -166,6 +177,10 @@ func (fs *flowSim) enqueue(a *active, g int, t *bench.Turn) {
 	h := &held{a: a, g: g, turn: t, arrived: fs.s.now, class: c}
 	text := t.Text()
 	e := &flow.Entry{Tenant: cl.Tenant, Weight: cl.Weight, Priority: cl.Priority, Cost: float64(len(text)) / 4, Bytes: int64(len(text)), Owner: h}
+	if fs.m.OnArrival {
+		fs.s.submit(a, g, t, fs.s.now, c)
+		return
+	}
 	gf := fs.gws[g]
 	if err := gf.q.Push(e, epoch.Add(fs.s.now)); err != nil {
 		reason := flow.ReasonQueueFull
@@ -313,8 +328,7 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 				sig.PredictedWait, sig.HasWait = max(float64(r.WaitingUncachedTokens)+gf.sent[i]-done, 0)/mu, true
 			}
 		}
-		h := sat.Headroom(sig)
-		room += h
+		room += sat.Headroom(sig)
 		if sig.HasWait && sig.PredictedWait >= bound {
 			over := sig.PredictedWait - bound
 			sig.PredictedWait = 0
@@ -324,6 +338,13 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 					next = d
 				}
 			}
+		}
+	}
+	if c, ok := gw.pol.(policy.Coster); ok && room >= 1 {
+		// The gateway's own check: the routing cost's predicted wait before a prompt-less
+		// request's prefill on the best engine.
+		if wait, ok := c.BestCost(context.Background(), gw.candidates(), nil); ok && wait >= bound {
+			return 0, max(next, time.Duration((wait-bound)*float64(time.Second))+time.Millisecond)
 		}
 	}
 	return room, next
@@ -350,16 +371,24 @@ func (fs *flowSim) learn(gf *gwFlow, i int, r loadmon.Report) {
 }
 
 // finished records a served request of class c.
-func (fs *flowSim) finished(c int, rec bench.Record) {
+func (fs *flowSim) finished(c int, rec bench.Record, tps float64) {
 	fs.colls[c].Add(rec)
-	if rec.Sent >= fs.s.coll.Warmup && rec.TTFT <= GoodTTFT {
+	if rec.Sent < fs.s.coll.Warmup {
+		return
+	}
+	if rec.TTFT <= GoodTTFT {
 		fs.good++
 	}
+	fs.own = append(fs.own, float64(rec.PromptTokens-rec.CachedTokens)/tps)
 }
 
 // report summarizes the run per class.
 func (fs *flowSim) report(label string) *FlowReport {
 	rep := &FlowReport{Shed: fs.shed, MaxQueued: fs.maxQ, Good: fs.good}
+	if n := len(fs.own); n > 0 {
+		slices.Sort(fs.own)
+		rep.OwnPrefillP99 = fs.own[min(n-1, n*99/100)]
+	}
 	var tot float64
 	for _, t := range fs.shareTok {
 		tot += t

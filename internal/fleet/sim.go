@@ -526,7 +526,7 @@ func (s *sim) finish(ev engine.Event) {
 	}
 	s.coll.Add(rec)
 	if s.fq != nil {
-		s.fq.finished(f.class, rec)
+		s.fq.finished(f.class, rec, s.engines[f.eng].e.Config().PrefillTPS)
 		s.fq.kick(f.gw)
 	}
 	if o, ok := s.gws[f.gw].pol.(policy.CacheObserver); ok && f.dec.HasPrediction && ev.PromptTokens > 0 {

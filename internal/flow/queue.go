@@ -29,7 +29,7 @@ type Entry struct {
 	// Enqueued is when Push queued the entry.
 	Enqueued time.Time
 
-	start      float64 // start tag of start-time fair queueing
+	start      float64 // start tag of start-time fair queueing, set when it heads its tenant's FIFO
 	band       *band
 	tq         *tenantQueue
 	tprev      *Entry // the tenant's FIFO
@@ -58,7 +58,8 @@ var (
 type tenantQueue struct {
 	name       string
 	head, tail *Entry
-	lastFinish float64 // finish tag of its last queued entry
+	lastFinish float64 // finish tag of its last served entry: what its next head starts from
+	active     bool    // in band.tenants (it has entries)
 }
 
 // band holds the entries of one priority.
@@ -114,22 +115,21 @@ func (q *Queue) Push(e *Entry, now time.Time) error {
 	b := q.band(e.Priority)
 	tq := b.byName[e.Tenant]
 	if tq == nil {
+		b.sweep()
 		tq = &tenantQueue{name: e.Tenant, lastFinish: b.vtime}
 		b.byName[e.Tenant] = tq
+	}
+	if !tq.active {
+		tq.active = true
 		b.tenants = append(b.tenants, tq)
 	}
-	w := e.Weight
-	if !(w > 0) {
-		w = 1
-	}
-	e.start = max(b.vtime, tq.lastFinish)
-	tq.lastFinish = e.start + max(e.Cost, 1)/w
 	e.band, e.tq, e.queued = b, tq, true
 	e.tprev, e.tnext = tq.tail, nil
 	if tq.tail != nil {
 		tq.tail.tnext = e
 	} else {
 		tq.head = e
+		e.start = max(b.vtime, tq.lastFinish)
 	}
 	tq.tail = e
 	e.bprev, e.bnext = b.tail, nil
@@ -164,6 +164,20 @@ func (q *Queue) band(p int) *band {
 	return b
 }
 
+// sweep forgets the idle tenants whose service the band's virtual time has passed, once they
+// outnumber the active ones (plus a margin): an idle tenant is kept only while its last finish
+// tag is ahead, so that it cannot come back ahead of its share.
+func (b *band) sweep() {
+	if len(b.byName) < 2*len(b.tenants)+64 {
+		return
+	}
+	for name, tq := range b.byName {
+		if !tq.active && tq.lastFinish <= b.vtime {
+			delete(b.byName, name)
+		}
+	}
+}
+
 // Peek returns the entry Pop would return at now, or nil when the queue is empty.
 func (q *Queue) Peek(now time.Time) *Entry {
 	b, _ := q.pickBand(now)
@@ -190,6 +204,11 @@ func (q *Queue) Pop(now time.Time) *Entry {
 	}
 	e := pickTenant(b).head
 	b.vtime = max(b.vtime, e.start)
+	w := e.Weight
+	if !(w > 0) {
+		w = 1
+	}
+	e.tq.lastFinish = e.start + max(e.Cost, 1)/w // only a served entry is charged
 	q.Remove(e)
 	return e
 }
@@ -248,13 +267,21 @@ func (q *Queue) Remove(e *Entry) bool {
 	} else {
 		tq.tail = e.tprev
 	}
+	if e.tprev == nil && tq.head != nil {
+		// A new head: it starts where its tenant's service left off. A request that left
+		// unserved (a cancel, a timeout) charged nothing.
+		tq.head.start = max(b.vtime, tq.lastFinish)
+	}
 	if tq.head == nil {
-		delete(b.byName, tq.name)
+		tq.active = false
 		for i, t := range b.tenants {
 			if t == tq {
 				b.tenants = append(b.tenants[:i], b.tenants[i+1:]...)
 				break
 			}
+		}
+		if tq.lastFinish <= b.vtime {
+			delete(b.byName, tq.name) // it is owed nothing: forget it
 		}
 	}
 	if e.bprev != nil {

@@ -254,3 +254,28 @@ func TestQueueAgedShareBoundsInversion(t *testing.T) {
 		t.Errorf("the aged low band got %.3f of the dispatches, want about 0.2", share)
 	}
 }
+
+// TestQueueUnservedChargesNothing: requests that leave unserved (timeouts, cancels) do not count
+// against their tenant's share.
+func TestQueueUnservedChargesNothing(t *testing.T) {
+	q := NewQueue(Config{MaxRequests: 10000, Timeout: time.Hour})
+	var as []*Entry
+	for i := 0; i < 200; i++ {
+		a := &Entry{Tenant: "a", Cost: 10}
+		_ = q.Push(a, t0)
+		as = append(as, a)
+		_ = q.Push(&Entry{Tenant: "b", Cost: 10}, t0)
+	}
+	for _, a := range as[:100] {
+		q.Remove(a) // a's oldest time out
+	}
+	na := 0
+	for i := 0; i < 100; i++ {
+		if q.Pop(t0).Tenant == "a" {
+			na++
+		}
+	}
+	if na < 48 || na > 52 {
+		t.Errorf("a got %d of 100 dispatches after its timeouts, want about 50", na)
+	}
+}

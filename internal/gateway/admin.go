@@ -228,6 +228,18 @@ type WorkerInfo struct {
 	Warming       bool              `json:"warming,omitempty"` // held out of routing while its cache is warmed
 	Inflight      int64             `json:"inflight"`
 	Processed     int64             `json:"processed"`
+	// AuditID is the worker as the audit headers name it (x-kvgate-worker), shown while they
+	// are on.
+	AuditID string `json:"audit_id,omitempty"`
+}
+
+// info is w as the admin API shows it.
+func (s *Server) info(w *worker.Worker) WorkerInfo {
+	i := infoOf(w)
+	if s.audit.on {
+		i.AuditID = s.auditIDs.of(w.ID)
+	}
+	return i
 }
 
 func infoOf(w *worker.Worker) WorkerInfo {
@@ -288,7 +300,7 @@ func (s *Server) handleAddWorker(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, code, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusCreated, infoOf(wk))
+	writeJSON(w, http.StatusCreated, s.info(wk))
 }
 
 func registerCode(status int) string {
@@ -307,7 +319,7 @@ func (s *Server) handleListWorkers(w http.ResponseWriter, _ *http.Request) {
 	all := s.reg.View().All
 	out := make([]WorkerInfo, 0, len(all))
 	for _, wk := range all {
-		out = append(out, infoOf(wk))
+		out = append(out, s.info(wk))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"workers": out, "total": len(out)})
 }
@@ -318,7 +330,7 @@ func (s *Server) handleGetWorker(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "worker_not_found", fmt.Sprintf("no worker with id %q", r.PathValue("id")))
 		return
 	}
-	writeJSON(w, http.StatusOK, infoOf(wk))
+	writeJSON(w, http.StatusOK, s.info(wk))
 }
 
 // handleDeleteWorker drains and unregisters a worker: no new requests reach it at once, and the

@@ -16,12 +16,11 @@ import (
 // Audit of routing decisions. Every request the gateway routes carries a decision record
 // (policy.Decision: worker, branch, predicted cached share). Two things are done with it:
 //
-//   - With Config.AuditHeaders on (off by default), the response carries it as headers:
-//     x-kvgate-worker (the worker id, a hash of its URL: no address is shown), x-kvgate-route
-//     (policy/branch) and, when the policy predicted one, x-kvgate-predicted-hit (the share of
-//     the prompt it expected cached, 3 decimals). Any client allowed on the data plane sees
-//     them, which is why they are opt-in: they tell a client how many workers there are and
-//     which requests share a cache, which a multi-tenant deployment may not want to disclose.
+//   - With Config.AuditHeaders on (off by default), the response of a request that carries the
+//     admin key or a key named in Config.AuditHeadersClients carries it as headers:
+//     x-kvgate-worker (an opaque keyed hash of the worker id), x-kvgate-route (policy/branch)
+//     and, when the policy predicted one, x-kvgate-predicted-hit (the share of the prompt it
+//     expected cached, in tenths). auditaccess.go says why no other client sees them.
 //   - Always, when the policy predicted a share, the share the worker then reports
 //     (usage.prompt_tokens / usage.prompt_tokens_details.cached_tokens) is compared with it and
 //     the difference is observed in kvgate_prefix_prediction_error. The response is never
@@ -50,7 +49,8 @@ type auditWriter struct {
 	req       *policy.Request
 	textBytes int // the whole routing text's length in the body
 	policy    string
-	headers   bool
+	// ids, when not nil, turns on the audit headers: the request may see them.
+	ids *auditIDs
 	// observer, when the policy is one, hears the predicted and the reported share.
 	observer policy.CacheObserver
 
@@ -62,10 +62,10 @@ type auditWriter struct {
 }
 
 // newAuditWriter wraps w for req, whose routing text is textBytes long in the body, routed by
-// the policy named policy. It is returned as a value for the caller to place (route keeps it
-// with the rest of the request).
-func newAuditWriter(w http.ResponseWriter, req *policy.Request, textBytes int, policy string, headers bool) auditWriter {
-	return auditWriter{ResponseWriter: w, req: req, textBytes: textBytes, policy: policy, headers: headers}
+// the policy named policy; ids is nil unless the response may carry the audit headers. It is
+// returned as a value for the caller to place (route keeps it with the rest of the request).
+func newAuditWriter(w http.ResponseWriter, req *policy.Request, textBytes int, policy string, ids *auditIDs) auditWriter {
+	return auditWriter{ResponseWriter: w, req: req, textBytes: textBytes, policy: policy, ids: ids}
 }
 
 // WriteHeader adds the audit headers (when on) from the decision of the last pick.
@@ -76,27 +76,35 @@ func (a *auditWriter) WriteHeader(code int) {
 	a.status = code
 	h := a.Header()
 	a.sse = strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
-	if a.headers {
-		d := &a.req.Decision
-		if d.Worker != "" {
-			h.Set(headerWorker, d.Worker)
-			route := a.policy
-			if d.Branch != "" {
-				route += "/" + d.Branch
-			}
-			h.Set(headerRoute, route)
-			if d.HasPrediction {
-				h.Set(headerPredicted, strconv.FormatFloat(a.promptShare(), 'f', 3, 64))
-			}
-			if d.HasCost {
-				h.Set(headerCost, d.Chosen.String())
-				if d.RunnerUp.Worker != "" {
-					h.Set(headerCostRunnerUp, d.RunnerUp.String())
-				}
-			}
-		}
+	if a.ids != nil {
+		a.renderDecision(h)
 	}
 	a.ResponseWriter.WriteHeader(code)
+}
+
+// renderDecision writes the decision of the last pick into h as the audit headers: the one place
+// that turns a policy.Decision into what a client sees (auditaccess.go says why each is shown as
+// it is).
+func (a *auditWriter) renderDecision(h http.Header) {
+	d := &a.req.Decision
+	if d.Worker == "" {
+		return
+	}
+	h.Set(headerWorker, a.ids.of(d.Worker))
+	route := a.policy
+	if d.Branch != "" {
+		route += "/" + d.Branch
+	}
+	h.Set(headerRoute, route)
+	if d.HasPrediction {
+		h.Set(headerPredicted, strconv.FormatFloat(roundTenth(a.promptShare()), 'f', 1, 64))
+	}
+	if d.HasCost {
+		h.Set(headerCost, a.ids.terms(d.Chosen).String())
+		if d.RunnerUp.Worker != "" {
+			h.Set(headerCostRunnerUp, a.ids.terms(d.RunnerUp).String())
+		}
+	}
 }
 
 // Write relays b, keeping the body (small, non-streaming) or the stream's tail.

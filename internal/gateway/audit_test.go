@@ -80,6 +80,7 @@ func newAuditGateway(t *testing.T, cfg Config, name string, pc policy.Config, n 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { router.Close() })
+	bearer := auditClient(&cfg)
 	s := New(cfg, worker.NewRegistry(), router, nil)
 	var ws []*fakeWorker
 	for i := 0; i < n; i++ {
@@ -90,7 +91,7 @@ func newAuditGateway(t *testing.T, cfg Config, name string, pc policy.Config, n 
 		}
 		ws = append(ws, f)
 	}
-	g := &testGateway{Server: s, done: make(chan string, 1024)}
+	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer}
 	h := s.Handler()
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() { g.done <- r.URL.Path }()
@@ -129,11 +130,11 @@ func TestAuditHeadersAndPredictionError(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("tell me about caches ", 20) + `"}]}`
 	ids := map[string]bool{}
 	for _, w := range g.reg.View().All {
-		ids[w.ID] = true
+		ids[g.auditIDs.of(w.ID)] = true
 	}
 	for i, want := range []struct{ route, predicted string }{
-		{"cache_aware/cache_miss", "0.000"},
-		{"cache_aware/cache_hit", "1.000"},
+		{"cache_aware/cache_miss", "0.0"},
+		{"cache_aware/cache_hit", "1.0"},
 	} {
 		resp := g.post(t, "/v1/chat/completions", body)
 		io.Copy(io.Discard, resp.Body)
@@ -158,7 +159,7 @@ func TestAuditHeadersAndPredictionError(t *testing.T) {
 	}
 
 	// Streamed, through the official client with include_usage: the usage chunk is read.
-	c := openai.NewClient(option.WithBaseURL(g.srv.URL+"/v1/"), option.WithMaxRetries(0))
+	c := openai.NewClient(option.WithBaseURL(g.srv.URL+"/v1/"), option.WithAPIKey(g.bearer), option.WithMaxRetries(0))
 	params := openai.ChatCompletionNewParams{
 		Model:         "m",
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage(strings.Repeat("a streamed question ", 30))},

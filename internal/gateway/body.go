@@ -150,6 +150,20 @@ func (b *Body) Release() {
 	}
 }
 
+// shrink moves the body out of its pooled buffer into one of its own length when that buffer is
+// at least twice the body, for a request that is about to wait in the queue: a queued request
+// then holds its bytes, not a pool class (16 KiB at least). Only the sole holder may call it;
+// slices from an earlier Bytes are invalid after it.
+func (b *Body) shrink() {
+	if b.buf == nil || b.refs.Load() != 1 || len(*b.buf) < 2*b.n {
+		return
+	}
+	nb := make([]byte, b.n)
+	copy(nb, (*b.buf)[:b.n])
+	b.pool.put(b.buf)
+	b.buf = &nb
+}
+
 // grow makes room for at least one more byte: it moves the body to a buffer up to growth times
 // larger, and no larger than limit; a smaller declared length (want) stops it at the class that
 // holds want. A declared length never makes a buffer larger than growth alone would.

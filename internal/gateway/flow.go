@@ -38,12 +38,6 @@ const (
 	TTFTSLOHeader = "X-Kvgate-Ttft-Slo-Ms"
 )
 
-// coster is the routing cost's prediction (package policy's Coster): the best expected time to
-// first token, in seconds, over the candidates; ok false when the policy cannot say.
-type coster interface {
-	BestCost(ctx context.Context, candidates []*worker.Worker, req *policy.Request) (seconds float64, ok bool)
-}
-
 // flowGate is the gateway's flow control: package flow's queue and limits, driven in real time.
 // A request is admitted at once while its model's queue is empty and the pool has headroom;
 // else it waits on its own channel until a dispatch grants it, its client leaves, or its
@@ -197,6 +191,7 @@ type flowRequest struct {
 	candidates []*worker.Worker
 	pol        policy.Policy
 	preq       *policy.Request
+	body       *Body // nil in tests that admit without one
 	bytes      int64
 	priority   int
 	hasBodyPri bool
@@ -212,30 +207,41 @@ type flowRefusal struct {
 	reason flow.Reason
 }
 
-// admit decides one request: it returns with t holding the request's admission, or a refusal
-// to answer. It blocks while the request is queued.
-func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowRefusal {
+// identify returns the request's tenant (its name, and the settings it takes) and priority: the
+// tenant header's value when that is on and sent, else the key's name; the priority the client
+// sent when its key may set one, else the tenant's.
+func (g *flowGate) identify(r *http.Request, fr *flowRequest) (name string, tn *flow.Tenant, prio int, bad *flowRefusal) {
 	name, mayPrioritize := g.identity.lookup(bearer(r))
 	if g.header != "" {
 		if h := r.Header.Get(g.header); h != "" {
 			if !flow.ValidTenantName(h) {
-				return &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: "the tenant header must be 1-64 letters, digits, '_', '.' or '-'"}
+				return "", nil, 0, &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: "the tenant header must be 1-64 letters, digits, '_', '.' or '-'"}
 			}
 			name = h
 		}
 	}
-	tn := g.tenants.Lookup(name)
-	prio := tn.Priority
+	tn = g.tenants.Lookup(name)
+	prio = tn.Priority
 	if mayPrioritize {
 		if h := r.Header.Get(PriorityHeader); h != "" {
 			p, err := flow.ParsePriority(h)
 			if err != nil {
-				return &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: PriorityHeader + " must be an integer"}
+				return "", nil, 0, &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: PriorityHeader + " must be an integer"}
 			}
 			prio = p
 		} else if fr.hasBodyPri {
 			prio = flow.FromVLLMPriority(fr.bodyPri)
 		}
+	}
+	return name, tn, prio, nil
+}
+
+// admit decides one request: it returns with t holding the request's admission, or a refusal
+// to answer. It blocks while the request is queued.
+func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowRefusal {
+	name, tn, prio, bad := g.identify(r, fr)
+	if bad != nil {
+		return bad
 	}
 	fr.priority = prio
 	lbl := flowLabels{model: fr.model, band: prio, tenant: tn.Name}
@@ -259,7 +265,7 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 			return &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: TTFTSLOHeader + " must be an integer of milliseconds in [1, 3600000]"}
 		}
 		slo := time.Duration(ms) * time.Millisecond
-		if c, ok := fr.pol.(coster); ok {
+		if c, ok := fr.pol.(policy.Coster); ok {
 			if best, ok := c.BestCost(r.Context(), fr.candidates, fr.preq); ok && best > slo.Seconds() {
 				g.metrics.shed(fr.model, flow.ReasonSLO)
 				return &flowRefusal{status: http.StatusTooManyRequests, code: "ttft_slo_unmet", reason: flow.ReasonSLO,
@@ -304,6 +310,9 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 	g.metrics.queue.WithLabelValues(lbl.values()...).Inc()
 	g.dispatchLocked(mf, fr.candidates, fr.pol)
 	g.mu.Unlock()
+	if fr.body != nil {
+		fr.body.shrink() // the queue holds the body's bytes, not a pooled buffer
+	}
 	if g.onQueued != nil {
 		g.onQueued()
 	}
@@ -448,11 +457,11 @@ func (g *flowGate) headroom(mf *modelFlow, candidates []*worker.Worker, pol poli
 // predictedWait asks the routing cost for the wait of a request without a prompt: what stands
 // before any new request's own prefill on the best engine.
 func (g *flowGate) predictedWait(candidates []*worker.Worker, pol policy.Policy) (float64, bool) {
-	c, ok := pol.(coster)
+	c, ok := pol.(policy.Coster)
 	if !ok {
 		return 0, false
 	}
-	return c.BestCost(context.Background(), candidates, &policy.Request{Model: "", Text: ""})
+	return c.BestCost(context.Background(), candidates, nil) // nil: a request without a prompt
 }
 
 // signals is what the gate knows of w now; g.mu is held (it updates the learned slots).

@@ -53,9 +53,16 @@ type Config struct {
 	// AccessLogSample is the share of requests, in [0,1], that get an "access" log line; requests
 	// answered 5xx always do. 0 means none (the default).
 	AccessLogSample float64
-	// AuditHeaders adds x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to every
-	// routed response (audit.go says who sees them). Default false.
+	// AuditHeaders adds x-kvgate-worker, x-kvgate-route and x-kvgate-predicted-hit to the routed
+	// responses of requests that carry the admin key or a key named in AuditHeadersClients
+	// (auditaccess.go). Default false. Validate refuses it when no client could see them.
 	AuditHeaders bool
+	// AuditHeadersClients names the data-plane keys (NAME of an APIKeys entry "NAME=SECRET")
+	// whose requests get the audit headers. Empty: only requests carrying the admin key.
+	AuditHeadersClients []string
+	// AuditIDKey keys the HMAC that makes x-kvgate-worker opaque; give every replica the same
+	// one (at least 16 bytes) for ids that agree across them. Empty: a random key per process.
+	AuditIDKey string
 	// MaxConcurrentRequests caps requests in flight through this gateway (429 above); 0 = no cap.
 	MaxConcurrentRequests int64
 	// ProbeTimeout bounds the registration probe of a worker. Default 5s.
@@ -92,7 +99,7 @@ func DefaultConfig() Config {
 		RegisterRetry:      500 * time.Millisecond,
 		Breaker:            worker.DefaultBreakerConfig(),
 		Health:             worker.DefaultHealthConfig(),
-		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig()},
+		Proxy:              proxy.Config{RequestTimeout: 600 * time.Second, Retry: proxy.DefaultRetryConfig(), StreamIdleTimeout: proxy.DefaultStreamIdleTimeout},
 	}
 }
 
@@ -132,6 +139,9 @@ type Server struct {
 	warm *warmer
 	// responses remembers which worker answered each response id.
 	responses *responseAffinity
+	// audit says which requests get the audit headers; auditIDs makes their worker ids opaque.
+	audit    auditAccess
+	auditIDs auditIDs
 	// flow is flow control; flowOn says whether it admits requests (else it only reports the
 	// pools' saturation).
 	flow   *flowGate
@@ -145,6 +155,9 @@ func (c Config) Validate() error {
 		return errors.New("the admin routes may be served on the main port only with an admin key")
 	}
 	if err := c.Warm.Validate(); err != nil {
+		return err
+	}
+	if _, err := newAuditAccess(&c, newKeySet(c.AdminKey)); err != nil {
 		return err
 	}
 	if err := c.Flow.Validate(); err != nil {
@@ -173,15 +186,20 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	s.audit, _ = newAuditAccess(&cfg, s.adminKeys) // validated above
+	s.auditIDs = newAuditIDs(cfg.AuditIDKey)
 	s.metrics = newMetrics(reg, router, loads)
 	s.flow, s.flowOn = newFlowGate(s, cfg.Flow, cfg.APIKeys), cfg.Flow.Enabled
 	s.flow.metrics.register(s.metrics.reg, s.flow)
 	cfg.Proxy.Observer = s.metrics
 	cfg.Proxy.HopID = s.hopID
+	if cfg.Proxy.Logger == nil {
+		cfg.Proxy.Logger = s.log
+	}
 	if cfg.Proxy.Transport == nil {
 		t := proxy.NewTransport()
 		t.MaxResponseHeaderBytes = cfg.Limits.MaxUpstreamHeaderBytes
-		cfg.Proxy.Transport = proxy.NewH1(t)
+		cfg.Proxy.Transport = t
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)

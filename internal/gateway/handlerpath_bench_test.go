@@ -90,21 +90,28 @@ func BenchmarkHandlerPath(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := s.Handler()
+	// Responses1KB is a follow-up turn of the Responses API with a 1 KB input: its worker found
+	// by previous_response_id, the answer's id remembered.
+	responses := fmt.Appendf(nil, `{"model":"m","input":%q,"previous_response_id":"c1"}`, strings.Repeat("x", 1_000))
 	for _, c := range []struct {
-		name   string
-		stream bool
-	}{{"1KB", false}, {"SSE10", true}} {
-		body := proxyCostBody(1_000, c.stream)
+		name, path string
+		body       []byte
+	}{
+		{"1KB", "/v1/chat/completions", proxyCostBody(1_000, false)},
+		{"SSE10", "/v1/chat/completions", proxyCostBody(1_000, true)},
+		{"Responses1KB", "/v1/responses", responses},
+	} {
+		body := c.body
 		b.Run(c.name, func(b *testing.B) {
 			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body)))
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, c.path, bytes.NewReader(body)))
 			if rec.Code != http.StatusOK || !bytes.Contains(rec.Body.Bytes(), []byte(`"c1"`)) {
 				b.Fatalf("status %d: %s", rec.Code, rec.Body)
 			}
 			b.ReportAllocs()
 			w := &discardWriter{h: http.Header{}}
 			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+				req := httptest.NewRequest(http.MethodPost, c.path, bytes.NewReader(body))
 				clear(w.h)
 				h.ServeHTTP(w, req)
 			}

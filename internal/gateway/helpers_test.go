@@ -105,6 +105,23 @@ type testGateway struct {
 	srv   *httptest.Server
 	admin *httptest.Server // the admin plane, as serve runs it on its own listener
 	done  chan string
+	// bearer is sent by post when the caller sends no Authorization: the key of auditClient.
+	bearer string
+}
+
+// testAuditKey is the data-plane key, named "audit", that auditClient gives a gateway whose
+// audit headers would otherwise be shown to nobody.
+const testAuditKey = "test-audit-key"
+
+// auditClient lets the requests of tests see the audit headers: with AuditHeaders on and neither
+// an admin key nor a named client, it adds the data-plane key "audit=testAuditKey" and names it.
+func auditClient(cfg *Config) (bearer string) {
+	if !cfg.AuditHeaders || cfg.AdminKey != "" || len(cfg.AuditHeadersClients) > 0 {
+		return ""
+	}
+	cfg.APIKeys = append(cfg.APIKeys, "audit="+testAuditKey)
+	cfg.AuditHeadersClients = []string{"audit"}
+	return testAuditKey
 }
 
 func newTestGateway(t *testing.T, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
@@ -119,13 +136,14 @@ func newTestGateway(t *testing.T, cfg Config, policyName string, workers ...*fak
 	if err != nil {
 		t.Fatal(err)
 	}
+	bearer := auditClient(&cfg)
 	s := New(cfg, worker.NewRegistry(), router, nil)
 	for _, f := range workers {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	g := &testGateway{Server: s, done: make(chan string, 1024)}
+	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer}
 	h := s.Handler()
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() { g.done <- r.URL.Path }()
@@ -162,6 +180,9 @@ func (g *testGateway) postFrom(t *testing.T, path string, body io.Reader, hdr ..
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, g.srv.URL+path, body)
 	req.Header.Set("Content-Type", "application/json")
+	if g.bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+g.bearer)
+	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}

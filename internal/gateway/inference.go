@@ -117,18 +117,24 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	id := requestID(r)
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
-	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), s.cfg.AuditHeaders)
+	var ids *auditIDs
+	if s.audit.allows(r) {
+		ids = &s.auditIDs
+	}
+	*aw = newAuditWriter(w, preq, p.TextBytes, pol.Name(), ids)
 	aw.observer, _ = policy.As[policy.CacheObserver](pol)
 	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)
 	if s.flowOn {
 		fr := &rq.flow
-		*fr = flowRequest{model: pool.Model, candidates: candidates, pol: pol, preq: preq, bytes: int64(len(body)), hasBodyPri: p.HasPriority, bodyPri: p.Priority}
+		*fr = flowRequest{model: pool.Model, candidates: candidates, pol: pol, preq: preq, body: rb, bytes: int64(len(body)), hasBodyPri: p.HasPriority, bodyPri: p.Priority}
 		if f := s.flow.admit(r, fr, &rq.ticket); f != nil {
 			writeRefusal(w, f, id)
 			return f.status, pool.Model, nil
 		}
 		defer rq.ticket.done()
+		body = rb.Bytes() // a queued request's body moved (Body.shrink)
+		preq.Body = body
 	}
 	rq.forward = proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,

@@ -139,6 +139,8 @@ func failureMessage(e *proxy.Error) string {
 		return "the worker could not be connected to"
 	case proxy.KindTimeout:
 		return "the worker did not answer in time"
+	case proxy.KindStreamIdle:
+		return "the worker's stream went silent"
 	case proxy.KindCanceled:
 		return "the client closed the request"
 	case proxy.KindShutdown:

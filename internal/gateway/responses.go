@@ -5,11 +5,11 @@ import (
 	"cmp"
 	"container/list"
 	"context"
-	"encoding/json"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/jsonscan"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/tracing"
@@ -30,12 +30,14 @@ import (
 // the start of the worker's answer (the top-level "id" of a JSON body, the "response.id" of a
 // stream's first event), at most responseIDMax bytes of printable ASCII; a worker that sends none
 // is routed by policy next time. The ids come from workers, never from clients: a client that
-// names another's response id is routed to that worker, which decides whether to serve it.
+// names another's response id is routed to that worker, which decides whether to serve it; and a
+// worker cannot take over an id another worker gave (remember).
 
 // ResponsesConfig bounds the memory of which worker answered each response id.
 type ResponsesConfig struct {
 	// MaxEntries is how many response ids are remembered; the least recently used goes first.
-	// Default 65536 (about 16 MiB at the largest ids); negative turns the memory off.
+	// Default 65536: 15 MB of heap with vLLM's 40-byte ids, 20 MB at the 128-byte cap
+	// (BenchmarkResponseAffinity). Negative turns the memory off.
 	MaxEntries int
 	// TTL is how long after it was answered a response id is remembered. Default 1h.
 	TTL time.Duration
@@ -79,7 +81,9 @@ func newResponseAffinity(c ResponsesConfig, now func() time.Time) *responseAffin
 	return &responseAffinity{max: c.MaxEntries, ttl: c.TTL, now: now, byID: map[string]*list.Element{}}
 }
 
-// remember records that workerID answered response id.
+// remember records that workerID answered response id. An id already remembered for another
+// worker, and not expired, stays with it: engines draw ids at random, so a second worker giving
+// the same id is one trying to draw another conversation's follow-ups to itself.
 func (a *responseAffinity) remember(id, workerID string) {
 	if a.max < 0 || id == "" {
 		return
@@ -89,6 +93,9 @@ func (a *responseAffinity) remember(id, workerID string) {
 	defer a.mu.Unlock()
 	if e, ok := a.byID[id]; ok {
 		ent := e.Value.(*affinityEntry)
+		if ent.worker != workerID && now.Before(ent.expires) {
+			return
+		}
 		ent.worker, ent.expires = workerID, now.Add(a.ttl)
 		a.order.MoveToFront(e)
 		return
@@ -243,62 +250,30 @@ func validResponseID(id string) string {
 	return id
 }
 
-// jsonMemberString walks doc (possibly cut short) token by token and returns the string at the
-// path of object keys, or "" when the path is not reached or does not hold a string.
-func jsonMemberString(doc []byte, path ...string) string {
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	depth, matched := 0, 0 // depth of objects and arrays entered; keys of path matched
-	expectKey := false     // the next token of the current object is a key
-	var stack []bool       // per level entered: an object (true) or an array
-	for {
-		tok, err := dec.Token()
-		if err != nil { // the end of what was kept, or not JSON
-			return ""
-		}
-		switch v := tok.(type) {
-		case json.Delim:
-			switch v {
-			case '{', '[':
-				depth++
-				stack = append(stack, v == '{')
-				expectKey = v == '{'
+// jsonMemberString returns the string at the path of object keys in doc (which may be cut
+// short: what was read before the cut counts), or "" when the path is not reached or does not
+// hold a string. The first of duplicate keys wins.
+func jsonMemberString(doc []byte, path ...string) (out string) {
+	sc := jsonscan.New(doc)
+	var walk func(depth int)
+	walk = func(depth int) {
+		sc.Object(func(key []byte) {
+			switch {
+			case out != "" || string(key) != path[depth]:
+				sc.Skip()
+			case depth == len(path)-1 && sc.Peek() == '"':
+				out = string(sc.Str(true))
+			case depth < len(path)-1 && sc.Peek() == '{':
+				walk(depth + 1)
 			default:
-				depth--
-				stack = stack[:len(stack)-1]
-				if depth < matched {
-					return "" // left the object the path was in
-				}
-				expectKey = len(stack) > 0 && stack[len(stack)-1]
+				sc.Skip()
 			}
-			continue
-		}
-		inObject := len(stack) > 0 && stack[len(stack)-1]
-		if inObject && expectKey {
-			key, _ := tok.(string)
-			expectKey = false
-			if depth == matched+1 && key == path[matched] {
-				matched++
-				if matched == len(path) {
-					next, err := dec.Token()
-					if s, ok := next.(string); ok && err == nil {
-						return s
-					}
-					return ""
-				}
-				// The value must be an object to go on.
-				next, err := dec.Token()
-				if d, ok := next.(json.Delim); !ok || d != '{' || err != nil {
-					return ""
-				}
-				depth++
-				stack = append(stack, true)
-				expectKey = true
-			}
-			continue
-		}
-		// A scalar value: the next token of an object is a key again.
-		expectKey = inObject
+		})
 	}
+	if sc.Peek() == '{' {
+		walk(0)
+	}
+	return out
 }
 
 // forwardResponses forwards a Responses request: a follow-up turn goes back to the worker that

@@ -173,7 +173,7 @@ func TestWarmOnJoin(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	g.waitDone(t, 1)
-	if w, branch := resp.Header.Get("x-kvgate-worker"), resp.Header.Get("x-kvgate-route"); w != cID || branch != "cache_aware/"+policy.BranchCacheHit {
+	if w, branch := resp.Header.Get("x-kvgate-worker"), resp.Header.Get("x-kvgate-route"); w != g.auditIDs.of(cID) || branch != "cache_aware/"+policy.BranchCacheHit {
 		t.Fatalf("after warming: worker %s by %s, want a cache hit on the new worker %s", w, branch, cID)
 	}
 
@@ -225,7 +225,7 @@ func TestWarmBoundedAndCancelledOnDelete(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	g.waitDone(t, 1)
-	if got := resp.Header.Get("x-kvgate-worker"); got == id {
+	if got := resp.Header.Get("x-kvgate-worker"); got == g.auditIDs.of(id) {
 		t.Fatal("a client request went to the worker being warmed")
 	}
 	req, _ := http.NewRequest(http.MethodDelete, g.admin.URL+"/workers/"+id, nil)

@@ -14,7 +14,7 @@ import (
 // Kind says what an Event reports. The zero value is not a valid kind.
 type Kind uint8
 
-// The event kinds of DESIGN.md §8.
+// The event kinds vLLM and SGLang publish.
 const (
 	// BlockStored: blocks entered the engine's prefix cache.
 	BlockStored Kind = iota + 1
@@ -63,8 +63,12 @@ const (
 	DefaultMaxDecoded = 16 << 20
 )
 
-// eventSize is what one decoded Event costs besides its arrays.
-const eventSize = int(unsafe.Sizeof(Event{}))
+// eventSize is what one decoded Event costs besides its arrays; minEventBytes is the least an
+// event that is kept takes on the wire (["BlockRemoved"]).
+const (
+	eventSize     = int(unsafe.Sizeof(Event{}))
+	minEventBytes = 14
+)
 
 // ErrMalformed wraps every decoding error.
 var ErrMalformed = errors.New("kvevents: malformed event batch")
@@ -404,9 +408,15 @@ func (d *decoder) events() ([]Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Sized as events arrive, not from n: an event that is kept takes 18 bytes on the wire and
-	// five times that decoded, one that is skipped two bytes.
+	// Sized from what the bytes can hold, not from n: an event that is kept takes at least
+	// minEventBytes on the wire (one that is skipped, two), and is charged before it is made.
 	var out []Event
+	if c := min(n, d.r.Len()/minEventBytes); c > 0 {
+		if err := d.charge(c * eventSize); err != nil {
+			return nil, err
+		}
+		out = make([]Event, 0, c)
+	}
 	for range n {
 		e, err := d.event()
 		if err != nil {
@@ -448,7 +458,7 @@ func (d *decoder) event() (Event, error) {
 	}
 	var bs, group int64
 	var hasBS, hasGroup bool
-	var medium string
+	var offGPU bool // the medium names another than the GPU
 	if isMap(c) {
 		n, err := d.mapLen()
 		if err != nil {
@@ -475,7 +485,7 @@ func (d *decoder) event() (Event, error) {
 			case "lora_id":
 				err = d.optInt(&e.LoRA, &e.HasLoRA)
 			case "medium":
-				medium, err = d.optStr()
+				offGPU, err = d.offGPU()
 			case "group_idx":
 				err = d.optInt(&group, &hasGroup)
 			default:
@@ -500,31 +510,23 @@ func (d *decoder) event() (Event, error) {
 		e.Kind = kindOf(tag)
 		// Field order per type, as vLLM declares them; trailing fields may be absent, extra
 		// ones follow.
-		var fields []func() error
-		hashes := func() (err error) { e.Hashes, err = d.hashes(); return }
-		med := func() (err error) { medium, err = d.optStr(); return }
-		skip := func() error { return d.skip(1) }
-		grp := func() error { return d.optInt(&group, &hasGroup) }
-		switch e.Kind {
-		case BlockStored:
-			fields = []func() error{
-				hashes,
-				func() error { return d.parent(&e) },
-				func() (err error) { e.Tokens, err = d.tokens(); return },
-				func() error { return d.optInt(&bs, &hasBS) },
-				func() error { return d.optInt(&e.LoRA, &e.HasLoRA) },
-				med,
-				skip, // lora_name
-				skip, // extra_keys
-				grp,
-			}
-		case BlockRemoved:
-			fields = []func() error{hashes, med, grp}
-		}
 		for i := 1; i < n; i++ {
-			if i-1 < len(fields) {
-				err = fields[i-1]()
-			} else {
+			switch field(e.Kind, i) {
+			case "block_hashes":
+				e.Hashes, err = d.hashes()
+			case "parent_block_hash":
+				err = d.parent(&e)
+			case "token_ids":
+				e.Tokens, err = d.tokens()
+			case "block_size":
+				err = d.optInt(&bs, &hasBS)
+			case "lora_id":
+				err = d.optInt(&e.LoRA, &e.HasLoRA)
+			case "medium":
+				offGPU, err = d.offGPU()
+			case "group_idx":
+				err = d.optInt(&group, &hasGroup)
+			default:
 				err = d.skip(1)
 			}
 			if err != nil {
@@ -541,7 +543,7 @@ func (d *decoder) event() (Event, error) {
 			return e, malformed("%d token ids for %d blocks of %d", len(e.Tokens), len(e.Hashes), bs)
 		}
 	}
-	if medium != "" && medium != "GPU" || hasGroup && group != 0 {
+	if offGPU || hasGroup && group != 0 {
 		// Another cache than the one a request's prefill reads first: an offloaded copy, or
 		// another KV-cache group of a hybrid model (whose blocks and evictions differ).
 		return Event{}, nil
@@ -549,98 +551,39 @@ func (d *decoder) event() (Event, error) {
 	return e, nil
 }
 
-// optStr reads a string or nil ("").
-func (d *decoder) optStr() (string, error) {
-	if null, err := d.isNil(); null || err != nil {
-		return "", err
-	}
-	return d.str()
-}
-
-// Encoding selects how Encode writes events.
-type Encoding uint8
-
-const (
-	// Legacy writes every struct as an array tagged by its type name (vLLM's msgspec
-	// array_like encoding).
-	Legacy Encoding = iota
-	// Maps writes each event as a map with a "type" key (newer vLLM releases).
-	Maps
+// storedFields and removedFields name the fields of the array encoding after the type tag.
+var (
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 
-// Encode appends the msgpack encoding of b to dst. The engine simulator publishes with it; tests
-// use both encodings.
-func Encode(dst *bytes.Buffer, b *Batch, enc Encoding) error {
-	e := msgpack.NewEncoder(dst)
-	e.EncodeArrayLen(3)
-	e.EncodeFloat64(b.TS)
-	e.EncodeArrayLen(len(b.Events))
-	for i := range b.Events {
-		encodeEvent(e, &b.Events[i], enc)
+// field names the i-th element (1: the first after the tag) of an array-encoded event of kind
+// k, "" for one it does not use.
+func field(k Kind, i int) string {
+	var f []string
+	switch k {
+	case BlockStored:
+		f = storedFields
+	case BlockRemoved:
+		f = removedFields
 	}
-	if b.HasRank {
-		return e.EncodeInt(int64(b.Rank))
+	if i-1 < len(f) {
+		return f[i-1]
 	}
-	return e.EncodeNil()
+	return ""
 }
 
-func encodeEvent(e *msgpack.Encoder, ev *Event, enc Encoding) {
-	var name string
-	switch ev.Kind {
-	case BlockStored:
-		name = "BlockStored"
-	case BlockRemoved:
-		name = "BlockRemoved"
-	default:
-		name = "AllBlocksCleared"
+// offGPU reads a medium (a string or nil) and reports whether it names another than the GPU;
+// "GPU", the common case, is compared without allocating a string.
+func (d *decoder) offGPU() (bool, error) {
+	if null, err := d.isNil(); null || err != nil {
+		return false, err
 	}
-	key := func(k string) {
-		if enc == Maps {
-			e.EncodeString(k)
-		}
+	if c, _ := d.peek(); c == msgpcode.FixedStrLow|3 && d.r.Len() >= 4 {
+		var b [4]byte
+		d.r.Read(b[:]) // the decoder reads d.r directly: a bytes.Reader needs no buffer
+		return string(b[1:]) != "GPU", nil
 	}
-	hashes := func() {
-		key("block_hashes")
-		e.EncodeArrayLen(len(ev.Hashes))
-		for _, h := range ev.Hashes {
-			e.EncodeUint64(h)
-		}
-	}
-	fields := map[Kind]int{BlockStored: 7, BlockRemoved: 3, AllBlocksCleared: 1}[ev.Kind]
-	if enc == Maps {
-		e.EncodeMapLen(fields)
-		e.EncodeString("type")
-	} else {
-		e.EncodeArrayLen(fields)
-	}
-	e.EncodeString(name)
-	switch ev.Kind {
-	case BlockStored:
-		hashes()
-		key("parent_block_hash")
-		if ev.HasParent {
-			e.EncodeUint64(ev.Parent)
-		} else {
-			e.EncodeNil()
-		}
-		key("token_ids")
-		e.EncodeArrayLen(len(ev.Tokens))
-		for _, t := range ev.Tokens {
-			e.EncodeUint32(t)
-		}
-		key("block_size")
-		e.EncodeInt(int64(ev.BlockSize))
-		key("lora_id")
-		if ev.HasLoRA {
-			e.EncodeInt(ev.LoRA)
-		} else {
-			e.EncodeNil()
-		}
-		key("medium")
-		e.EncodeString("GPU")
-	case BlockRemoved:
-		hashes()
-		key("medium")
-		e.EncodeString("GPU")
-	}
+	m, err := d.str()
+	return m != "" && m != "GPU", err
 }

@@ -1,4 +1,4 @@
-// Package kvevents gives the gateway the engines' own picture of their KV caches (DESIGN.md §8).
+// Package kvevents gives the gateway the engines' own picture of their KV caches.
 // Engines (vLLM, SGLang, kvgate sim) publish KV-cache events over ZeroMQ: a block stored, with
 // its hash, its parent's hash and its token ids; blocks removed; everything cleared. The Service
 // subscribes to every worker — the gateway binds a SUB socket engines dial, or dials each
@@ -12,7 +12,14 @@
 //
 // The Publisher is the engine side, used by the engine simulator.
 //
-// Everything a publisher sends is bounded before it is believed: frame sizes and counts (package
-// zmtp), msgpack lengths against the bytes present, nesting depth, blocks per stream, streams
-// per worker; a topic naming no registered worker is dropped.
+// Publishers are not trusted. A bound socket listens on loopback unless given an allow-list of
+// sources; a publisher may speak only for workers on its own host (or those a worker's
+// kv_events_publisher label names); a stream that restarts, jumps, or sends garbage is
+// resynchronized, never frozen. Everything a publisher sends is bounded before it is believed:
+// frames grow as their bytes arrive, within a byte budget shared by every connection and the
+// receive queue (package zmtp); connections still handshaking are few and short-lived; msgpack
+// lengths are checked against the bytes present and what a batch decodes to against a bound;
+// blocks per worker and streams per worker are capped; a topic naming no registered worker is
+// dropped. A publisher's connection that ends keeps its picture for Config.Resync, for the
+// engine to come back; one that does not is forgotten.
 package kvevents

@@ -74,6 +74,11 @@ func (s *Service) workerFor(sock *zmtp.Socket, p zmtp.Peer, addr string) *tracke
 		return nil
 	}
 	if !s.mayPublish(t, p, d) {
+		if len(t.addrs) == 0 && t.resolvedAt.IsZero() && !isLocalhost(t.host) {
+			// Its host name is still being looked up: no verdict yet, and no warning.
+			s.unknown.Add(1)
+			return nil
+		}
 		s.rejected.Add(1)
 		s.warnOnce("rejected "+t.id+" "+p.Addr.String(), "kv events: refusing events for a worker from a publisher that is not on its host "+
 			"(allow it with the worker label "+PublisherLabel+")", "worker", t.id, "publisher", p.Addr.String())
@@ -141,7 +146,7 @@ func (s *Service) sequence(t *tracked, src Source, key connKey, via string, seq 
 		s.mu.Unlock()
 		return
 	}
-	st.conn, st.via, st.leftAt = key, via, time.Time{}
+	st.conn, st.via, st.leftAt, st.back = key, via, time.Time{}, connKey{}
 	t.heard = true
 	if !t.publishing {
 		t.publishing = true
@@ -295,6 +300,12 @@ func (s *Service) joined(sock *zmtp.Socket, p zmtp.Peer) {
 	if t == nil {
 		return
 	}
+	// The publisher is back: its streams wait on this connection rather than age out.
+	for src, st := range s.streams {
+		if src.Worker == t.id && !st.leftAt.IsZero() {
+			st.leftAt, st.back = time.Time{}, key
+		}
+	}
 	src := Source{Worker: t.id}
 	if st := s.streams[src]; st == nil {
 		s.streams[src] = &stream{conn: key, via: p.Endpoint}
@@ -318,7 +329,7 @@ func (s *Service) left(sock *zmtp.Socket, p zmtp.Peer) {
 	defer s.mu.Unlock()
 	delete(s.live, key)
 	for src, st := range s.streams {
-		if st.conn != key {
+		if st.conn != key && st.back != key {
 			continue
 		}
 		st.leftAt = now

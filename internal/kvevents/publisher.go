@@ -24,7 +24,7 @@ type PublisherConfig struct {
 	// ReplayBind is the endpoint of the ROUTER socket that re-sends buffered batches, "" for
 	// none.
 	ReplayBind string
-	// Topic is the first frame of every message: kv@<host>:<port>@<model> (DESIGN.md §8).
+	// Topic is the first frame of every message: kv@<host>:<port>@<model>.
 	Topic string
 	// Buffer is how many recent batches the replay socket can re-send. Default 10000 (vLLM's
 	// buffer_steps).
@@ -196,5 +196,5 @@ func (p *Publisher) Close() error {
 	return nil
 }
 
-// Topic returns the topic of an engine serving model at host:port (DESIGN.md §8).
+// Topic returns the topic of an engine serving model at host:port.
 func Topic(hostPort, model string) string { return fmt.Sprintf("kv@%s@%s", hostPort, model) }

@@ -221,7 +221,10 @@ type stream struct {
 	conn    connKey   // the connection its messages last came on
 	via     string    // that connection's endpoint or source address, for logs
 	leftAt  time.Time // when that connection ended; zero while it is up
-	replay  time.Time // the last replay asked for it
+	// back is a new connection to the dialed endpoint the stream came on, after conn ended:
+	// the stream waits on it instead (its first message will tell a restart from a blip).
+	back   connKey
+	replay time.Time // the last replay asked for it
 }
 
 // New starts ingestion: it binds cfg.Bind when set. Workers are dialed as Track registers them.

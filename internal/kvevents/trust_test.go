@@ -40,6 +40,24 @@ func within(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// liveIDs returns the ids of the service's connections up now.
+func (r *rig) liveIDs() map[uint64]bool {
+	r.svc.mu.Lock()
+	defer r.svc.mu.Unlock()
+	ids := map[uint64]bool{}
+	for k := range r.svc.live {
+		ids[k.id] = true
+	}
+	return ids
+}
+
+func firstKey(m map[uint64]bool) uint64 {
+	for k := range m {
+		return k
+	}
+	return 0
+}
+
 func (r *rig) liveConns() int {
 	r.svc.mu.Lock()
 	defer r.svc.mu.Unlock()
@@ -320,6 +338,122 @@ func TestMalformedStreamRecovers(t *testing.T) {
 		t.Fatalf("after garbage and an odd block size: %v %v, want [8 4]", out, ok)
 	}
 	if st := r.svc.Stats(); st.Malformed != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// cutProxy relays TCP connections to target until cut, which closes every relayed connection
+// (a network blip: neither side restarts).
+type cutProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCutProxy(t *testing.T, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go func() { io.Copy(u, c); u.Close() }()
+			go func() { io.Copy(c, u); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// A dialed publisher whose connection drops and comes back (the engine did not restart, and is
+// idle) keeps its picture past Resync, and its numbering goes on without a restart.
+func TestDialReconnectKeepsPicture(t *testing.T) {
+	r := newRig(t, Config{Resync: 5 * time.Second})
+	pub := newPub(t, PublisherConfig{Bind: "tcp://127.0.0.1:0", Topic: "kv"})
+	proxy := newCutProxy(t, pub.Addr)
+	w := newWorker(t, "http://127.0.0.1:9406", map[string]string{EndpointLabel: "tcp://" + proxy.ln.Addr().String()})
+	r.svc.Track(w)
+	waitSubs(t, pub)
+	pub.Publish(batch(stored([]uint64{1}, 0, false, 4, 1)))
+	r.wait(t, 1)
+	old := r.liveIDs()
+	proxy.cut()
+	within(t, "a new connection, and the old one gone on both sides", func() bool {
+		ids := r.liveIDs()
+		return len(ids) == 1 && !old[firstKey(ids)] && pub.pub.Peers() == 1
+	})
+	r.clock.Add(10 * time.Second)
+	r.svc.sweep()
+	if out, ok := r.match("", prompt(4, 1, 1), w.ID); !ok || out[0] != 4 {
+		t.Fatalf("after a blip, an idle engine's picture: %v %v", out, ok)
+	}
+	waitSubs(t, pub)
+	pub.Publish(batch(stored([]uint64{2}, 1, true, 4, 101)))
+	r.wait(t, 1)
+	if out, _ := r.match("", prompt(4, 1, 2), w.ID); out[0] != 8 {
+		t.Fatalf("the next event after the blip: %v", out)
+	}
+	if st := r.svc.Stats(); st.Restarts != 0 || st.Resyncs != 0 {
+		t.Fatalf("stats %+v: a blip is no restart", st)
+	}
+}
+
+// A worker known by host name may be published for from the addresses its name resolves to.
+func TestPublisherCheckResolvesWorkerNames(t *testing.T) {
+	lookup := func(_ context.Context, host string) ([]netip.Addr, error) {
+		switch host {
+		case "engine-a.test":
+			return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+		case "engine-b.test":
+			return []netip.Addr{netip.MustParseAddr("10.1.1.1")}, nil
+		}
+		return nil, io.EOF
+	}
+	r := newRig(t, Config{Bind: "tcp://127.0.0.1:0", Lookup: lookup})
+	a := newWorker(t, "http://engine-a.test:8000", nil)
+	b := newWorker(t, "http://engine-b.test:8000", nil)
+	r.svc.Track(a)
+	r.svc.Track(b)
+	within(t, "names resolved", func() bool {
+		r.svc.mu.Lock()
+		defer r.svc.mu.Unlock()
+		return len(r.svc.workers[a.ID].addrs) == 1 && len(r.svc.workers[b.ID].addrs) == 1
+	})
+	for _, hp := range []string{"engine-a.test:8000", "engine-b.test:8000"} {
+		pub := newPub(t, PublisherConfig{Dial: []string{"tcp://" + r.svc.BindAddr}, Topic: Topic(hp, "m")})
+		waitSubs(t, pub)
+		pub.Publish(batch(stored([]uint64{1}, 0, false, 4, 1)))
+		r.wait(t, 1)
+	}
+	if out, ok := r.match("m", prompt(4, 1, 1), a.ID); !ok || out[0] != 4 {
+		t.Fatalf("the worker whose name resolves to the publisher: %v %v", out, ok)
+	}
+	if _, ok := r.match("m", prompt(4, 1, 1), b.ID); ok {
+		t.Fatal("the worker whose name resolves elsewhere took a loopback publisher's events")
+	}
+	if st := r.svc.Stats(); st.Rejected != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 }

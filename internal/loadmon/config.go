@@ -28,10 +28,9 @@ type Config struct {
 	// Concurrency is how many polls run at once. Zero means 64. Polls mostly wait on the network,
 	// so this bounds sockets and goroutines rather than CPU.
 	Concurrency int
-	// Client sends the polls. nil (the default) means the monitor's own raw HTTP/1.1 client
-	// for http:// workers (see rawhttp.go; 0.6× the CPU of net/http) and NewClient for
-	// https:// ones and for answers the raw client does not read. A non-nil Client is used for
-	// every poll (tests inject transports this way).
+	// Client sends the polls. nil (the default) means the monitor's own NewClient, whose idle
+	// connections Stop closes; a caller's Client is the caller's to close (tests inject
+	// transports this way).
 	Client *http.Client
 	// Now is the clock for PolledAt and freshness; nil means time.Now.
 	Now func() time.Time

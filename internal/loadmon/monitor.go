@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"iter"
-	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,9 +19,9 @@ type Monitor struct {
 	reg *worker.Registry
 	cfg Config // resolved: no zero fields
 
-	// raw: poll plain-http workers with the raw client (Config.Client was nil); dialer dials it.
-	raw    bool
-	dialer net.Dialer
+	// ownClient: Config.Client was nil, so the client is the monitor's own, and Stop closes
+	// its idle connections.
+	ownClient bool
 
 	snap atomic.Pointer[Snapshot]
 	// updated is closed, and replaced, at each round's publication (Updates).
@@ -54,8 +53,7 @@ func New(reg *worker.Registry, cfg Config) *Monitor {
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("loadmon.New: %v", err))
 	}
-	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, raw: cfg.Client == nil,
-		dialer: net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}}
+	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, ownClient: cfg.Client == nil}
 	m.snap.Store(emptySnapshot)
 	ch := make(chan struct{})
 	m.updated.Store(&ch)
@@ -119,12 +117,7 @@ func (m *Monitor) Stop() {
 		m.wg.Wait()
 		m.cancel = nil
 	}
-	m.pollMu.Lock()
-	for _, st := range m.states {
-		st.close()
-	}
-	m.pollMu.Unlock()
-	if m.raw { // the net/http client is ours too: release its idle connections
+	if m.ownClient {
 		m.cfg.Client.CloseIdleConnections()
 	}
 }
@@ -251,10 +244,7 @@ func (m *Monitor) collectTargets(view *worker.View) []*pollState {
 	for _, w := range view.All {
 		st := m.states[w.ID]
 		if st == nil || st.w != w {
-			if st != nil {
-				st.close()
-			}
-			st = newPollState(w, m.raw)
+			st = newPollState(w)
 			m.states[w.ID] = st
 		}
 		st.round = m.round
@@ -265,7 +255,6 @@ func (m *Monitor) collectTargets(view *worker.View) []*pollState {
 	if len(m.states) > len(view.All) {
 		for id, st := range m.states {
 			if st.round != m.round {
-				st.close()
 				delete(m.states, id)
 			}
 		}

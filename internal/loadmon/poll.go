@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -41,12 +40,6 @@ type pollState struct {
 
 	// Requests built once per worker; each poll sends a copy bound to its context.
 	reqs [nReqKinds]*http.Request
-
-	// raw is set while the worker is polled with the raw client (see rawhttp.go), on conn.
-	raw     bool
-	addr    string
-	rawReqs [nReqKinds][]byte
-	conn    net.Conn
 
 	source      Source    // the source that answered last, tried first
 	probed      bool      // /v1/models answered: the runtime is learned or not one we know
@@ -90,16 +83,11 @@ func (k reqKind) path() string {
 	return sources[k].path
 }
 
-// newPollState prepares w's requests; raw selects the raw client for a plain-http worker.
-func newPollState(w *worker.Worker, raw bool) *pollState {
-	// A key that is not a valid header value is never written raw; net/http refuses to send it,
-	// so the worker's polls fail instead of carrying what the key would inject.
-	raw = raw && worker.ValidAPIKey(w.Spec.APIKey) == nil
-	// Credentials in the URL (basic auth) are sent by net/http only.
-	st := &pollState{w: w, raw: raw && w.URL.Scheme == "http" && w.URL.User == nil, addr: w.URL.Host}
-	if w.URL.Port() == "" {
-		st.addr = net.JoinHostPort(w.URL.Hostname(), "80")
-	}
+// newPollState prepares w's requests. A key that is not a valid header value is set as it is:
+// net/http refuses to send it, so the worker's polls fail instead of carrying what the key
+// would inject.
+func newPollState(w *worker.Worker) *pollState {
+	st := &pollState{w: w}
 	for k := range nReqKinds {
 		if k < reqModels && sources[k].parse == nil {
 			continue // SourceNone
@@ -110,17 +98,8 @@ func newPollState(w *worker.Worker, raw bool) *pollState {
 			r.Header.Set("Authorization", "Bearer "+w.Spec.APIKey)
 		}
 		st.reqs[k] = r
-		st.rawReqs[k] = rawRequest(r.URL.Host, r.URL.RequestURI(), w.Spec.APIKey)
 	}
 	return st
-}
-
-// close drops the raw connection, if any.
-func (st *pollState) close() {
-	if st.conn != nil {
-		st.conn.Close()
-		st.conn = nil
-	}
 }
 
 // result is one worker's poll outcome: entry when err is nil.
@@ -262,18 +241,8 @@ func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (s
 
 // fetch sends request kind to the worker and returns the body, read into sc's buffer (valid
 // until sc's next fetch). A status other than 200, a body over MaxBody or a short body is an
-// error. A worker whose answer the raw client cannot read is polled through net/http from then on.
+// error.
 func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *scratch) ([]byte, error) {
-	if st.raw {
-		body, err := m.rawFetch(ctx, st, kind, sc)
-		if !errors.Is(err, errRawUnsupported) {
-			return body, err
-		}
-		st.raw = false
-		st.close()
-		m.cfg.Logger.Info("worker's HTTP is outside the raw poll client's subset; polling it with net/http",
-			"worker", st.w.Spec.URL)
-	}
 	resp, err := m.cfg.Client.Do(st.reqs[kind].WithContext(ctx))
 	if err != nil {
 		return nil, err

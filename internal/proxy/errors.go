@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -34,6 +35,9 @@ const (
 	// KindShutdown: the gateway's shutdown grace period ended before the request did (503, or an
 	// SSE error event once streaming). Never the worker's fault.
 	KindShutdown
+	// KindStreamIdle: a streamed answer on which the worker sent nothing for
+	// Config.StreamIdleTimeout was ended (an SSE error event; 504 had nothing been sent).
+	KindStreamIdle
 )
 
 // String returns the kind's metric label.
@@ -53,6 +57,8 @@ func (k Kind) String() string {
 		return "connect"
 	case KindShutdown:
 		return "shutdown"
+	case KindStreamIdle:
+		return "stream_idle"
 	default:
 		return "transport"
 	}
@@ -104,7 +110,7 @@ func Status(err error) int {
 	switch e.Kind {
 	case KindCanceled:
 		return 499
-	case KindTimeout:
+	case KindTimeout, KindStreamIdle:
 		return http.StatusGatewayTimeout
 	case KindNoWorker, KindShutdown:
 		return http.StatusServiceUnavailable
@@ -163,6 +169,10 @@ func isConnect(err error) bool {
 	var oe *net.OpError
 	return errors.As(err, &oe) && (oe.Op == "dial" || oe.Op == "write")
 }
+
+// garbled reports whether err says the worker's answer did not parse as HTTP/1.1. net/http
+// gives no type for that (its error is unexported), only this text, stable since Go 1.0.
+func garbled(err error) bool { return strings.Contains(err.Error(), "malformed HTTP") }
 
 func isTimeout(err error) bool {
 	var ne net.Error

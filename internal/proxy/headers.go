@@ -51,19 +51,60 @@ func copyRequestHeader(dst, src http.Header) {
 	}
 }
 
-// copyResponseHeader copies the worker's end-to-end headers into dst, keeping the gateway's own
-// X-Request-Id. A worker's redirect is relayed, never followed (it could point past the hosts
-// workers may live on), and its Location or Content-Location is cut to a reference relative to
-// the gateway (relativeRef): an absolute URL there names the worker's internal address, which
-// clients must never see.
-func copyResponseHeader(dst, src http.Header) {
+// relayedHeaders are the worker response fields a client may see: what it needs to read the
+// body, caching, rate limits and request ids. Anything else a worker sends (Set-Cookie, Server,
+// Strict-Transport-Security, Alt-Svc, Link and Refresh with internal URLs, its own CORS
+// answer: the gateway owns CORS) stays at the gateway. The X-Ratelimit- prefix is matched
+// apart (relayedHeader).
+var relayedHeaders = map[string]bool{
+	"Content-Type": true, "Content-Encoding": true, "Content-Length": true, "Content-Language": true,
+	"Cache-Control": true, "Expires": true, "Etag": true, "Last-Modified": true, "Vary": true, "Age": true, "Pragma": true,
+	"Retry-After": true, "Retry-After-Ms": true,
+	"Request-Id": true, "X-Correlation-Id": true,
+	"Location": true, "Content-Location": true,
+}
+
+// relayedOnClose are the fields relayed from an answer that said "Connection: close": net/http
+// folds that header into Response.Close and drops it, so the other fields it may have listed
+// as hop-by-hop are unknown, and only those a client needs to read the answer (and to back off)
+// pass.
+var relayedOnClose = map[string]bool{
+	"Content-Type": true, "Content-Encoding": true, "Content-Length": true, "Retry-After": true,
+	"Location": true, "Content-Location": true,
+}
+
+// relayedHeader reports whether worker field k (canonical) may reach the client.
+func relayedHeader(k string, closed bool) bool {
+	if closed {
+		return relayedOnClose[k]
+	}
+	return relayedHeaders[k] || strings.HasPrefix(k, "X-Ratelimit-")
+}
+
+// copyResponseHeader copies into dst the fields of the worker's answer resp that a client may
+// see (relayedHeaders), never a hop-by-hop one nor one the worker's Connection lists (the
+// gateway's own X-Request-Id is not among them). A worker's Vary adds to the gateway's (CORS varies on Origin).
+// A worker's redirect is relayed, never followed (it could point past the hosts workers may live
+// on), and its Location or Content-Location is cut to a reference relative to the gateway
+// (relativeRef): an absolute URL there names the worker's internal address, which clients must
+// never see.
+func copyResponseHeader(dst http.Header, resp *http.Response) {
+	src := resp.Header
+	// An HTTP/1.1 "Connection: close" is gone from src by now (see relayedOnClose); an HTTP/1.0
+	// answer keeps its Connection header, and Close is true for it without one.
+	closed := resp.Close && resp.ProtoAtLeast(1, 1)
 	listed := connectionListed(src)
 	for k, vs := range src {
-		if isHop(k, listed) || k == "X-Request-Id" {
+		if !relayedHeader(k, closed) || isHop(k, listed) {
 			continue
 		}
-		if k == "Location" || k == "Content-Location" {
+		switch k {
+		case "Location", "Content-Location":
 			vs = relativeRefs(vs)
+		case "Vary":
+			if prior := dst[k]; len(prior) > 0 {
+				vs = append(slices.Clip(prior), vs...)
+			}
 		}
 		dst[k] = vs
 	}

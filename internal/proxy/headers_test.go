@@ -45,7 +45,7 @@ func TestHeaderCopies(t *testing.T) {
 		"X-Request-Id":                {"worker-id"},
 		"Access-Control-Allow-Origin": {"https://evil.example"},
 	}
-	copyResponseHeader(out, worker)
+	copyResponseHeader(out, &http.Response{Header: worker, ProtoMajor: 1, ProtoMinor: 1})
 	if out.Get("X-Request-Id") != "gw-id" || out.Get("Access-Control-Allow-Origin") != "*" {
 		t.Errorf("response: the gateway's own fields changed: %v", out)
 	}
@@ -97,7 +97,7 @@ func TestRelativeRef(t *testing.T) {
 		}
 	}
 	out := http.Header{}
-	copyResponseHeader(out, http.Header{"Location": {"http://10.0.0.7:30000/a"}, "Content-Location": {"/b"}})
+	copyResponseHeader(out, &http.Response{Header: http.Header{"Location": {"http://10.0.0.7:30000/a"}, "Content-Location": {"/b"}}})
 	if out.Get("Location") != "/a" || out.Get("Content-Location") != "/b" {
 		t.Errorf("copied %v", out)
 	}

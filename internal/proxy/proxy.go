@@ -5,17 +5,16 @@
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/worker"
@@ -52,7 +51,7 @@ type Config struct {
 	AttemptTimeout time.Duration
 	// Retry bounds retries.
 	Retry RetryConfig
-	// Transport sends upstream requests; nil means NewH1(NewTransport()).
+	// Transport sends upstream requests; nil means NewTransport().
 	Transport http.RoundTripper
 	// Observer is told of errors and retries; nil means none.
 	Observer Observer
@@ -63,7 +62,19 @@ type Config struct {
 	ForwardClientAuth bool
 	// HopID, when set, is appended to HopHeader on every upstream request.
 	HopID string
+	// StreamIdleTimeout ends a streamed answer on which the worker has sent nothing for this
+	// long, counted from its response headers, with an SSE error event (--stream-idle-timeout;
+	// DefaultStreamIdleTimeout there). Zero or negative means no such bound: only
+	// RequestTimeout ends a silent stream.
+	StreamIdleTimeout time.Duration
+	// Logger receives what a client is not shown: the text of a worker's 5xx answer (cut to
+	// maxLoggedBody bytes). nil means slog.Default().
+	Logger *slog.Logger
 }
+
+// DefaultStreamIdleTimeout is the gateway's default Config.StreamIdleTimeout: far above any
+// pause between an engine's tokens, yet a hung engine's streams end within a minute.
+const DefaultStreamIdleTimeout = 60 * time.Second
 
 // Observer receives forwarding events for metrics. Methods must be cheap and concurrency-safe.
 type Observer interface {
@@ -104,10 +115,7 @@ type Forwarder struct {
 	// redirect rather than following it (as httputil.ReverseProxy does), and a client's
 	// per-request header copy (kept for redirects) would be work for nothing.
 	transport http.RoundTripper
-	// direct is true when transport is an H1, which writes a small body from the caller's
-	// memory in the same write as the header (no copy of its own is needed).
-	direct bool
-	obs    Observer
+	obs       Observer
 	// deadlines bounds each request by RequestTimeout.
 	deadlines *deadlines
 	// hop is the HopHeader value of a request that crossed no other gateway.
@@ -143,34 +151,19 @@ func New(cfg Config) *Forwarder {
 		cfg.Rand = rand.Float64
 	}
 	if cfg.Transport == nil {
-		cfg.Transport = NewH1(NewTransport())
+		cfg.Transport = NewTransport()
 	}
-	direct := isH1(cfg.Transport)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	return &Forwarder{
 		cfg:       cfg,
 		deadlines: &deadlines{d: cfg.RequestTimeout},
 		transport: cfg.Transport,
-		direct:    direct,
 		hop:       []string{cfg.HopID},
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
 		rand:      cfg.Rand,
 	}
-}
-
-// isH1 reports whether rt is an H1, or wraps one (a wrapper says so with an
-// Unwrap() http.RoundTripper method, as the tracing transport does).
-func isH1(rt http.RoundTripper) bool {
-	for range 8 {
-		switch t := rt.(type) {
-		case *H1:
-			return true
-		case interface{ Unwrap() http.RoundTripper }:
-			rt = t.Unwrap()
-		default:
-			return false
-		}
-	}
-	return false
 }
 
 // Picker chooses the worker for an attempt, given the workers already tried (in order). It
@@ -368,9 +361,12 @@ type attempt struct {
 	f     *Forwarder
 	w     *worker.Worker
 	lease worker.Lease
-	// cancel and timer bound the attempt up to its response headers (Config.AttemptTimeout);
-	// both are nil when there is no such bound.
-	cancel context.CancelFunc
+	// ctx and cancel are the attempt's own context, set when something but the request's end
+	// may end the attempt: timer up to its response headers (Config.AttemptTimeout), or a
+	// streamed answer's idle bound (Config.StreamIdleTimeout, cause errStreamIdle). cancel and
+	// timer are nil when there is no such bound.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 	timer  *time.Timer
 	resp   *http.Response
 	// drain asks end to read what is left of a short body so the connection is reused.
@@ -396,15 +392,19 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		a.lease.FirstByte()
 	}
 	actx := ctx
-	if d := f.cfg.AttemptTimeout; d > 0 {
+	d := f.cfg.AttemptTimeout
+	if d > 0 || (req.Stream && f.cfg.StreamIdleTimeout > 0) {
 		// Only a bound of its own needs a context of its own: without one, the request's
 		// context is the attempt's, and end has nothing to cancel (the response body's Close
 		// releases the connection).
-		var cancel context.CancelFunc
-		actx, cancel = context.WithCancel(ctx)
+		var cancel context.CancelCauseFunc
+		actx, cancel = context.WithCancelCause(ctx)
 		a.cancel = cancel
-		a.timer = time.AfterFunc(d, cancel)
+		if d > 0 {
+			a.timer = time.AfterFunc(d, func() { cancel(nil) })
+		}
 	}
+	a.ctx = actx
 	u, err := newUpstreamRequest(actx, w.URL, req.Path, len(req.Header)+upstreamHeaders)
 	if err != nil {
 		// Only a malformed path can fail here; it is a gateway bug, not the worker's.
@@ -414,9 +414,8 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 	}
 	copyRequestHeader(u.Header, req.Header)
 	// A pooled connection the worker had already closed fails a request that never reached it.
-	// H1 sends such a request again on a new connection, when a reused connection fails before
-	// any answer byte; marked idempotent (a nil value is not sent), net/http's Transport does
-	// the same for the requests H1 hands it.
+	// Marked idempotent (a nil value is not sent), net/http's Transport sends such a request
+	// again on a new connection when a reused one fails before any byte of an answer.
 	if _, ok := u.Header["X-Idempotency-Key"]; !ok {
 		u.Header["X-Idempotency-Key"] = nil
 	}
@@ -431,10 +430,10 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		u.Header["X-Forwarded-For"] = vals[1:2:2]
 	}
 	f.setCredentials(u, w.Spec.APIKey)
-	// Last: every caller sends u, and the transport closes (so releases) its body. H1 sends a
-	// small body with the header in one write from the caller's memory; net/http needs a copy
-	// of its own for that (setSmallBody).
-	if len(req.Body) <= smallBody && !f.direct {
+	// Last: every caller sends u, and the transport closes (so releases) its body. net/http
+	// writes a small body with the header in one write only from a copy of its own
+	// (setSmallBody).
+	if len(req.Body) <= smallBody {
 		setSmallBody(u, req.Body)
 	} else {
 		setBody(u, req)
@@ -445,6 +444,17 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 // send sends u and waits for the response headers; the attempt's timer covers only this part.
 func (a *attempt) send(ctx context.Context, u *http.Request) *Error {
 	resp, err := a.f.transport.RoundTrip(u)
+	if err != nil && garbled(err) && ctx.Err() == nil && u.GetBody != nil {
+		// What came back does not parse as an answer: bytes a worker left on a pooled
+		// connection after an earlier answer (a body longer than its Content-Length, a late
+		// stray write), read as this request's. net/http has closed that connection; the
+		// request goes once more, on another, rather than fail for another request's bytes.
+		if body, gerr := u.GetBody(); gerr == nil {
+			again := *u
+			again.Body = body
+			resp, err = a.f.transport.RoundTrip(&again)
+		}
+	}
 	timedOut := a.timer != nil && !a.timer.Stop()
 	if err == nil && timedOut {
 		// The attempt timer fired just as the headers arrived: the body is already cancelled.
@@ -476,7 +486,7 @@ func (a *attempt) end() {
 		a.timer.Stop()
 	}
 	if a.cancel != nil {
-		a.cancel()
+		a.cancel(nil)
 	}
 	a.lease.End(a.outcome)
 	if a.failed && (a.outcome == worker.Failed || a.kind == KindStatus) {
@@ -509,166 +519,10 @@ func (f *Forwarder) try(ctx context.Context, rw http.ResponseWriter, req *Reques
 			f.obs.RetriesExhausted(statusReason(code))
 		}
 	}
+	if code >= 500 {
+		return a.replaceServerError(rw, req, res), true
+	}
 	return a.relay(ctx, rw, req, start, res), true
-}
-
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
-
-// maxEventBytes bounds how much of one SSE event is held back waiting for its end; an event
-// longer than this is passed through in pieces.
-const maxEventBytes = 1 << 20
-
-// relay copies the worker's response to the client. A streamed answer is flushed per chunk
-// and, when it is an event stream, written only up to the end of its last complete event, so
-// that a stream cut mid-event never shows the client half an event.
-func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Request, start time.Time, res *Result) *Error {
-	u := a.resp
-	h := rw.Header()
-	copyResponseHeader(h, u.Header)
-	sse := strings.HasPrefix(u.Header.Get("Content-Type"), "text/event-stream")
-	events := sse || (req.Stream && u.StatusCode < 300)
-	flush := events || req.Stream || u.ContentLength < 0
-	if events {
-		h.Del("Content-Length")
-	}
-	rw.WriteHeader(u.StatusCode)
-	res.Status, res.Committed = u.StatusCode, true
-	flusher, _ := rw.(http.Flusher)
-	if !flush || flusher == nil {
-		flusher = nopFlusher{}
-	}
-	flusher.Flush()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
-	held := 0          // buf[:held] is the start of an event not yet complete
-	atBoundary := true // everything written so far ends between events
-	var readErr error
-	for {
-		n, err := u.Body.Read(buf[held:])
-		if n > 0 {
-			a.lease.FirstByte() // the worker is past its prefill (Worker.Awaiting)
-		}
-		end := held + n
-		out := end
-		if events && err != io.EOF {
-			// Write only complete events; on a read error the incomplete tail is dropped.
-			out = lastEventEnd(buf[:end])
-			if out == 0 && end == len(buf) && err == nil {
-				if len(buf) < maxEventBytes {
-					buf = append(buf[:end], make([]byte, len(buf))...)[:2*len(buf)]
-					held = end
-					continue
-				}
-				out = end // one huge event: pass it through in pieces
-			}
-		}
-		if out > 0 {
-			if res.FirstByte == 0 {
-				res.FirstByte = time.Since(start)
-			}
-			if _, werr := rw.Write(buf[:out]); werr != nil {
-				readErr = errClientGone{werr}
-				break
-			}
-			flusher.Flush()
-			atBoundary = !events || lastEventEnd(buf[:out]) == out
-		}
-		held = copy(buf, buf[out:end])
-		if err != nil {
-			if err != io.EOF {
-				readErr = err
-			}
-			break
-		}
-	}
-	if readErr == nil {
-		if !flush {
-			if f, ok := rw.(http.Flusher); ok {
-				f.Flush()
-			}
-		}
-		a.outcome = statusOutcome(u.StatusCode)
-		return nil
-	}
-	kind, outcome := classify(ctx, readErr, false, true)
-	a.setFailure(kind, outcome)
-	if kind == KindCanceled {
-		res.Status = 499
-	}
-	e := &Error{Kind: kind, Worker: a.w.ID, LastStatus: u.StatusCode, Err: readErr}
-	if kind == KindCanceled {
-		return e
-	}
-	if !events {
-		res.Abort = true
-		return e
-	}
-	msg, code := "the worker's stream broke; the response is incomplete", "upstream_stream_broken"
-	switch kind {
-	case KindShutdown:
-		msg, code = "the gateway is shutting down; the response is incomplete", "gateway_shutting_down"
-	case KindTimeout:
-		msg, code = "the request reached the gateway's time limit; the response is incomplete", "request_timeout"
-	}
-	writeSSEError(rw, msg, code, atBoundary)
-	flusher.Flush()
-	return e
-}
-
-type nopFlusher struct{}
-
-func (nopFlusher) Flush() {}
-
-// lastEventEnd returns the index just past the last blank line in b (the end of the last complete
-// SSE event), or 0 if b holds none.
-func lastEventEnd(b []byte) int {
-	// Both separators end in '\n': walk back from the last newline, so that a buffer ending
-	// on a complete event (the usual case) costs one step instead of two searches of it all.
-	for p := len(b) - 1; ; p-- {
-		p = bytes.LastIndexByte(b[:p+1], '\n')
-		if p < 1 {
-			return 0
-		}
-		if b[p-1] == '\n' || p >= 3 && b[p-1] == '\r' && b[p-2] == '\n' && b[p-3] == '\r' {
-			return p + 1
-		}
-	}
-}
-
-// writeSSEError ends a broken stream with an OpenAI-shaped error event (code is its machine
-// reason) and [DONE], so a client sees a clean end instead of a hang or a truncated event.
-// atBoundary says the stream so far ends between events; if not, a blank line ends the partial
-// one first.
-func writeSSEError(w io.Writer, msg, code string, atBoundary bool) {
-	var b bytes.Buffer
-	if !atBoundary {
-		b.WriteString("\n\n")
-	}
-	b.WriteString("data: {\"error\":{\"message\":")
-	b.Write(quoteJSON(msg))
-	b.WriteString(",\"type\":\"server_error\",\"param\":null,\"code\":")
-	b.Write(quoteJSON(code))
-	b.WriteString("}}\n\ndata: [DONE]\n\n")
-	_, _ = w.Write(b.Bytes())
-}
-
-func quoteJSON(s string) []byte {
-	var b bytes.Buffer
-	b.WriteByte('"')
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r < 0x20:
-			b.WriteString(" ")
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte('"')
-	return b.Bytes()
 }
 
 // Discard sends req to w once and throws the answer away, keeping w's counters and breaker

@@ -56,6 +56,10 @@ type Options struct {
 	Shapes    []string
 	Timings   []engine.TimingModel
 	Seeds     []uint64
+	// Slots is the running requests per engine of the per-slot rows whose shape does not set
+	// them: a per-slot engine with hundreds of slots of its own never queues, so the rows use
+	// llm-d-inference-sim's scale (its live runs used 8). Default 8.
+	Slots int
 	// Parallel is how many simulations run at once (zero: GOMAXPROCS).
 	Parallel int
 	// Progress, when set, gets a line as each row starts.
@@ -65,6 +69,9 @@ type Options struct {
 func (o Options) withDefaults() Options {
 	if o.Window == 0 {
 		o.Window = 15 * time.Minute
+	}
+	if o.Slots == 0 {
+		o.Slots = 8
 	}
 	if o.Duration == 0 {
 		o.Duration = 120 * time.Second
@@ -104,6 +111,8 @@ func (o Options) Validate() error {
 		}
 	}
 	switch {
+	case o.Slots < 0 || o.Slots > 1<<16:
+		return fmt.Errorf("suite: slots %d must be in [0, 65536]", o.Slots)
 	case o.Window < 0 || o.Duration < 0 || o.Warmup < 0:
 		return errors.New("suite: window, duration and warmup must be >= 0")
 	case o.Warmup >= o.Duration:

@@ -79,4 +79,9 @@ func TestOptionsValidate(t *testing.T) {
 	if err != nil || len(skipped) != 1 || len(cases) != 2 || cases[0].name != "agent 0-15m 8x" {
 		t.Fatalf("cases %d (first %q), skipped %v, %v", len(cases), cases[0].name, skipped, err)
 	}
+	// Per-slot rows run engines of Slots slots; batched rows keep the base's.
+	if b, p := cases[0], cases[1]; b.timing != engine.TimingBatched || b.base.Engine.MaxRunning != 0 ||
+		p.timing != engine.TimingPerSlot || p.base.Engine.MaxRunning != 8 {
+		t.Errorf("max running: batched %d, per-slot %d", b.base.Engine.MaxRunning, p.base.Engine.MaxRunning)
+	}
 }

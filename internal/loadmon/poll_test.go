@@ -1,0 +1,103 @@
+package loadmon
+
+import (
+	"compress/gzip"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// TestPollsAGzipWorker: a worker that compresses its answer is polled like any other.
+func TestPollsAGzipWorker(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, _, _ := testMonitor(t, reg, Config{})
+	gz := func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(rw)
+		io.WriteString(zw, busyLoads)
+		zw.Close()
+	}
+	w, h := fakeWorker(t, worker.Spec{Runtime: "sglang"}, map[string]http.Handler{"/v1/loads": http.HandlerFunc(gz)})
+	addWorkers(t, reg, w)
+	for range 3 {
+		m.PollOnce(t.Context())
+		if r, ok := m.Report(w); !ok || r.Backlog() != 10 {
+			f, _ := m.Snapshot().Failure(w.ID)
+			t.Fatalf("report %+v %v, want backlog 10; failure %+v", r, ok, f)
+		}
+	}
+	if got := h.get("/v1/loads"); got != 3 {
+		t.Fatalf("/v1/loads hit %d times, want 3", got)
+	}
+}
+
+func TestRedirectedMetrics(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, _, _ := testMonitor(t, reg, Config{})
+	w, _ := fakeWorker(t, worker.Spec{Runtime: "vllm"}, map[string]http.Handler{
+		"/metrics":  http.RedirectHandler("/metrics/", http.StatusTemporaryRedirect),
+		"/metrics/": serveBody(200, vllmMetrics),
+	})
+	addWorkers(t, reg, w)
+	for range 2 {
+		m.PollOnce(t.Context())
+		if r, ok := m.Report(w); !ok || r.Backlog() != 13 {
+			f, _ := m.Snapshot().Failure(w.ID)
+			t.Fatalf("report %+v %v, want backlog 13; failure %+v", r, ok, f)
+		}
+	}
+}
+
+// TestPollBodyBounds: a body over MaxBody and a body shorter than its declared length fail the
+// poll; the healthy worker beside them is polled.
+func TestPollBodyBounds(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, _, _ := testMonitor(t, reg, Config{MaxBody: 2 << 10})
+	ok, _ := fakeWorker(t, worker.Spec{Runtime: "vllm"}, map[string]http.Handler{"/metrics": serveBody(200, vllmMetrics)})
+	huge, _ := fakeWorker(t, worker.Spec{}, map[string]http.Handler{"/": serveBody(200, strings.Repeat(" ", 4<<10))})
+	truncated, _ := fakeWorker(t, worker.Spec{}, map[string]http.Handler{"/": http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Length", "100")
+		io.WriteString(rw, `{"loads":[]}`)
+	})})
+	addWorkers(t, reg, ok, huge, truncated)
+	m.PollOnce(t.Context())
+	s := m.Snapshot()
+	if e, got := s.Entry(ok.ID); !got || e.Report.Backlog() != 13 {
+		t.Fatalf("healthy vLLM worker: entry %+v %v", e, got)
+	}
+	for name, w := range map[string]*worker.Worker{"huge": huge, "truncated": truncated} {
+		if _, got := s.Entry(w.ID); got {
+			t.Errorf("%s worker has an entry", name)
+		}
+	}
+}
+
+// TestAPIKeyCannotInjectHeaders: a worker's api key with CR/LF in it never becomes header lines
+// of a poll request; the worker is polled without it and the poll fails.
+func TestAPIKeyCannotInjectHeaders(t *testing.T) {
+	reg := worker.NewRegistry()
+	m, _, _ := testMonitor(t, reg, Config{})
+	injected := make(chan string, 8)
+	w, _ := fakeWorker(t, worker.Spec{Runtime: "sglang"}, map[string]http.Handler{
+		"/": http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			if v := r.Header.Get("X-Evil"); v != "" {
+				injected <- v
+			}
+			io.WriteString(rw, busyLoads)
+		}),
+	})
+	w.Spec.APIKey = "key\r\nX-Evil: 1"
+	addWorkers(t, reg, w)
+	m.PollOnce(t.Context())
+	select {
+	case v := <-injected:
+		t.Fatalf("the api key injected a header line: X-Evil: %s", v)
+	default:
+	}
+	if _, ok := m.Report(w); ok {
+		t.Error("a worker whose api key cannot be sent was polled as if it could")
+	}
+}
