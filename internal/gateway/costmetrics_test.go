@@ -10,9 +10,9 @@ import (
 )
 
 // TestCostHeadersAndCalibration: with --audit-headers the default policy's decision shows the
-// cost terms of the chosen worker and of the runner-up (numbers and worker ids only, never an
-// address); every streamed request observes its predicted TTFT and the calibration error per
-// worker.
+// cost terms of the chosen worker and of the runner-up (numbers and audit ids only, never an
+// address or a worker's id); every streamed request observes its predicted TTFT and the
+// calibration error per worker.
 func TestCostHeadersAndCalibration(t *testing.T) {
 	g, ws := newAuditGateway(t, Config{AuditHeaders: true}, "cache_aware_hash", policy.DefaultConfig(), 2)
 	ids := map[string]bool{}
@@ -34,9 +34,10 @@ func TestCostHeadersAndCalibration(t *testing.T) {
 					t.Fatalf("request %d: %s terms %q lack %q", i, name, v, term)
 				}
 			}
+			// Workers are named by their audit ids (an opaque keyed hash), never their real ids.
 			id := strings.TrimPrefix(strings.Fields(v)[0], "worker=")
-			if !ids[id] {
-				t.Fatalf("request %d: %s names %q, not a worker id", i, name, id)
+			if ids[id] || len(id) != 16 {
+				t.Fatalf("request %d: %s names %q, want a 16-digit audit id", i, name, id)
 			}
 			for _, f := range ws {
 				u, _ := url.Parse(f.URL)
