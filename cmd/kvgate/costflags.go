@@ -10,7 +10,6 @@ import (
 // for kvgate bench --fleet alike; prefix starts each help text ("" or "fleet policy: ").
 func costFlags(fs *flag.FlagSet, c *policy.CostConfig, prefix string) {
 	fs.Float64Var(&c.PrefillRate, "prefill-rate", c.PrefillRate, prefix+"cost: prefill tokens per second a worker is taken to run at until its reports measure it")
-	fs.Float64Var(&c.DecodeTokens, "decode-tokens", c.DecodeTokens, prefix+"cost: completion tokens expected per request, for the wait for a batch slot")
 	fs.Float64Var(&c.BytesPerToken, "bytes-per-token", c.BytesPerToken, prefix+"cost: prompt bytes per token where the prompt is not tokenized")
 	fs.Float64Var(&c.TieSeconds, "cost-tie-seconds", c.TieSeconds, prefix+"cost: candidates within this many seconds (plus --cost-tie-share of the least cost) of the least are ordered by the prompt's rendezvous hash")
 	fs.Float64Var(&c.TieShare, "cost-tie-share", c.TieShare, prefix+"cost: the relative part of the tie window, a share of the least cost")

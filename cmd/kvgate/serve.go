@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -239,6 +240,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o.gw.Logger = log
+	// net/http's Transport logs to the standard logger, quoting what a worker sent on an idle
+	// connection: through proxy.StdLog that reaches the gateway's log without the bytes.
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(proxy.StdLog(log))
 	return serve(ctx, o, log, nil)
 }
 

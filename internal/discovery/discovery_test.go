@@ -571,3 +571,30 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// A pod whose address leads back to the gateway itself (its own listener: a pod of the gateway's
+// Deployment matched by a careless selector) is never registered: the probe comes back with the
+// gateway's own hop id.
+func TestPodThatIsTheGatewayIsRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	h := newHarness(t, Config{Selector: map[string]string{"app": "engine"}, Port: port}, newClient())
+	self := httptest.NewUnstartedServer(h.gw.Handler())
+	self.Listener.Close()
+	self.Listener = ln
+	self.Start()
+	t.Cleanup(self.Close)
+	// With a worker of its own, the gateway's /v1/models lists a model, as an engine's would.
+	if _, err := h.gw.Register(context.Background(), gateway.AddWorkerRequest{URL: newEngine(t, "m").URL}); err != nil {
+		t.Fatal(err)
+	}
+	h.next()
+	h.apply(pod("gw", "127.0.0.1", port, true, map[string]string{"app": "engine"}))
+	h.quiet()
+	if n := len(h.gw.Registry().View().All); n != 1 {
+		t.Fatalf("%d workers registered, want only the engine", n)
+	}
+}

@@ -1,39 +1,33 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // logLines collects a logger's JSON lines.
 type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
+	testutil.SyncBuffer
+	read int // how much take has read
 }
 
 // take returns the lines logged since the last take whose msg starts with prefix.
 func (l *logLines) take(prefix string) []map[string]any {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	all := l.String()
+	fresh := all[l.read:]
+	l.read = len(all)
 	var out []map[string]any
-	for _, line := range strings.Split(l.buf.String(), "\n") {
+	for _, line := range strings.Split(fresh, "\n") {
 		var m map[string]any
 		if json.Unmarshal([]byte(line), &m) == nil && strings.HasPrefix(m["msg"].(string), prefix) {
 			out = append(out, m)
 		}
 	}
-	l.buf.Reset()
 	return out
 }
 

@@ -30,12 +30,14 @@ import (
 // the start of the worker's answer (the top-level "id" of a JSON body, the "response.id" of a
 // stream's first event), at most responseIDMax bytes of printable ASCII; a worker that sends none
 // is routed by policy next time. The ids come from workers, never from clients: a client that
-// names another's response id is routed to that worker, which decides whether to serve it.
+// names another's response id is routed to that worker, which decides whether to serve it; and a
+// worker cannot take over an id another worker gave (remember).
 
 // ResponsesConfig bounds the memory of which worker answered each response id.
 type ResponsesConfig struct {
 	// MaxEntries is how many response ids are remembered; the least recently used goes first.
-	// Default 65536 (about 16 MiB at the largest ids); negative turns the memory off.
+	// Default 65536: 15 MB of heap with vLLM's 40-byte ids, 20 MB at the 128-byte cap
+	// (BenchmarkResponseAffinity). Negative turns the memory off.
 	MaxEntries int
 	// TTL is how long after it was answered a response id is remembered. Default 1h.
 	TTL time.Duration
@@ -79,7 +81,9 @@ func newResponseAffinity(c ResponsesConfig, now func() time.Time) *responseAffin
 	return &responseAffinity{max: c.MaxEntries, ttl: c.TTL, now: now, byID: map[string]*list.Element{}}
 }
 
-// remember records that workerID answered response id.
+// remember records that workerID answered response id. An id already remembered for another
+// worker, and not expired, stays with it: engines draw ids at random, so a second worker giving
+// the same id is one trying to draw another conversation's follow-ups to itself.
 func (a *responseAffinity) remember(id, workerID string) {
 	if a.max < 0 || id == "" {
 		return
@@ -89,6 +93,9 @@ func (a *responseAffinity) remember(id, workerID string) {
 	defer a.mu.Unlock()
 	if e, ok := a.byID[id]; ok {
 		ent := e.Value.(*affinityEntry)
+		if ent.worker != workerID && now.Before(ent.expires) {
+			return
+		}
 		ent.worker, ent.expires = workerID, now.Add(a.ttl)
 		a.order.MoveToFront(e)
 		return

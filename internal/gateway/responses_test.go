@@ -3,8 +3,10 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +138,10 @@ func TestResponseAffinityBounds(t *testing.T) {
 	if a.len() != 1 {
 		t.Errorf("%d entries after expiry, want 1 (e)", a.len())
 	}
+	a.remember("e", "w-hostile") // another worker claiming e's id does not take it over
+	if w, _ := a.lookup("e"); w != "w-e" {
+		t.Errorf("e moved to %q", w)
+	}
 	off := newResponseAffinity(ResponsesConfig{MaxEntries: -1}, time.Now)
 	off.remember("x", "w")
 	if _, ok := off.lookup("x"); ok || off.len() != 0 {
@@ -176,4 +182,43 @@ func FuzzResponseID(f *testing.F) {
 			t.Fatalf("responseID gave %q", id)
 		}
 	})
+}
+
+// BenchmarkResponseAffinity: remembering a response id and looking one up, at a full table, and
+// the heap one entry holds (B/entry, with ids of 40 bytes, vLLM's length, and 128, the cap).
+//
+//	go test -run XXX -bench ResponseAffinity -benchmem ./internal/gateway/
+func BenchmarkResponseAffinity(b *testing.B) {
+	for _, idLen := range []int{40, responseIDMax} {
+		b.Run(fmt.Sprintf("id%d", idLen), func(b *testing.B) {
+			const n = 65536
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			ids := make([]string, n) // the ids' bytes are counted, as a worker's answers bring them
+			for i := range ids {
+				ids[i] = fmt.Sprintf("resp_%0*d", idLen-5, i)
+			}
+			a := newResponseAffinity(ResponsesConfig{MaxEntries: n}, time.Now)
+			for _, id := range ids {
+				a.remember(id, "0123456789ab")
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			perEntry := float64(after.HeapAlloc-before.HeapAlloc) / n
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				id := ids[i%n]
+				a.remember(id, "0123456789ab")
+				if _, ok := a.lookup(id); !ok {
+					b.Fatal("lost")
+				}
+				i++
+			}
+			b.ReportMetric(perEntry, "B/entry")
+			runtime.KeepAlive(ids)
+			runtime.KeepAlive(a)
+		})
+	}
 }

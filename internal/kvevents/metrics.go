@@ -27,7 +27,7 @@ var (
 	descStreams = prometheus.NewDesc("kvgate_kv_events_index_streams",
 		"Event streams (worker, model, data-parallel rank) the index knows.", nil, nil)
 	descIndexDrops = prometheus.NewDesc("kvgate_kv_events_index_drops_total",
-		"Blocks the index dropped: bound (over the per-stream bound), orphan (stored under an unknown parent).",
+		"Blocks the index dropped: bound (over the per-worker bound), orphan (stored under an unknown parent).",
 		[]string{"reason"}, nil)
 	descTokenize = prometheus.NewDesc("kvgate_tokenize_requests_total",
 		"Tokenizations for precise routing by outcome: cache_hit, worker (asked a worker's /tokenize), failed.",

@@ -33,10 +33,10 @@ import (
 //     μ_w  tokens/s  w's prefill rate, measured from its reports (scorer.roll), starting at
 //     CostConfig.PrefillRate.
 //     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
-//     it joins, (running + sent) ÷ the fleet's mean generation throughput, plus, once the
-//     batch is full, the wait for a slot: the requests ahead of it past the batch's capacity
-//     ÷ the rate the worker finishes requests (measured from this replica's completions ×
-//     the replica estimate; until then each takes CostConfig.DecodeTokens at that throughput).
+//     it joins, the requests at the engine now (the report's, corrected by this replica's
+//     sends and completions since, times the replica estimate) ÷ the fleet's mean
+//     generation throughput per engine. A queue for batch slots is not a term of its own:
+//     its requests' prefill is in Q already, in the unit a cache hit saves.
 //  3. Pick: the least cost; every candidate within ε = TieSeconds + TieShare × that cost of it
 //     is a tie, and ties go to the highest rendezvous score of the request's placement key, so
 //     replicas that see slightly different loads still agree where a new prefix lives.
@@ -56,10 +56,6 @@ type CostConfig struct {
 	// BytesPerToken converts prompt bytes into tokens where the prompt is not tokenized.
 	// Default 4.
 	BytesPerToken float64 `yaml:"bytes_per_token"`
-	// DecodeTokens is the completion tokens expected per request, in tokens: a request that
-	// waits for a batch slot waits for that many decode steps of a running request per request
-	// ahead of it. Default 256.
-	DecodeTokens float64 `yaml:"decode_tokens"`
 	// TieSeconds is the absolute part of ε, in seconds. Default 0.005.
 	TieSeconds float64 `yaml:"tie_seconds"`
 	// TieShare is the relative part of ε, a share of the least cost. Default 0.05.
@@ -86,7 +82,7 @@ type CostConfig struct {
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
-	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, DecodeTokens: 256, TieSeconds: 0.005,
+	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
 		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, MaxTokenUsage: 1}
 }
 
@@ -102,9 +98,6 @@ func (c CostConfig) withDefaults() CostConfig {
 	}
 	if c.BytesPerToken == 0 {
 		c.BytesPerToken = d.BytesPerToken
-	}
-	if c.DecodeTokens == 0 {
-		c.DecodeTokens = d.DecodeTokens
 	}
 	if c.RateDecay == 0 {
 		c.RateDecay = d.RateDecay
@@ -126,8 +119,6 @@ func (c CostConfig) validate() error {
 		return errors.New("prefill_rate must be in [0, 1e9] tokens/s")
 	case !(c.BytesPerToken >= 0) || c.BytesPerToken > 64:
 		return errors.New("bytes_per_token must be in [0, 64]")
-	case !(c.DecodeTokens >= 0) || c.DecodeTokens > 1e7:
-		return errors.New("decode_tokens must be in [0, 1e7]")
 	case !(c.TieSeconds >= 0) || c.TieSeconds > 60:
 		return errors.New("tie_seconds must be in [0, 60]")
 	case !(c.TieShare >= 0) || c.TieShare > 1:
@@ -175,16 +166,15 @@ func (t *Terms) price() {
 // report is the part of a worker's load report the cost reads: a decision copies one per
 // candidate, so it is kept small.
 type report struct {
-	polled                                       time.Time
-	uncachedTokens, waiting, running, maxRunning int64
-	inflightAtPoll                               int64
-	gen, usage, replicas                         float64
-	tokenData, hasUncached                       bool
+	polled                                           time.Time
+	uncachedTokens, waiting, running, inflightAtPoll int64
+	gen, usage, replicas                             float64
+	tokenData, hasUncached                           bool
 }
 
 func reportOf(r *loadmon.Report) report {
 	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
-		maxRunning: r.MaxRunning, inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
+		inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
 		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
 }
 
@@ -194,7 +184,7 @@ type costCand struct {
 	r     report
 	fresh bool
 	// ahead is the requests the engine has gained since the report (this replica's sends less
-	// its completions, scaled; negative when more finished), for D's step and slot terms.
+	// its completions, scaled; negative when more finished), for D.
 	ahead float64
 	// idHash is the worker id's rendezvous hash (idHash).
 	idHash uint64
@@ -212,12 +202,6 @@ type workerCost struct {
 	queued, sentTok float64
 	// idHash is the worker id's rendezvous hash (idHash), computed once.
 	idHash uint64
-	// doneRate is the requests per second the worker finishes (countDone), 0 until measured;
-	// doneAt and doneSeen are the report and this replica's processed count it was last
-	// measured at.
-	doneRate float64
-	doneAt   time.Time
-	doneSeen int64
 	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
 	// intervals that measured it.
 	rate  float64
@@ -349,7 +333,6 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	rep := max(r.replicas, 1)
 	if r.polled.After(st.polled) {
 		s.roll(st, r.polled, q)
-		s.countDone(st, c.w.Processed(), r.polled, rep)
 	}
 	t.Rate = s.rateOf(st)
 	if r.polled.Equal(st.polled) {
@@ -357,7 +340,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	}
 	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
 	// the report's, corrected by what this replica sent and saw finish since, times the
-	// replica estimate. What finished since the report no longer holds a slot.
+	// replica estimate. What finished since the report is no longer in the batch.
 	local := c.w.Inflight()
 	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)) - float64(r.running+r.waiting)
 	// The engine has been prefilling since the poll: what it had queued then, and then what
@@ -370,55 +353,12 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
 		// the fleet generates): the batch joined, with what was sent since the report, over the
 		// fleet's mean throughput, so an engine with twice the mean batch counts twice the mean
-		// step. While the engine queues, add the wait for a slot: the requests ahead, each
-		// DecodeTokens of decode. The fleet's mean, not the engine's own throughput, because
+		// step. The fleet's mean, not the engine's own throughput, because
 		// an engine's is a moving average that lags its batch: after a burst it would make a
 		// busy engine look arbitrarily slow and an idle one free.
-		t.Decode = max(float64(r.running)+c.ahead, 0) / gen
-	}
-	if k := s.slotsAhead(r, c.ahead); k > 0 {
-		// The wait for a slot: k requests must finish first. At the engine's measured rate of
-		// finishing requests when there is one; else each takes DecodeTokens at the fleet's
-		// throughput per engine.
-		switch {
-		case st.doneRate > 0:
-			t.Decode += k / st.doneRate
-		case gen > 0:
-			t.Decode += k * s.cfg.DecodeTokens / gen
-		}
+		t.Decode = max(float64(r.running+r.waiting)+c.ahead, 0) / gen
 	}
 	t.price()
-}
-
-// countDone measures how fast the worker finishes requests, from this replica's count of
-// requests it finished there (processed) between two reports, times the replica estimate rep:
-// a moving average (CostConfig.RateDecay's complement as weight is too slow here; a tenth per
-// interval) over intervals in which the worker had requests to finish.
-func (s *scorer) countDone(st *workerCost, processed int64, polled time.Time, rep float64) {
-	if dt := polled.Sub(st.doneAt).Seconds(); !st.doneAt.IsZero() && dt > 0 && processed >= st.doneSeen {
-		if n := float64(processed-st.doneSeen) * rep / dt; n > 0 || st.doneRate > 0 {
-			if st.doneRate == 0 {
-				st.doneRate = n
-			} else {
-				st.doneRate += 0.1 * (n - st.doneRate)
-			}
-		}
-	}
-	st.doneAt, st.doneSeen = polled, processed
-}
-
-// slotsAhead is how many running requests must finish before a new one gets a batch slot on
-// the worker of report r, ahead being the requests sent since it: past the batch's capacity
-// (max_running_requests) when the worker reports it; else the reported queue while there is
-// one (a server that queues has a full batch or KV cache).
-func (s *scorer) slotsAhead(r *report, ahead float64) float64 {
-	if r.maxRunning > 0 {
-		return max(float64(r.running+r.waiting)+ahead+1-float64(r.maxRunning), 0)
-	}
-	if r.waiting > 0 {
-		return float64(r.waiting) + ahead
-	}
-	return 0
 }
 
 // rateOf is μ of a worker: measured once RateSamples intervals measured it, else the configured

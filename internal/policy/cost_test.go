@@ -123,10 +123,10 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 			{q: 9000, rep: 8, rate: 8000},
 			{q: 12000, rep: 8, rate: 8000},
 		}},
-		{"a full batch's slot wait (D) outweighs prefill", [3]fleetWorker{
-			{q: 0, rep: 1, rate: 8000, running: 8, waiting: 4, gen: 400},
-			{q: 2000, rep: 1, rate: 8000, running: 8, gen: 400},
-			{q: 3000, rep: 1, rate: 8000, running: 2, gen: 400},
+		{"a batch twice the fleet's mean (D) outweighs a little prefill", [3]fleetWorker{
+			{q: 0, rep: 1, rate: 8000, running: 400, waiting: 40, gen: 400},
+			{q: 800, rep: 1, rate: 8000, running: 100, gen: 400},
+			{q: 3000, rep: 1, rate: 8000, running: 100, gen: 400},
 		}},
 	}
 	for _, tt := range tests {
@@ -153,10 +153,7 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: f.q, sentTok: f.sentTok, rate: f.rate, rated: 100}
 				d := 0.0
 				if gen > 0 {
-					d = float64(f.running) / gen
-					if f.waiting > 0 { // no max_running reported: a queue means a full batch
-						d += float64(f.waiting) * 256 / gen
-					}
+					d = float64(f.running+f.waiting) / gen // the requests at the engine, one step
 				}
 				costs[i] = (f.q+f.sentTok*f.rep+prompt-float64(f.cached))/f.rate + d
 				if costs[i] < wantCost {

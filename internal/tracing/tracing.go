@@ -173,6 +173,14 @@ type transport struct {
 // wraps.
 func (tr *transport) Unwrap() http.RoundTripper { return tr.base }
 
+// CloseIdleConnections closes the idle connections of the transport it wraps, so that a gateway
+// that stops holds no idle sockets to workers with tracing on either.
+func (tr *transport) CloseIdleConnections() {
+	if c, ok := tr.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r, _ := req.Context().Value(requestKey{}).(*Request)
 	if r == nil {

@@ -102,6 +102,7 @@ func contains(xs []string, x string) bool {
 // when win is 0) on the named shape.
 func (o Options) gridCase(wl string, win time.Duration, shape string, tm engine.TimingModel, seed uint64) (caseSpec, error) {
 	c := caseSpec{workload: wl, shape: shape, timing: tm, seed: seed, base: o.Base}
+	c.base.EngineMix, c.base.GatewayWeights = nil, nil // the shape says
 	c.base.Engine.Timing = tm
 	if tm == engine.TimingPerSlot {
 		c.base.Engine.MaxRunning = o.Slots
@@ -157,6 +158,7 @@ func (o Options) gridCase(wl string, win time.Duration, shape string, tm engine.
 func (o Options) replicaCase(seed uint64) caseSpec {
 	c := caseSpec{kind: replicaCase, name: "long-context 48x2000 4x8", workload: "long-context", shape: "4x8",
 		timing: engine.TimingPerSlot, seed: seed, base: o.Base}
+	c.base.EngineMix, c.base.GatewayWeights = nil, nil
 	c.base.Engines, c.base.Engine.MaxRunning, c.base.Engine.Timing, c.base.LoadMode = 4, 8, engine.TimingPerSlot, o.LoadMode
 	c.spec = bench.Spec{Name: "long-context", Prefixes: 48, PrefixWords: 2000, Seed: seed}
 	c.arr = bench.Arrivals{Rate: 16}

@@ -2,6 +2,8 @@ package zmtp
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -254,4 +256,30 @@ func TestAllowRefusesSources(t *testing.T) {
 	if a := recvT(t, asked, "question"); !a.IsLoopback() {
 		t.Fatalf("asked about %v", a)
 	}
+}
+
+// Whatever bytes arrive, the budget ends up charged with exactly what the message read holds
+// (nothing on error or drop), and never more than its limit.
+func FuzzReadMessageBudget(f *testing.F) {
+	f.Add([]byte{flagMore, 3, 'a', 'b', 'c', flagLong, 0, 0, 0, 0, 0, 1, 0, 0, 'x'}, uint16(300))
+	f.Add([]byte{0, 200, 1, 2, 3}, uint16(10))
+	f.Fuzz(func(t *testing.T, b []byte, limit uint16) {
+		bud := NewBudget(int64(limit) + 1)
+		mt := &meter{ctx: context.Background(), budget: bud}
+		lim := limits{maxFrame: 1 << 17, maxFrames: 4, maxTotal: 1 << 18}
+		m, held, err := readMessage(bufio.NewReader(bytes.NewReader(b)), lim, mt)
+		if err != nil {
+			if bud.Used() != 0 {
+				t.Fatalf("%d bytes left charged after %v", bud.Used(), err)
+			}
+			return
+		}
+		sum := 0
+		for _, fr := range m.frames {
+			sum += cap(fr)
+		}
+		if int64(held) != bud.Used() || held != sum {
+			t.Fatalf("held %d, charged %d, frames' capacity %d", held, bud.Used(), sum)
+		}
+	})
 }
