@@ -105,10 +105,9 @@ func TestFlowTables(t *testing.T) {
 		fmt.Fprintf(&b, "\n| rate | dispatch | TTFT p50 | TTFT p99 | own-prefill p99 (floor) | goodput (req/s, TTFT ≤ 2 s) | output tok/s | queue wait p50 / p99 | shed |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, scale := range []float64{1, 0.5} {
 			for _, on := range []bool{false, true} {
-				fm := FlowModel{Config: unbounded, OnArrival: true}
-				name := "on arrival"
+				fm, name := FlowModel{Config: unbounded, OnArrival: true}, "on arrival"
 				if on {
-					fm.Config, name = q, "late binding"
+					fm, name = FlowModel{Config: q}, "late binding"
 				}
 				sum, rep := run(scale, fm)
 				wait := fmt.Sprintf("%.2f / %.2f s", rep.Classes[0].WaitP50, rep.Classes[0].WaitP99)

@@ -207,30 +207,41 @@ type flowRefusal struct {
 	reason flow.Reason
 }
 
-// admit decides one request: it returns with t holding the request's admission, or a refusal
-// to answer. It blocks while the request is queued.
-func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowRefusal {
+// identify returns the request's tenant (its name, and the settings it takes) and priority: the
+// tenant header's value when that is on and sent, else the key's name; the priority the client
+// sent when its key may set one, else the tenant's.
+func (g *flowGate) identify(r *http.Request, fr *flowRequest) (name string, tn *flow.Tenant, prio int, bad *flowRefusal) {
 	name, mayPrioritize := g.identity.lookup(bearer(r))
 	if g.header != "" {
 		if h := r.Header.Get(g.header); h != "" {
 			if !flow.ValidTenantName(h) {
-				return &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: "the tenant header must be 1-64 letters, digits, '_', '.' or '-'"}
+				return "", nil, 0, &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: "the tenant header must be 1-64 letters, digits, '_', '.' or '-'"}
 			}
 			name = h
 		}
 	}
-	tn := g.tenants.Lookup(name)
-	prio := tn.Priority
+	tn = g.tenants.Lookup(name)
+	prio = tn.Priority
 	if mayPrioritize {
 		if h := r.Header.Get(PriorityHeader); h != "" {
 			p, err := flow.ParsePriority(h)
 			if err != nil {
-				return &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: PriorityHeader + " must be an integer"}
+				return "", nil, 0, &flowRefusal{status: http.StatusBadRequest, code: "invalid_request", msg: PriorityHeader + " must be an integer"}
 			}
 			prio = p
 		} else if fr.hasBodyPri {
 			prio = flow.FromVLLMPriority(fr.bodyPri)
 		}
+	}
+	return name, tn, prio, nil
+}
+
+// admit decides one request: it returns with t holding the request's admission, or a refusal
+// to answer. It blocks while the request is queued.
+func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowRefusal {
+	name, tn, prio, bad := g.identify(r, fr)
+	if bad != nil {
+		return bad
 	}
 	fr.priority = prio
 	lbl := flowLabels{model: fr.model, band: prio, tenant: tn.Name}

@@ -29,7 +29,8 @@ import (
 //     in flight to w × the mean uncached prompt.
 //     P    tokens    the prompt (tokenized, or its bytes ÷ CostConfig.BytesPerToken).
 //     Ĉ_w  tokens    the part of it predicted cached on w: from the prefix tree, from the
-//     engines' KV events, or 0 (least_load).
+//     engines' KV events, or 0 (least_load); behind R replicas the prompt's rendezvous
+//     owner is credited (1 − 1/R) of the rest (Cost.creditOwner).
 //     μ_w  tokens/s  w's prefill rate, measured from its reports (scorer.roll), starting at
 //     CostConfig.PrefillRate.
 //     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
