@@ -15,9 +15,10 @@ import (
 // worker.
 func TestCostHeadersAndCalibration(t *testing.T) {
 	g, ws := newAuditGateway(t, Config{AuditHeaders: true}, "cache_aware_hash", policy.DefaultConfig(), 2)
-	ids := map[string]bool{}
+	ids, auditIDs := map[string]bool{}, map[string]bool{}
 	for _, w := range g.reg.View().All {
-		ids[w.ID] = true
+		ids[w.ID] = true                     // metrics (the operator's plane) name workers by id
+		auditIDs[g.auditIDs.of(w.ID)] = true // the headers by their opaque audit ids
 	}
 	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("what does it cost ", 20) + `"}]}`
 	for i := range 2 {
@@ -35,8 +36,8 @@ func TestCostHeadersAndCalibration(t *testing.T) {
 				}
 			}
 			id := strings.TrimPrefix(strings.Fields(v)[0], "worker=")
-			if !ids[id] {
-				t.Fatalf("request %d: %s names %q, not a worker id", i, name, id)
+			if !auditIDs[id] {
+				t.Fatalf("request %d: %s names %q, not a worker's audit id", i, name, id)
 			}
 			for _, f := range ws {
 				u, _ := url.Parse(f.URL)
