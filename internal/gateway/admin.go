@@ -17,7 +17,7 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// AddWorkerRequest is the body of POST /workers (DESIGN.md §2).
+// AddWorkerRequest is the body of POST /workers (the SGLang gateway's worker API).
 type AddWorkerRequest struct {
 	URL           string            `json:"url"`
 	ModelID       string            `json:"model_id,omitempty"`

@@ -120,7 +120,7 @@ func slowShare(t *testing.T, global bool) float64 {
 	return float64(onSlow) / float64(total)
 }
 
-// TestGlobalLoadShedsSlowEngine is the two-gateway test of DESIGN.md §1: with the load monitor
+// TestGlobalLoadShedsSlowEngine is the two-gateway test of global load: with the load monitor
 // both gateways see the slow engine's whole backlog and shed it; with local load alone each sees
 // only its own half and keeps feeding it.
 func TestGlobalLoadShedsSlowEngine(t *testing.T) {

@@ -35,6 +35,25 @@ func family(t *testing.T, g *testGateway, name string) *dto.MetricFamily {
 	return mfs[i]
 }
 
+// countSeries returns how many series, in every family the gateway exports, have labels that
+// match says yes to.
+func countSeries(t *testing.T, g *testGateway, match func(labels map[string]string) bool) int {
+	t.Helper()
+	mfs, err := g.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if match(labelsOf(m)) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // labelsOf returns a series' labels as a map.
 func labelsOf(m *dto.Metric) map[string]string {
 	out := map[string]string{}

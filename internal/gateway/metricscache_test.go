@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,11 +57,8 @@ kvgate_policy_selections_total{model="back",policy="cache_aware",worker="%s"} %d
 		if _, err := g.reg.Remove(w.ID); err != nil {
 			t.Fatal(err)
 		}
-		out := scrape(t, g)
-		for _, gone := range []string{`model="back"`, `worker="` + w.ID + `"`} {
-			if n := strings.Count(out, gone); n > 0 {
-				t.Errorf("round %d: %d series with %s after the worker and its model left", round, n, gone)
-			}
+		if n := countSeries(t, g, func(l map[string]string) bool { return l["model"] == "back" || l["worker"] == w.ID }); n > 0 {
+			t.Errorf("round %d: %d series of the model or worker that left", round, n)
 		}
 	}
 }

@@ -17,7 +17,7 @@ type Parsed struct {
 	Model string
 	// Stream is the body's "stream".
 	Stream bool
-	// Text is the routing text (DESIGN.md §2), truncated to the parser's limit at a UTF-8
+	// Text is the routing text (the prompt text cache-aware matching sees), truncated to the parser's limit at a UTF-8
 	// boundary. It is the only copy made of the prompt.
 	Text string
 	// Bootstrap is true when the body has a top-level key starting "bootstrap_": fields the

@@ -25,7 +25,7 @@ import (
 	"github.com/kvgate/kvgate/internal/proxy"
 )
 
-// Regression tests for the defects of issue 10, one test (or table row) per defect, at the HTTP
+// Regression tests for the defects found by a security review, one test (or table row) per defect, at the HTTP
 // boundary; each failed before its fix.
 
 // Defect 1: the admin API was served on the data plane, with no key, and took text/plain.

@@ -459,6 +459,29 @@ func (d *decoder) event() (Event, error) {
 	var bs, group int64
 	var hasBS, hasGroup bool
 	var offGPU bool // the medium names another than the GPU
+	// value reads the value of the named field, the same in both encodings; a field this
+	// decoder does not use is skipped.
+	value := func(name string) (err error) {
+		switch name {
+		case "block_hashes":
+			e.Hashes, err = d.hashes()
+		case "parent_block_hash":
+			err = d.parent(&e)
+		case "token_ids":
+			e.Tokens, err = d.tokens()
+		case "block_size":
+			err = d.optInt(&bs, &hasBS)
+		case "lora_id":
+			err = d.optInt(&e.LoRA, &e.HasLoRA)
+		case "medium":
+			offGPU, err = d.offGPU()
+		case "group_idx":
+			err = d.optInt(&group, &hasGroup)
+		default:
+			err = d.skip(1)
+		}
+		return err
+	}
 	if isMap(c) {
 		n, err := d.mapLen()
 		if err != nil {
@@ -469,27 +492,12 @@ func (d *decoder) event() (Event, error) {
 			if err != nil {
 				return e, err
 			}
-			switch k {
-			case "type":
+			if k == "type" {
 				var tag string
 				tag, err = d.str()
 				e.Kind = kindOf(tag)
-			case "block_hashes":
-				e.Hashes, err = d.hashes()
-			case "parent_block_hash":
-				err = d.parent(&e)
-			case "token_ids":
-				e.Tokens, err = d.tokens()
-			case "block_size":
-				err = d.optInt(&bs, &hasBS)
-			case "lora_id":
-				err = d.optInt(&e.LoRA, &e.HasLoRA)
-			case "medium":
-				offGPU, err = d.offGPU()
-			case "group_idx":
-				err = d.optInt(&group, &hasGroup)
-			default:
-				err = d.skip(1)
+			} else {
+				err = value(k)
 			}
 			if err != nil {
 				return e, err
@@ -511,25 +519,7 @@ func (d *decoder) event() (Event, error) {
 		// Field order per type, as vLLM declares them; trailing fields may be absent, extra
 		// ones follow.
 		for i := 1; i < n; i++ {
-			switch field(e.Kind, i) {
-			case "block_hashes":
-				e.Hashes, err = d.hashes()
-			case "parent_block_hash":
-				err = d.parent(&e)
-			case "token_ids":
-				e.Tokens, err = d.tokens()
-			case "block_size":
-				err = d.optInt(&bs, &hasBS)
-			case "lora_id":
-				err = d.optInt(&e.LoRA, &e.HasLoRA)
-			case "medium":
-				offGPU, err = d.offGPU()
-			case "group_idx":
-				err = d.optInt(&group, &hasGroup)
-			default:
-				err = d.skip(1)
-			}
-			if err != nil {
+			if err := value(field(e.Kind, i)); err != nil {
 				return e, err
 			}
 		}

@@ -39,7 +39,7 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultConfig returns the DESIGN.md §3 defaults: poll every 1s, 500ms per poll (Timeout zero),
+// DefaultConfig returns the defaults (the reference gateway's, with a 1 s interval): poll every 1s, 500ms per poll (Timeout zero),
 // stale after 3s (StaleAfter zero), scaled effective load (see ModeScaled), 4 MiB bodies, 64 polls at once.
 func DefaultConfig() Config {
 	return Config{

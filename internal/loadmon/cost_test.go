@@ -19,7 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// The poll-cost measurement (issue 5: polling 1000 workers every second must cost < 5 % of one
+// The poll-cost measurement (the budget: polling 1000 workers every second must cost < 5 % of one
 // core). It runs only when asked, because it takes ~20 s and ~2000 file descriptors:
 //
 //	KVGATE_LOADMON_COST=1000 go test -run '^TestPollCost$' -v ./internal/loadmon/

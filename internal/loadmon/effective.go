@@ -10,11 +10,11 @@ import (
 // worker's self-reported backlog. The zero value is ModeEffective.
 //
 // The modes other than ModeEffective exist so that the fleet simulator can measure the
-// alternatives DESIGN.md §1 asks for, side by side, with the same code the gateway runs.
+// alternatives measured in the fleet simulator, side by side, with the same code the gateway runs.
 type Mode uint8
 
 const (
-	// ModeEffective is the DESIGN.md §1 formula:
+	// ModeEffective is the plain global-load formula:
 	// max(local, backlog + (local − local_at_poll)). The snapshot is the shared truth across
 	// gateway replicas; each replica corrects it with its own sends and completions since the poll,
 	// so a burst right after a poll that said "idle" does not stampede one worker.

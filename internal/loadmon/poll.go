@@ -158,7 +158,7 @@ func (st *pollState) deriveThroughput(r *Report, maxGap time.Duration) {
 }
 
 // sourceOrder returns the sources to try for runtime rt: vLLM serves only /metrics; SGLang and
-// unknown runtimes are tried with /v1/loads first (DESIGN.md §2). A source that answered last
+// unknown runtimes are tried with /v1/loads first. A source that answered last
 // time goes first, so a worker without /v1/loads costs one request per round, not two.
 func sourceOrder(rt string, last Source) (srcs [2]Source, n int) {
 	if rt == RuntimeVLLM {

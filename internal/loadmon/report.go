@@ -49,7 +49,7 @@ type Report struct {
 	Replicas float64 `json:"replicas_estimate"`
 }
 
-// Backlog is the reported running plus waiting requests (DESIGN.md §1 snapshot_backlog), summed
+// Backlog is the reported running plus waiting requests (the snapshot backlog of the global-load formula), summed
 // in int64 and saturating rather than wrapping.
 func (r *Report) Backlog() int64 { return satAdd(r.Running, r.Waiting) }
 

@@ -37,7 +37,8 @@ type RetryConfig struct {
 	On RetryOn `yaml:"on"`
 }
 
-// DefaultRetryConfig returns the defaults of DESIGN.md §3.
+// DefaultRetryConfig returns the defaults of the reference gateway: 5 attempts, backoff 50 ms
+// ×1.5 up to 30 s, ±20 % jitter.
 func DefaultRetryConfig() RetryConfig {
 	return RetryConfig{MaxAttempts: 5, InitialBackoff: 50 * time.Millisecond, Multiplier: 1.5, MaxBackoff: 30 * time.Second, Jitter: 0.2, On: DefaultRetryOn}
 }

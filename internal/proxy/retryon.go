@@ -32,7 +32,7 @@ const (
 	RetryReset
 )
 
-// DefaultRetryOn retries only where the engine cannot have started work (DESIGN.md §3).
+// DefaultRetryOn retries only where the engine cannot have started work.
 const DefaultRetryOn = RetryConnect | Retry429 | Retry503
 
 var retryOnNames = []struct {

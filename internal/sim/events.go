@@ -10,7 +10,7 @@ import (
 	"github.com/kvgate/kvgate/internal/kvevents"
 )
 
-// Events configures KV-cache event publishing (DESIGN.md §8) for a fleet; the zero value
+// Events configures KV-cache event publishing (vLLM's ZeroMQ format) for a fleet; the zero value
 // publishes nothing. Engine i of a fleet publishes on topic kv@<its host:port>@<model>.
 type Events struct {
 	// Port, when positive, makes engine i bind its PUB socket on the fleet's host at Port+i;

@@ -55,7 +55,7 @@ func formatFloat(v float64) string {
 	return strconv.FormatFloat(v, 'g', -1, 64)
 }
 
-// loadsBody is the native /v1/loads answer (DESIGN.md §2).
+// loadsBody is the native /v1/loads answer (SGLang's /v1/loads?include=core).
 type loadsBody struct {
 	Timestamp   string     `json:"timestamp"`
 	DPRankCount int        `json:"dp_rank_count"`

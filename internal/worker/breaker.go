@@ -36,7 +36,9 @@ type BreakerConfig struct {
 	Clock func() time.Time `yaml:"-"`
 }
 
-// DefaultBreakerConfig returns the defaults of DESIGN.md §3.
+// DefaultBreakerConfig returns the defaults of the reference gateway: 10 consecutive failures,
+// or a failure rate of 0.5 over the last 20 outcomes, open it; half-open after 60 s, 3 successes
+// close it.
 func DefaultBreakerConfig() BreakerConfig {
 	return BreakerConfig{FailureThreshold: 10, SuccessThreshold: 3, OpenTimeout: 60 * time.Second, HalfOpenProbes: 1,
 		FailureRateThreshold: 0.5, FailureRateWindow: 20}

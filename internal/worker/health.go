@@ -31,7 +31,7 @@ type HealthConfig struct {
 	Disabled bool `yaml:"disabled"`
 }
 
-// DefaultHealthConfig returns the defaults of DESIGN.md §3: GET /health every 10s, 5s timeout,
+// DefaultHealthConfig returns the defaults of the reference gateway: GET /health every 10s, 5s timeout,
 // 2 successes to become ready, 3 failures to become not ready.
 func DefaultHealthConfig() HealthConfig {
 	return HealthConfig{Path: "/health", Interval: 10 * time.Second, Timeout: 5 * time.Second, SuccessThreshold: 2, FailureThreshold: 3}
