@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// MooncakeEntry is one line of a Mooncake-format trace (FAST'25; DESIGN.md §9):
+// MooncakeEntry is one line of a Mooncake-format trace (FAST'25):
 //
 //	{"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59]}
 //

@@ -29,7 +29,7 @@ type Turn struct {
 }
 
 // Text returns the routing text of the turn: the message contents concatenated in order, which is
-// what the gateway's cache-aware matching sees for a chat request (DESIGN.md §2).
+// what the gateway's cache-aware matching sees for a chat request.
 func (t *Turn) Text() string {
 	if len(t.Messages) == 1 {
 		return t.Messages[0].Content
@@ -125,7 +125,7 @@ func between(r *rand.Rand, lo, hi int) int {
 	return lo + r.IntN(hi-lo+1)
 }
 
-// SharedPrefix is the shared-prefix workload of DESIGN.md §5: Prefixes system prompts of about
+// SharedPrefix is the shared-prefix workload: Prefixes system prompts of about
 // PrefixWords words; a request starts with one of them with probability Share (else with a unique
 // text of the same length), followed by a unique tail of TailMin–TailMax words, and asks for
 // OutputTokens tokens. The zero value is not useful; use NewSharedPrefix.
@@ -146,7 +146,7 @@ type SharedPrefix struct {
 	prompts []string
 }
 
-// NewSharedPrefix returns the shared-prefix workload with the defaults of DESIGN.md §5: 16
+// NewSharedPrefix returns the shared-prefix workload with its defaults: 16
 // prompts of about 200 words, 70 % shared, 16–128-word tails, 64 output tokens.
 func NewSharedPrefix(seed uint64) *SharedPrefix {
 	return (&SharedPrefix{Seed: seed, Prefixes: 16, PrefixWords: 200, Share: 0.7, TailMin: 16, TailMax: 128, OutputTokens: 64}).Init()

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// sharedPrefix generates DESIGN.md §5's shared-prefix workload: 16 system prompts of about 200
+// sharedPrefix generates the shared-prefix workload: 16 system prompts of about 200
 // words; 70 % of requests start with one, then a unique tail of 16–128 words; 64 output tokens;
 // Poisson arrivals.
 type sharedPrefix struct {

@@ -3,7 +3,7 @@ package engine
 import "time"
 
 // CacheObserver is told of every change to an engine's prefix cache, in order, when it happens:
-// what a real engine reports as KV-cache events (DESIGN.md §8). A block's key is its hash: it
+// what a real engine reports as KV-cache events (vLLM's BlockStored / BlockRemoved). A block's key is its hash: it
 // chains over every token before it, so a block is identified by its whole prefix.
 // Implementations must not call back into the engine.
 type CacheObserver interface {

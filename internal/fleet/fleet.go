@@ -73,7 +73,7 @@ type Config struct {
 	// LoadMode is how a gateway computes load from its counters and the snapshot. Zero is
 	// ModeEffective.
 	LoadMode loadmon.Mode
-	// PollInterval is the load monitor's interval. Default 1 s (DESIGN.md §3).
+	// PollInterval is the load monitor's interval. Default 1 s.
 	PollInterval time.Duration
 	// StaleAfter is the age past which a report no longer counts. Default 3 × PollInterval.
 	StaleAfter time.Duration

@@ -63,7 +63,7 @@ func TestFlowModelAccountsEveryRequest(t *testing.T) {
 // TestFlowTables produces the flow-control tables of docs/benchmarks.md from the public
 // conversation trace (KVGATE_FLOW_TRACE names it; the test is skipped without it):
 //
-//	KVGATE_FLOW_TRACE=../shared/traces/mooncake-conversation.jsonl go test -run TestFlowTables -v -timeout 1h ./internal/fleet/
+//	KVGATE_FLOW_TRACE=mooncake-conversation.jsonl go test -run TestFlowTables -v -timeout 1h ./internal/fleet/
 //
 // KVGATE_FLOW_TO bounds the trace window (default 15m); KVGATE_FLOW_ONLY runs one table
 // (latebinding, tenants or bands); KVGATE_FLOW_POLL sets the load-poll interval (default 1s);

@@ -35,7 +35,7 @@ func TestPreciseSeesEvictions(t *testing.T) {
 	if !(precise.PredictionMAE < tree.PredictionMAE/2) {
 		t.Fatalf("prediction error: precise %.3f, tree %.3f", precise.PredictionMAE, tree.PredictionMAE)
 	}
-	// "At least as often" within a point: the default's placement (issue 14) reaches the same
+	// "At least as often" within a point: the default's placement reaches the same
 	// hit rate here to the third decimal.
 	if precise.HitRate < tree.HitRate-0.01 {
 		t.Fatalf("hit rate: precise %.3f below the tree's %.3f", precise.HitRate, tree.HitRate)

@@ -100,7 +100,7 @@ func lessLoaded(a, b *cand) bool {
 }
 
 // CacheAware routes a request to the worker most likely to hold its prompt prefix in KV cache,
-// unless the pool is imbalanced (DESIGN.md §1, §3): the classic SGLang rule. It keeps one prefix
+// unless the pool is imbalanced: the classic SGLang rule. It keeps one prefix
 // tree (one policy serves one model) and, unless Config.NoBackground, one goroutine that trims
 // the tree every EvictionInterval until Close. Create it with NewCacheAware; the zero value is not
 // usable.
@@ -265,7 +265,7 @@ func (p *CacheAware) gather(dst []cand, candidates []*worker.Worker) (av []cand,
 	return av, minI, imbalanced
 }
 
-// Balance is cache_aware's request-count balance rule (DESIGN.md §3): the pool is imbalanced
+// Balance is cache_aware's request-count balance rule: the pool is imbalanced
 // when the most loaded worker has more than Abs requests above the least loaded and more than Rel
 // times its load. The sticky wrapper's saturation rule uses it too.
 type Balance struct {

@@ -34,7 +34,7 @@ type Config struct {
 	Sticky     StickyConfig     `yaml:",inline"`
 }
 
-// CacheAwareConfig holds the cache_aware knobs (DESIGN.md §3).
+// CacheAwareConfig holds the cache_aware knobs, with the reference gateway's defaults.
 type CacheAwareConfig struct {
 	// CacheThreshold is the match ratio above which affinity wins. Default 0.3.
 	CacheThreshold float64 `yaml:"cache_threshold"`
@@ -64,7 +64,7 @@ type PrefixHashConfig struct {
 	LoadFactor float64 `yaml:"prefix_hash_load_factor"`
 }
 
-// DefaultConfig returns the defaults of DESIGN.md §3.
+// DefaultConfig returns the defaults (the reference gateway's for cache_aware).
 func DefaultConfig() Config {
 	return Config{
 		CacheAware: CacheAwareConfig{

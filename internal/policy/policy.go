@@ -16,7 +16,7 @@ import (
 type Request struct {
 	// Model is the requested model id ("" when the body named none).
 	Model string
-	// Text is the routing text (DESIGN.md §2): the prompt prefix that cache-aware matching sees.
+	// Text is the routing text: the prompt prefix that cache-aware matching sees.
 	// It may be truncated to the length policies need.
 	Text string
 	// Key is the session routing key: the x-kvgate-routing-key header, else another identity
