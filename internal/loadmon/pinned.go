@@ -43,3 +43,14 @@ func (p Pinned) Report(w *worker.Worker) (r Report, fresh bool) {
 	}
 	return Report{}, false
 }
+
+// Snapshot returns the pinned snapshot; nil for the zero Pinned. A snapshot never changes once
+// published, so a caller may keep what it read from one for as long as Snapshot returns the same
+// pointer.
+func (p Pinned) Snapshot() *Snapshot { return p.snap }
+
+// Fresh reports whether a report of the pinned snapshot polled at polledAt is fresh at the pinned
+// instant (as Report decides it); always false for the zero Pinned.
+func (p Pinned) Fresh(polledAt time.Time) bool {
+	return p.snap != nil && p.now.Sub(polledAt) <= p.stale
+}

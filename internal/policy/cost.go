@@ -184,6 +184,8 @@ type costCand struct {
 	w     *worker.Worker
 	r     report
 	fresh bool
+	// st is the replica's state for w (scorer.ws[w.ID]).
+	st *workerCost
 	// ahead is the requests the engine has gained since the report (this replica's sends less
 	// its completions, scaled; negative when more finished), for D.
 	ahead float64
@@ -217,6 +219,8 @@ type scorer struct {
 
 	mu sync.Mutex
 	ws map[string]*workerCost
+	// pool is the last decision's candidates by position (poolView).
+	pool poolView
 	// meanUncached is a moving average of the uncached tokens of the prompts this replica sent,
 	// for workers that report only request counts.
 	meanUncached float64
@@ -233,26 +237,43 @@ func (s *scorer) promptTokens(req *Request) float64 {
 }
 
 // gather filters candidates (available, under the hard caps) into dst and fills every term but
-// Ĉ, reading one load snapshot and taking the replica's lock once. prompt is P in tokens.
-func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt float64) []costCand {
+// Ĉ, reading one load snapshot under the replica's lock. prompt is P in tokens. pool says that
+// candidates is a decision's candidate list, which the scorer's poolView remembers; a one-off
+// list (Record's single worker) is read directly and leaves the view alone.
+func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt float64, pool bool) []costCand {
 	av := dst[:0]
-	pin, pinned := s.loads.(*loadmon.Monitor)
+	mon, pinned := s.loads.(*loadmon.Monitor)
 	var snap loadmon.Pinned
 	if pinned {
-		snap = pin.Pin()
+		snap = mon.Pin()
 	}
-	for _, w := range candidates {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var v *poolView
+	if pool {
+		v = s.view(candidates, snap.Snapshot())
+	}
+	for i, w := range candidates {
 		if !w.Available() {
 			continue
 		}
-		var r loadmon.Report
-		var fresh bool
-		if pinned {
-			r, fresh = snap.Report(w)
-		} else {
-			r, fresh = s.loads.Report(w)
+		c := costCand{w: w, t: Terms{Worker: w.ID, Prompt: prompt}}
+		switch {
+		case v != nil:
+			c.st = v.st[i]
+			if pinned && v.has[i] && snap.Fresh(v.rep[i].polled) {
+				c.r, c.fresh = v.rep[i], true
+			}
+		case pinned:
+			c.st = s.state(w.ID)
+			r, fresh := snap.Report(w)
+			c.r, c.fresh = reportOf(&r), fresh
 		}
-		av = append(av, costCand{w: w, r: reportOf(&r), fresh: fresh, t: Terms{Worker: w.ID, Prompt: prompt}})
+		if !pinned {
+			r, fresh := s.loads.Report(w)
+			c.r, c.fresh = reportOf(&r), fresh
+		}
+		av = append(av, c)
 	}
 	av = s.capped(av)
 	// The fleet's mean generation throughput per engine, for D (see terms), never below one
@@ -271,12 +292,65 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		gen = max(gen, running) / float64(n)
 	}
 	now := s.now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for i := range av {
+		if av[i].st == nil {
+			av[i].st = s.state(av[i].w.ID)
+		}
 		s.terms(&av[i], now, gen)
 	}
 	return av
+}
+
+// poolView is what the scorer read for the last decision's candidate list, by position: each
+// candidate's state and, as long as the load snapshot is the same one, its snapshot entry. A
+// gateway passes the same list (the same workers in the same order) to decision after decision,
+// so a decision normally looks nothing up by id: only a position whose worker changed, or every
+// position when a new snapshot is published, is read again. A snapshot never changes once
+// published, so what was read from it stays true; freshness, which depends on the clock, is
+// checked at every decision. Guarded by scorer.mu.
+type poolView struct {
+	snap *loadmon.Snapshot // the snapshot rep and has were read from; nil: none
+	ws   []*worker.Worker  // the candidate at each position
+	st   []*workerCost     // its state (scorer.ws[id])
+	rep  []report          // its snapshot entry's report, zero without one
+	has  []bool            // whether it has an entry
+}
+
+// view brings s.pool up to date with candidates and snap (nil when the loads are no
+// loadmon.Monitor: no entries are read) and returns it; the caller holds s.mu.
+func (s *scorer) view(candidates []*worker.Worker, snap *loadmon.Snapshot) *poolView {
+	v := &s.pool
+	if n := len(candidates); len(v.ws) != n {
+		*v = poolView{ws: make([]*worker.Worker, n), st: make([]*workerCost, n), rep: make([]report, n),
+			has: make([]bool, n)}
+	}
+	reread := snap != v.snap
+	v.snap = snap
+	for i, w := range candidates {
+		if v.ws[i] != w {
+			v.ws[i], v.st[i] = w, s.state(w.ID)
+		} else if !reread {
+			continue
+		}
+		v.rep[i], v.has[i] = report{}, false
+		if snap != nil {
+			if e, ok := snap.Entry(w.ID); ok {
+				v.rep[i], v.has[i] = reportOf(&e.Report), true
+			}
+		}
+	}
+	return v
+}
+
+// state returns the state the replica keeps for the worker with id, created on first sight; the
+// caller holds s.mu.
+func (s *scorer) state(id string) *workerCost {
+	st := s.ws[id]
+	if st == nil {
+		st = &workerCost{idHash: idHash(id)}
+		s.ws[id] = st
+	}
+	return st
 }
 
 // capped drops the candidates over a hard cap, unless that would drop them all.
@@ -309,13 +383,9 @@ func (s *scorer) capped(av []costCand) []costCand {
 }
 
 // terms fills Q, S, μ and D of c as of now, gen being the fleet's mean generation throughput
-// per engine (tokens/s; 0 when none reports one); the caller holds s.mu.
+// per engine (tokens/s; 0 when none reports one); c.st is set, and the caller holds s.mu.
 func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
-	st := s.ws[c.w.ID]
-	if st == nil {
-		st = &workerCost{idHash: idHash(c.w.ID)}
-		s.ws[c.w.ID] = st
-	}
+	st := c.st
 	c.idHash = st.idHash
 	t := &c.t
 	if !c.fresh {
@@ -419,26 +489,39 @@ func (s *scorer) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.ws, id)
+	// Every position is looked up again: none may keep the forgotten state.
+	clear(s.pool.ws)
+	s.pool.snap = nil
 }
 
 // choose is the pick step: it prices every candidate (Ĉ filled in by the caller) and returns the
-// index of the chosen one and of the runner-up (−1 when there is one candidate), with whether a
-// tie within ε was broken by the rendezvous score of key.
-func (s *scorer) choose(av []costCand, key uint64) (best, runner int, tied bool) {
-	least := 0
+// index of the chosen one and of the runner-up (−1 when there is one candidate), and the most
+// of the prompt predicted cached on any candidate (after clamping Ĉ to [0, P]).
+func (s *scorer) choose(av []costCand, key uint64) (best, runner int, most float64) {
+	// One pass prices and ranks: least is the first candidate of least cost, second the first of
+	// least cost among the others, so the runner-up is whichever of the two is not chosen.
+	least, second := 0, -1
 	for i := range av {
-		av[i].t.Cached = min(max(av[i].t.Cached, 0), av[i].t.Prompt)
-		av[i].t.price()
-		if av[i].t.Cost < av[least].t.Cost {
-			least = i
+		t := &av[i].t
+		t.Cached = min(max(t.Cached, 0), t.Prompt)
+		t.price()
+		most = max(most, t.Cached)
+		switch {
+		case i == 0:
+		case t.Cost < av[least].t.Cost:
+			least, second = i, least
+		case second < 0 || t.Cost < av[second].t.Cost:
+			second = i
 		}
 	}
+	// The ties within ε of the least go to the highest rendezvous score of key.
 	eps := s.cfg.TieSeconds + s.cfg.TieShare*av[least].t.Cost
+	limit := av[least].t.Cost + eps
 	best = least
 	var bestScore uint64
 	n := 0
 	for i := range av {
-		if av[i].t.Cost > av[least].t.Cost+eps {
+		if av[i].t.Cost > limit {
 			continue
 		}
 		n++
@@ -446,13 +529,10 @@ func (s *scorer) choose(av []costCand, key uint64) (best, runner int, tied bool)
 			best, bestScore = i, sc
 		}
 	}
-	runner = -1
-	for i := range av {
-		if i != best && (runner < 0 || av[i].t.Cost < av[runner].t.Cost) {
-			runner = i
-		}
+	if best != least {
+		return best, least, most
 	}
-	return best, runner, n > 1
+	return best, second, most
 }
 
 // record writes the decision's terms into req.

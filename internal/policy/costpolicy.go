@@ -221,7 +221,7 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	buf := getCands(len(candidates))
 	av := *buf
 	defer func() { putCands(buf, av) }()
-	av = p.sc.gather(av, candidates, p.sc.promptTokens(req))
+	av = p.sc.gather(av, candidates, p.sc.promptTokens(req), true)
 	if len(av) == 0 {
 		return nil
 	}
@@ -365,13 +365,9 @@ func (p *Cost) creditOwner(av []costCand, key uint64) {
 // finish picks among av (every term filled), records the decision in req and, when commit,
 // counts the branch and the tokens sent. branch overrides the counted branch when ≥ 0.
 func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, branch int) *worker.Worker {
-	best, runner, _ := p.sc.choose(av, key)
+	best, runner, most := p.sc.choose(av, key)
 	record(req, av, best, runner)
 	c := &av[best]
-	most := 0.0
-	for i := range av {
-		most = max(most, av[i].t.Cached)
-	}
 	d := &req.Decision
 	switch {
 	case c.t.Cached < most:
@@ -414,7 +410,7 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 	buf := getCands(1)
 	av := *buf
 	defer func() { putCands(buf, av) }()
-	av = p.sc.gather(av, []*worker.Worker{w}, p.sc.promptTokens(req))
+	av = p.sc.gather(av, []*worker.Worker{w}, p.sc.promptTokens(req), false)
 	if len(av) == 0 {
 		req.decide("", 0, false)
 		return
