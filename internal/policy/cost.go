@@ -258,19 +258,19 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 			continue
 		}
 		c := costCand{w: w, t: Terms{Worker: w.ID, Prompt: prompt}}
-		switch {
-		case v != nil:
+		if v != nil {
 			c.st = v.st[i]
-			if pinned && v.has[i] && snap.Fresh(v.rep[i].polled) {
+		}
+		switch {
+		case !pinned:
+			r, fresh := s.loads.Report(w)
+			c.r, c.fresh = reportOf(&r), fresh
+		case v != nil:
+			if v.has[i] && snap.Fresh(v.rep[i].polled) {
 				c.r, c.fresh = v.rep[i], true
 			}
-		case pinned:
-			c.st = s.state(w.ID)
+		default:
 			r, fresh := snap.Report(w)
-			c.r, c.fresh = reportOf(&r), fresh
-		}
-		if !pinned {
-			r, fresh := s.loads.Report(w)
 			c.r, c.fresh = reportOf(&r), fresh
 		}
 		av = append(av, c)
@@ -321,8 +321,11 @@ type poolView struct {
 func (s *scorer) view(candidates []*worker.Worker, snap *loadmon.Snapshot) *poolView {
 	v := &s.pool
 	if n := len(candidates); len(v.ws) != n {
-		*v = poolView{ws: make([]*worker.Worker, n), st: make([]*workerCost, n), rep: make([]report, n),
-			has: make([]bool, n)}
+		// Another list: every position is read again (in the buffers it fits), and no worker or
+		// state past its end is held.
+		clear(v.ws[:cap(v.ws)])
+		clear(v.st[:cap(v.st)])
+		v.ws, v.st, v.rep, v.has = sized(v.ws, n), sized(v.st, n), sized(v.rep, n), sized(v.has, n)
 	}
 	reread := snap != v.snap
 	v.snap = snap
@@ -340,6 +343,14 @@ func (s *scorer) view(candidates []*worker.Worker, snap *loadmon.Snapshot) *pool
 		}
 	}
 	return v
+}
+
+// sized returns b resized to n, reusing its array when it is large enough.
+func sized[T any](b []T, n int) []T {
+	if cap(b) >= n {
+		return b[:n]
+	}
+	return make([]T, n)
 }
 
 // state returns the state the replica keeps for the worker with id, created on first sight; the
