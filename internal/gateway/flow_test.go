@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"io"
 	"log/slog"
 	"net/http"
@@ -52,13 +53,7 @@ func newHeldWorker(t *testing.T) *heldWorker {
 // next returns the prompt of the next request the worker received.
 func (h *heldWorker) next(t *testing.T) string {
 	t.Helper()
-	select {
-	case s := <-h.arrived:
-		return s
-	case <-time.After(10 * time.Second):
-		t.Fatal("no request reached the worker")
-		return ""
-	}
+	return testutil.Recv(t, h.arrived, "a request to reach the worker")
 }
 
 // flowGateway is a test gateway with flow control on, whose engines each take one request.

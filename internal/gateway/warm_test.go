@@ -78,13 +78,7 @@ func (g *warmGateway) addWorker(t *testing.T, f *fakeWorker, apiKey string) stri
 // waitEnded returns the recorded count of the next warm-up to end.
 func (g *warmGateway) waitEnded(t *testing.T) int {
 	t.Helper()
-	select {
-	case n := <-g.ended:
-		return n
-	case <-time.After(10 * time.Second):
-		t.Fatal("the warm-up did not end")
-		return 0
-	}
+	return testutil.Recv(t, g.ended, "the warm-up to end")
 }
 
 // sample returns the value of the series named exactly series (name and labels) in a scrape.
