@@ -206,20 +206,27 @@ func messages(s *jsonscan.Scanner, t *textBuf, bad func(string)) {
 			bad("each message must be an object")
 			return
 		}
-		s.Object(func(key []byte) {
-			if string(key) != "content" {
-				s.Skip()
-				return
-			}
-			switch s.Peek() {
-			case '"':
-				t.add(s.Str(false))
-			case '[':
-				contentParts(s, t, chatTextPart)
-			default:
-				s.Skip() // null content (tool calls) carries no text
-			}
-		})
+		messageContent(s, t, chatTextPart)
+	})
+}
+
+// messageContent appends the text of one message object's "content": a string as it is, an
+// array's text parts (those textPart accepts); anything else (null content of a tool call)
+// carries no text.
+func messageContent(s *jsonscan.Scanner, t *textBuf, textPart func(typ []byte) bool) {
+	s.Object(func(key []byte) {
+		if string(key) != "content" {
+			s.Skip()
+			return
+		}
+		switch s.Peek() {
+		case '"':
+			t.add(s.Str(false))
+		case '[':
+			contentParts(s, t, textPart)
+		default:
+			s.Skip()
+		}
 	})
 }
 

@@ -53,20 +53,7 @@ func responseItems(s *jsonscan.Scanner, t *textBuf) {
 			s.Skip()
 			return
 		}
-		s.Object(func(key []byte) {
-			if string(key) != "content" {
-				s.Skip()
-				return
-			}
-			switch s.Peek() {
-			case '"':
-				t.add(s.Str(false))
-			case '[':
-				contentParts(s, t, responseTextPart)
-			default:
-				s.Skip()
-			}
-		})
+		messageContent(s, t, responseTextPart)
 	})
 }
 
