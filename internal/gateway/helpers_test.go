@@ -146,7 +146,14 @@ func newTestGateway(t *testing.T, cfg Config, policyName string, workers ...*fak
 	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer}
 	h := s.Handler()
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() { g.done <- r.URL.Path }()
+		defer func() {
+			// A test that never waits for its requests must not block the handlers (and so
+			// the server's Close) once the buffer is full; one that waits reads as they finish.
+			select {
+			case g.done <- r.URL.Path:
+			default:
+			}
+		}()
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(g.srv.Close)

@@ -340,7 +340,7 @@ func TestMaliciousWorkerSuite(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		deadline := time.Now().Add(30 * time.Second)
-		for i := 0; i < 2000 && time.Now().Before(deadline); i++ {
+		for i := 0; i < 500 && time.Now().Before(deadline); i++ {
 			select {
 			case <-stop:
 				return
