@@ -192,6 +192,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	if err := o.pol.Validate(); err != nil {
 		return nil, err
 	}
+	if r := o.pol.Cost.PrefillRate; r > 0 {
+		o.gw.Flow.Saturation.PrefillRate = r // the queue's predicted waits use the cost's start rate
+	}
 	if err := o.kv.validate(); err != nil {
 		return nil, err
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/flow"
-	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 )
 
@@ -19,11 +18,10 @@ import (
 // finishes a request, when a poll brings fresh reports, and on arrival. The zero value is off:
 // every request goes to an engine on arrival.
 //
-// The pool takes no more, as in the gateway, while the cost-based policy (policy.Coster)
-// predicts a wait at the bound on its best engine; and each engine, in the simulator, while its
-// own predicted wait is at the bound: its reported queued prefill plus the prompt tokens this
-// replica sent it since the poll, less what it prefilled since, over its prefill speed as
-// measured between two polls.
+// Each replica keeps a flow.Engine estimate of every engine, as the gateway does: told of every
+// request it sends and sees finish, so that KV usage and queued prefill are current between
+// polls. The pool takes no more, as in the gateway, while the cost-based policy (policy.Coster)
+// predicts a wait at the bound on its best engine.
 type FlowModel struct {
 	// Config is the queue's configuration; Enabled turns the model on.
 	flow.Config
@@ -123,12 +121,9 @@ type flowSim struct {
 
 // gwFlow is one replica's queue.
 type gwFlow struct {
-	q        *flow.Queue
-	slots    []flow.Slots
-	polled   []time.Time
-	sent     []float64 // prompt tokens sent to each engine since its last poll
-	backlog  []float64 // each engine's queued prefill at its last poll
-	mu       []float64 // each engine's measured prefill speed, tokens/s (the cost model's μ)
+	q *flow.Queue
+	// eng is the replica's estimate of each engine between polls, as the gateway keeps it.
+	eng      []flow.Engine
 	deadline time.Duration
 	queuedBy []int // queued entries per class
 	armed    bool
@@ -159,8 +154,7 @@ func newFlowSim(s *sim) *flowSim {
 	fs.shareTok = make([]float64, len(fs.classes))
 	for range s.gws {
 		n := len(s.engines)
-		fs.gws = append(fs.gws, &gwFlow{q: flow.NewQueue(m.Config), slots: make([]flow.Slots, n), polled: make([]time.Time, n),
-			sent: make([]float64, n), backlog: make([]float64, n), mu: make([]float64, n), queuedBy: make([]int, len(fs.classes))})
+		fs.gws = append(fs.gws, &gwFlow{q: flow.NewQueue(m.Config), eng: make([]flow.Engine, n), queuedBy: make([]int, len(fs.classes))})
 	}
 	return fs
 }
@@ -241,11 +235,8 @@ func (fs *flowSim) expire(g int) {
 func (fs *flowSim) dispatch(g int) {
 	gf := fs.gws[g]
 	now := epoch.Add(fs.s.now)
-	for {
+	for gf.q.Len() > 0 {
 		room, next := fs.headroom(g)
-		if gf.q.Len() == 0 {
-			return
-		}
 		if room < 1 {
 			if next > 0 {
 				// Only the engines' prefill stands in the way: it drains without an event.
@@ -274,12 +265,9 @@ func (fs *flowSim) dispatch(g int) {
 // It runs as its own event because an engine's finish is handled while the simulator walks that
 // engine's events, which a dispatch (a pick, a submit) must not disturb.
 func (fs *flowSim) kick(g int) {
-	gf := fs.gws[g]
-	if gf.kicked || gf.q.Len() == 0 {
-		return
+	if fs.gws[g].q.Len() > 0 {
+		fs.kickAt(g, fs.s.now) // before any later kick asked for (an engine's drain)
 	}
-	gf.kicked, gf.kickAt = true, fs.s.now
-	fs.s.push(event{at: fs.s.now, kind: evFlowDispatch, idx: g})
 }
 
 // kickAt asks for a dispatch of replica g's queue at at (the earliest asked for wins).
@@ -302,8 +290,12 @@ func (fs *flowSim) kicked(g int) {
 	fs.dispatch(g)
 }
 
-// sentTo notes a prompt submitted to engine i by replica g, for the predicted wait.
-func (fs *flowSim) sentTo(g, i int, text string) { fs.gws[g].sent[i] += float64(len(text)) / 4 }
+// sentTo notes a prompt of kv tokens, uncached of them predicted to miss the cache, that
+// replica g submitted to engine i.
+func (fs *flowSim) sentTo(g, i int, kv, uncached float64) { fs.gws[g].eng[i].Sent(kv, uncached) }
+
+// ended notes the end of a request of kv tokens that replica g submitted to engine i.
+func (fs *flowSim) ended(g, i int, kv float64) { fs.gws[g].eng[i].Finished(kv) }
 
 // headroom is what replica g's pool takes before every engine saturates, and, when that is
 // nothing, how soon an engine held back only by its predicted wait drains below the bound (0:
@@ -312,32 +304,18 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 	gw, gf := fs.s.gws[g], fs.gws[g]
 	sat := fs.m.Saturation.WithDefaults()
 	bound := sat.MaxPredictedWait.Seconds()
+	now := epoch.Add(fs.s.now)
 	for i, w := range gw.workers {
 		if gw.cands != nil && !slices.Contains(gw.cands, w) {
 			continue
 		}
 		sig := flow.Signals{Available: w.Available(), Inflight: w.Inflight()}
 		if r, fresh := gw.report(i); fresh {
-			fs.learn(gf, i, r)
-			sig.HasReport, sig.Running, sig.Waiting, sig.KVUsage = true, r.Running, r.Waiting, r.TokenUsage
-			sig.SentSince, sig.Slots = sig.Inflight-r.InflightAtPoll, gf.slots[i].N()
-			if mu := gf.mu[i]; mu > 0 {
-				// What was queued at the poll and sent since, less what the engine has
-				// prefilled since at its measured speed.
-				done := mu * epoch.Add(fs.s.now).Sub(r.PolledAt).Seconds()
-				sig.PredictedWait, sig.HasWait = max(float64(r.WaitingUncachedTokens)+gf.sent[i]-done, 0)/mu, true
-			}
+			gf.eng[i].Judge(&sig, &r, now, sat.PrefillRate)
 		}
 		room += sat.Headroom(sig)
-		if sig.HasWait && sig.PredictedWait >= bound {
-			over := sig.PredictedWait - bound
-			sig.PredictedWait = 0
-			if sat.Headroom(sig) >= 1 {
-				d := time.Duration(over*float64(time.Second)) + time.Millisecond
-				if next == 0 || d < next {
-					next = d
-				}
-			}
+		if d, ok := sat.Drain(sig); ok && (next == 0 || d < next) {
+			next = d
 		}
 	}
 	if c, ok := gw.pol.(policy.Coster); ok && room >= 1 {
@@ -348,26 +326,6 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 		}
 	}
 	return room, next
-}
-
-// learn updates engine i's learned slots from a new report, and restarts its since-poll count.
-func (fs *flowSim) learn(gf *gwFlow, i int, r loadmon.Report) {
-	if r.PolledAt.Equal(gf.polled[i]) {
-		return
-	}
-	backlog := float64(r.WaitingUncachedTokens)
-	if gf.mu[i] == 0 {
-		gf.mu[i] = fs.s.engines[i].e.Config().PrefillTPS // the nominal speed until measured
-	}
-	if dt := r.PolledAt.Sub(gf.polled[i]).Seconds(); !gf.polled[i].IsZero() && dt > 0 && gf.backlog[i] > 0 && backlog > 0 {
-		// Busy through the interval: what it prefilled is what it had and was sent, less
-		// what it still has. An even blend of the last measure and the new one.
-		rate := (gf.backlog[i] + gf.sent[i] - backlog) / dt
-		gf.mu[i] = 0.5*gf.mu[i] + 0.5*max(rate, gf.mu[i]/4)
-	}
-	gf.polled[i], gf.backlog[i] = r.PolledAt, backlog
-	gf.slots[i].Observe(r.Running, r.Waiting)
-	gf.sent[i] = 0
 }
 
 // finished records a served request of class c.

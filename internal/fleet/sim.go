@@ -117,6 +117,8 @@ type flight struct {
 	// class is its flow class.
 	wait  time.Duration
 	class int
+	// kv is the prompt tokens flow control counted against the engine's KV cache (flow.go).
+	kv float64
 	// warm is set for a warm-up request (warm.go), which is no client's: nil for the others.
 	warm *warmRun
 }
@@ -437,9 +439,6 @@ func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, cla
 	id := s.nextID
 	s.nextID++
 	f := &flight{sess: a, gw: g, sent: arrived, wait: s.now - arrived, class: class, eng: idx, dec: gw.req.Decision}
-	if s.fq != nil {
-		s.fq.sentTo(g, idx, text)
-	}
 	f.first, f.release = w.Track()
 	if gw.kv != nil {
 		// precise_prefix tokenized the prompt, and pays for that.
@@ -456,6 +455,14 @@ func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, cla
 		return
 	}
 	s.flights[id] = f
+	if s.fq != nil {
+		f.kv = float64(len(text)) / 4
+		uncached := f.kv
+		if f.dec.HasPrediction {
+			uncached *= 1 - f.dec.Predicted
+		}
+		s.fq.sentTo(g, idx, f.kv, uncached)
+	}
 	s.ideal.Add(text, s.now >= s.coll.Warmup)
 	s.wake(idx)
 }
@@ -526,6 +533,7 @@ func (s *sim) finish(ev engine.Event) {
 	}
 	s.coll.Add(rec)
 	if s.fq != nil {
+		s.fq.ended(f.gw, f.eng, f.kv)
 		s.fq.finished(f.class, rec, s.engines[f.eng].e.Config().PrefillTPS)
 		s.fq.kick(f.gw)
 	}

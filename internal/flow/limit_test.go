@@ -57,7 +57,7 @@ func TestLimiterRefusalTakesNothing(t *testing.T) {
 }
 
 func TestSaturation(t *testing.T) {
-	s := Saturation{MaxWaiting: 2, MaxKVUsage: 0.9, DefaultSlots: 8}.WithDefaults()
+	s := Saturation{MaxWaiting: 2, MaxKVUsage: 0.9, MaxPredictedWait: 2 * time.Second, DefaultSlots: 8}.WithDefaults()
 	cases := []struct {
 		name     string
 		sig      Signals

@@ -18,9 +18,19 @@ type Saturation struct {
 	// Default 0.8: past it an engine that admits more preempts running requests to make room,
 	// and their prefill is done again.
 	MaxKVUsage float64
-	// MaxPredictedWait is the predicted wait before a new request's prefill starts (the routing
-	// cost, when the policy predicts one) at and above which the pool takes no more. Default 2s.
+	// MaxPredictedWait is the predicted wait before a new request's prefill starts at and above
+	// which an engine takes no more (its own queued prefill, Engine.Judge), and the pool takes no
+	// more when the routing cost predicts it on the best engine. Default 1s: one load-monitor
+	// interval at its default. An engine needs only enough queued prefill to stay busy until the
+	// replica can send it more, which the replica's estimate lets it do the moment the engine
+	// drains below the bound, and the estimate is set right at every report; a request queued
+	// past that at an engine waits there in arrival order, where at the gateway priority and fair
+	// share would order it. Set it to --load-monitor-interval when that changes.
 	MaxPredictedWait time.Duration
+	// PrefillRate is the prefill speed, in prompt tokens per second, an engine is taken to run
+	// at until its reports measure one (Engine): what turns its queued prefill into a predicted
+	// wait. Default 8000 (the gateway sets it from --prefill-rate, the cost's own).
+	PrefillRate float64
 	// DefaultSlots is the running batch an engine is taken to hold until a report shows it
 	// full (requests waiting), from which on its reported running count is its capacity; it also
 	// bounds the in-flight requests of an engine without a fresh report. Default 256 (SGLang's
@@ -30,7 +40,7 @@ type Saturation struct {
 
 // DefaultSaturation returns the defaults.
 func DefaultSaturation() Saturation {
-	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.8, MaxPredictedWait: 2 * time.Second, DefaultSlots: 256}
+	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.8, MaxPredictedWait: time.Second, PrefillRate: 8000, DefaultSlots: 256}
 }
 
 // WithDefaults returns s with its zero fields at their defaults (MaxWaiting keeps an explicit 0
@@ -52,6 +62,9 @@ func (s Saturation) WithDefaults() Saturation {
 	if s.DefaultSlots == 0 {
 		s.DefaultSlots = d.DefaultSlots
 	}
+	if s.PrefillRate == 0 {
+		s.PrefillRate = d.PrefillRate
+	}
 	return s
 }
 
@@ -65,6 +78,8 @@ func (s Saturation) Validate() error {
 		return errors.New("flow: the saturation's KV usage must be in (0, 1]")
 	case s.MaxPredictedWait < 0:
 		return errors.New("flow: the saturation's predicted wait must not be negative")
+	case !(s.PrefillRate > 0) || s.PrefillRate > 1e9:
+		return errors.New("flow: the saturation's prefill rate must be in (0, 1e9] tokens/s")
 	case s.DefaultSlots < 1:
 		return errors.New("flow: the saturation's default slots must be at least 1")
 	}
@@ -82,14 +97,16 @@ type Signals struct {
 	// SentSince is this gateway's in-flight count now minus at the report: what it sent since,
 	// less what finished (negative when more finished).
 	SentSince int64
-	// KVUsage is the reported KV-cache usage in [0,1].
+	// KVUsage is the KV-cache usage in [0,1]: the report's, corrected by this replica's sends
+	// and finishes since (Engine.Judge).
 	KVUsage float64
 	// Inflight is this gateway's in-flight count for the engine.
 	Inflight int64
 	// Slots is the engine's learned running batch (Slots.Observe); 0 means unknown.
 	Slots int64
-	// PredictedWait is the routing cost's predicted wait, in seconds, before a new request's
-	// prefill starts on this engine; meaningful only when HasWait.
+	// PredictedWait is the predicted wait, in seconds, before a new request's prefill starts on
+	// this engine (its queued prefill over its prefill rate, Engine.Judge); meaningful only
+	// when HasWait.
 	PredictedWait float64
 	HasWait       bool
 }
@@ -120,6 +137,22 @@ func (s Saturation) Headroom(sig Signals) float64 {
 		return 0
 	}
 	return max(0, math.Floor(s.capacity(&sig)-load(&sig)))
+}
+
+// Drain returns how long until the engine drains below MaxPredictedWait, when its predicted
+// wait is all that keeps it from taking more (ok false otherwise): its prefill drains without an
+// event, so the caller must wake itself then.
+func (s Saturation) Drain(sig Signals) (d time.Duration, ok bool) {
+	bound := s.MaxPredictedWait.Seconds()
+	if !sig.HasWait || sig.PredictedWait < bound {
+		return 0, false
+	}
+	over := sig.PredictedWait - bound
+	sig.HasWait = false
+	if s.Headroom(sig) < 1 {
+		return 0, false
+	}
+	return min(time.Duration(over*float64(time.Second)), time.Hour) + time.Millisecond, true
 }
 
 // Level returns the engine's saturation in [0,1]: the larger of its requests against its

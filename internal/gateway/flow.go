@@ -42,8 +42,11 @@ const (
 // A request is admitted at once while its model's queue is empty and the pool has headroom;
 // else it waits on its own channel until a dispatch grants it, its client leaves, or its
 // deadline passes. Dispatch runs where capacity may have appeared: a request finishing, a load
-// report being published, a worker's health changing, and an arrival. The routing decision is
-// made only once a request is granted (late binding).
+// report being published, a worker's health changing, an arrival, and the moment an engine held
+// back only by its queued prefill is predicted to drain below the bound (a timer: prefill drains
+// without an event). The routing decision is made only once a request is granted (late
+// binding). Each worker's saturation is judged on a flow.Engine estimate, told of every request
+// this gateway sends it and sees finish, so that it is current between load reports.
 type flowGate struct {
 	s        *Server
 	cfg      flow.Config
@@ -56,8 +59,12 @@ type flowGate struct {
 
 	mu      sync.Mutex
 	models  map[string]*modelFlow
-	slots   map[*worker.Worker]*learnedSlots
+	engines map[*worker.Worker]*flow.Engine
 	stopped bool
+	// drainAt is when the dispatcher is to run next for an engine's prefill to have drained
+	// (zero: not armed); wake tells the dispatcher goroutine that it changed.
+	drainAt time.Time
+	wake    chan struct{}
 	// queued counts the entries of every queue, so that a finishing request takes the lock
 	// only when someone waits.
 	queued atomic.Int64
@@ -77,12 +84,6 @@ type modelFlow struct {
 	wait    map[flowLabels]waitObserver
 }
 
-// learnedSlots is one worker's learned running batch and the report it last learned from.
-type learnedSlots struct {
-	slots  flow.Slots
-	polled time.Time
-}
-
 // waiter is a queued request: its entry, and the channel closed when it is granted (or shed).
 type waiter struct {
 	e     flow.Entry
@@ -93,11 +94,16 @@ type waiter struct {
 
 // flowTicket is an admitted request's hold on its model's pending count: released when the
 // request first picks a worker (from then on the worker's in-flight count holds it), and its
-// finish triggers a dispatch. The zero value holds nothing.
+// finish triggers a dispatch. It also tells the gate's estimate of the worker it was sent to
+// that it was sent, and that it ended. The zero value holds nothing.
 type flowTicket struct {
 	g      *flowGate
 	mf     *modelFlow
 	picked bool
+	// kv is the request's prompt tokens (its estimate from the body), sentTo the worker the
+	// last attempt was sent to, nil before one.
+	kv     float64
+	sentTo *worker.Worker
 }
 
 // pick releases the pending hold once the request is about to reach a worker.
@@ -108,12 +114,40 @@ func (t *flowTicket) pick() {
 	}
 }
 
+// sent tells the estimate that the request went to w, its decision d predicting what of it w
+// holds cached; an attempt before it (a retry) has ended.
+func (t *flowTicket) sent(w *worker.Worker, d *policy.Decision) {
+	if t.mf == nil || w == nil {
+		return
+	}
+	uncached := t.kv
+	if d.HasCost {
+		uncached = max(d.Chosen.Prompt-d.Chosen.Cached, 0)
+	} else if d.HasPrediction && d.WholePrompt {
+		uncached *= 1 - d.Predicted
+	}
+	g := t.g
+	g.mu.Lock()
+	if t.sentTo != nil {
+		g.engine(t.sentTo).Finished(t.kv)
+	}
+	g.engine(w).Sent(t.kv, uncached)
+	g.mu.Unlock()
+	t.sentTo = w
+}
+
 // done ends the request's hold and lets queued requests use what it freed.
 func (t *flowTicket) done() {
 	if t.mf == nil {
 		return
 	}
 	t.pick()
+	if t.sentTo != nil {
+		t.g.mu.Lock()
+		t.g.engine(t.sentTo).Finished(t.kv)
+		t.g.mu.Unlock()
+		t.sentTo = nil
+	}
 	if t.g.queued.Load() > 0 {
 		t.g.dispatch(t.mf)
 	}
@@ -129,7 +163,7 @@ func newFlowGate(s *Server, c FlowConfig, apiKeys []string) *flowGate {
 	tenants := flow.NewTenants(cfg)
 	return &flowGate{s: s, cfg: cfg, header: http.CanonicalHeaderKey(c.TenantHeader), now: now, tenants: tenants,
 		limiter: flow.NewLimiter(tenants, now()), identity: newKeyIdentities(apiKeys), metrics: newFlowMetrics(tenants),
-		models: map[string]*modelFlow{}, slots: map[*worker.Worker]*learnedSlots{}}
+		models: map[string]*modelFlow{}, engines: map[*worker.Worker]*flow.Engine{}, wake: make(chan struct{}, 1)}
 }
 
 // start runs the load-report watcher until stop.
@@ -145,17 +179,49 @@ func (g *flowGate) start(ctx context.Context) {
 	}
 	ctx, g.cancel = context.WithCancel(ctx)
 	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		for {
-			select {
-			case <-u.Updates():
-				g.dispatchAll()
-			case <-ctx.Done():
-				return
+	go g.run(ctx, u.Updates())
+}
+
+// run is the dispatcher goroutine: it dispatches on every load report, and when the drain timer
+// fires, until ctx ends.
+func (g *flowGate) run(ctx context.Context, updates <-chan struct{}) {
+	defer g.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-updates:
+			g.dispatchAll()
+		case <-timer.C:
+			g.mu.Lock()
+			g.drainAt = time.Time{}
+			g.mu.Unlock()
+			g.dispatchAll()
+		case <-g.wake:
+			g.mu.Lock()
+			at := g.drainAt
+			g.mu.Unlock()
+			if !at.IsZero() {
+				timer.Reset(max(at.Sub(g.now()), 0))
 			}
+		case <-ctx.Done():
+			return
 		}
-	}()
+	}
+}
+
+// armDrain asks the dispatcher to run after d, unless it is to run sooner; g.mu is held.
+func (g *flowGate) armDrain(d time.Duration) {
+	at := g.now().Add(d)
+	if !g.drainAt.IsZero() && !at.Before(g.drainAt) {
+		return
+	}
+	g.drainAt = at
+	select {
+	case g.wake <- struct{}{}:
+	default: // a wake is pending: it reads drainAt
+	}
 }
 
 // stop ends the watcher and answers every queued request 503: the gateway is shutting down.
@@ -181,8 +247,18 @@ func (g *flowGate) stop() {
 // forgetWorker drops what the gate learned of a worker that left.
 func (g *flowGate) forgetWorker(w *worker.Worker) {
 	g.mu.Lock()
-	delete(g.slots, w)
+	delete(g.engines, w)
 	g.mu.Unlock()
+}
+
+// engine returns the gate's estimate of w, creating it; g.mu is held.
+func (g *flowGate) engine(w *worker.Worker) *flow.Engine {
+	e := g.engines[w]
+	if e == nil {
+		e = &flow.Engine{}
+		g.engines[w] = e
+	}
+	return e
 }
 
 // flowRequest is what admission knows of one request.
@@ -280,8 +356,8 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 	}
 	g.mu.Lock()
 	mf := g.model(fr.model)
-	t.g, t.mf = g, mf
-	if mf.q.Len() == 0 && g.headroom(mf, fr.candidates, fr.pol, float64(mf.pending.Load())+1) > float64(mf.pending.Load()) {
+	t.g, t.mf, t.kv = g, mf, tokens
+	if room, _ := g.headroom(fr.candidates, fr.pol, float64(mf.pending.Load())+1); mf.q.Len() == 0 && room > float64(mf.pending.Load()) {
 		mf.pending.Add(1)
 		g.observeWait(mf, lbl, 0)
 		g.mu.Unlock()
@@ -423,7 +499,11 @@ func (g *flowGate) dispatchLocked(mf *modelFlow, candidates []*worker.Worker, po
 	if mf.q.Len() == 0 {
 		return
 	}
-	room := g.headroom(mf, candidates, pol, math.Inf(1)) - float64(mf.pending.Load())
+	room, next := g.headroom(candidates, pol, math.Inf(1))
+	room -= float64(mf.pending.Load())
+	if room < 1 && next > 0 {
+		g.armDrain(next)
+	}
 	now := g.now()
 	for ; room >= 1 && mf.q.Len() > 0; room-- {
 		e := mf.q.Pop(now)
@@ -437,21 +517,27 @@ func (g *flowGate) dispatchLocked(mf *modelFlow, candidates []*worker.Worker, po
 
 // headroom is how many more requests the pool takes before every engine saturates (package
 // flow's Saturation), counted up to enough (the caller's need: the sum may stop there), none
-// while the routing cost predicts a wait at its bound; g.mu is held.
-func (g *flowGate) headroom(mf *modelFlow, candidates []*worker.Worker, pol policy.Policy, enough float64) float64 {
+// while the routing cost predicts a wait at its bound; and, when that is none, how soon an
+// engine held back only by its queued prefill drains below the bound (0: none is); g.mu is held.
+func (g *flowGate) headroom(candidates []*worker.Worker, pol policy.Policy, enough float64) (room float64, next time.Duration) {
 	sat := &g.cfg.Saturation
-	var room float64
+	now := g.now()
 	for _, w := range candidates {
-		if room += sat.Headroom(g.signals(w)); room >= enough {
+		sig := g.signals(w, now)
+		if room += sat.Headroom(sig); room >= enough {
 			break
+		}
+		if d, ok := sat.Drain(sig); ok && (next == 0 || d < next) {
+			next = d
 		}
 	}
 	if room >= 1 {
-		if wait, ok := g.predictedWait(candidates, pol); ok && wait >= sat.MaxPredictedWait.Seconds() {
-			return 0
+		bound := sat.MaxPredictedWait.Seconds()
+		if wait, ok := g.predictedWait(candidates, pol); ok && wait >= bound {
+			return 0, max(next, time.Duration(min(wait-bound, 3600)*float64(time.Second))+time.Millisecond)
 		}
 	}
-	return room
+	return room, next
 }
 
 // predictedWait asks the routing cost for the wait of a request without a prompt: what stands
@@ -464,8 +550,9 @@ func (g *flowGate) predictedWait(candidates []*worker.Worker, pol policy.Policy)
 	return c.BestCost(context.Background(), candidates, nil) // nil: a request without a prompt
 }
 
-// signals is what the gate knows of w now; g.mu is held (it updates the learned slots).
-func (g *flowGate) signals(w *worker.Worker) flow.Signals {
+// signals is what the gate knows of w now: its fresh report corrected by the gate's estimate;
+// g.mu is held (the estimate moves on to a new report).
+func (g *flowGate) signals(w *worker.Worker, now time.Time) flow.Signals {
 	sig := flow.Signals{Available: w.Available(), Inflight: w.Inflight()}
 	if g.s.loads == nil {
 		return sig
@@ -474,17 +561,7 @@ func (g *flowGate) signals(w *worker.Worker) flow.Signals {
 	if !ok {
 		return sig
 	}
-	ls := g.slots[w]
-	if ls == nil {
-		ls = &learnedSlots{}
-		g.slots[w] = ls
-	}
-	if !r.PolledAt.Equal(ls.polled) {
-		ls.polled = r.PolledAt
-		ls.slots.Observe(r.Running, r.Waiting)
-	}
-	sig.HasReport, sig.Running, sig.Waiting, sig.KVUsage = true, r.Running, r.Waiting, r.TokenUsage
-	sig.SentSince, sig.Slots = sig.Inflight-r.InflightAtPoll, ls.slots.N()
+	g.engine(w).Judge(&sig, &r, now, g.cfg.Saturation.PrefillRate)
 	return sig
 }
 
@@ -501,9 +578,10 @@ func (g *flowGate) saturation(candidates []*worker.Worker, pol policy.Policy) fl
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	now := g.now()
 	var sum float64
 	for _, w := range candidates {
-		sum += max(sat.Level(g.signals(w)), floor)
+		sum += max(sat.Level(g.signals(w, now)), floor)
 	}
 	return sum / float64(len(candidates))
 }

@@ -505,3 +505,60 @@ func BenchmarkFlowIdle(b *testing.B) {
 		}
 	})
 }
+
+// settableLoads is a load source whose one report the test sets.
+type settableLoads struct {
+	mu sync.Mutex
+	r  loadmon.Report
+}
+
+func (s *settableLoads) Load(w *worker.Worker) int64 { return w.Inflight() }
+func (s *settableLoads) Report(*worker.Worker) (loadmon.Report, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.r, !s.r.PolledAt.IsZero()
+}
+func (s *settableLoads) set(r loadmon.Report) {
+	s.mu.Lock()
+	s.r = r
+	s.mu.Unlock()
+}
+
+// TestFlowKVFreedBetweenReports: a request this gateway sent finishing frees its KV cache in the
+// saturation judgement at once, so a request queued behind a full KV cache is dispatched then,
+// with no new load report.
+func TestFlowKVFreedBetweenReports(t *testing.T) {
+	hw := newHeldWorker(t)
+	g, queued := flowGateway(t, FlowConfig{}, nil, hw.fakeWorker)
+	g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxKVUsage: 0.8}.WithDefaults()
+	loads := &settableLoads{}
+	g.flow.s.loads = loads
+	t0 := time.Now()
+	loads.set(loadmon.Report{PolledAt: t0, MaxTokens: 1000})
+	ctx := context.Background()
+	big := strings.Repeat("a", 2000) // about 500 tokens of the engine's 1,000
+	first := async(t, g, ctx, flowBody(big))
+	if got := hw.next(t); got != big {
+		t.Fatalf("first request %.10q", got)
+	}
+	// The engine reports the first request's KV: 0.85, past the bound.
+	loads.set(loadmon.Report{PolledAt: t0.Add(time.Millisecond), Running: 1, InflightAtPoll: 1, UsedTokens: 850, TokenUsage: 0.85, MaxTokens: 1000})
+	second := async(t, g, ctx, flowBody("B"))
+	waitQueued(t, queued)
+	if n := hw.requests(); n != 1 {
+		t.Fatalf("the worker saw %d requests with its KV cache full, want 1", n)
+	}
+	hw.release <- struct{}{}
+	if r := status(t, first); r.StatusCode != 200 {
+		t.Fatalf("first: %d", r.StatusCode)
+	}
+	if got := hw.next(t); got != "B" {
+		t.Fatalf("after the first finished, %q went; want the queued B", got)
+	}
+	hw.release <- struct{}{}
+	if r := status(t, second); r.StatusCode != 200 {
+		t.Fatalf("second: %d", r.StatusCode)
+	}
+	g.waitDone(t, 2)
+	settled(t, g)
+}

@@ -191,6 +191,7 @@ func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*wo
 			}
 		}
 		w := policy.Choose(ctx, pol, c, req)
+		t.sent(w, &req.Decision)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
 			s.routed(ctx, pol.Name(), &req.Decision)
