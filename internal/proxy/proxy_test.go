@@ -282,8 +282,10 @@ func TestRetryBoundedByTotalTime(t *testing.T) {
 	f := New(Config{RequestTimeout: 300 * time.Millisecond, Retry: RetryConfig{MaxAttempts: 100, InitialBackoff: 100 * time.Millisecond, Multiplier: 1.01}})
 	start := time.Now()
 	res := f.Forward(context.Background(), httptest.NewRecorder(), &Request{Path: "/x", Body: []byte(`{}`), Header: http.Header{}}, inOrder(a))
-	if d := time.Since(start); d > 2*time.Second || res.Attempts >= 10 {
-		t.Errorf("took %v and %d attempts; want the 300 ms bound to stop it", d, res.Attempts)
+	// Unbounded by time, 100 attempts 100 ms apart would take 10 s: fewer than ten attempts
+	// show the bound stopped them, on a machine of any speed (a slow one makes fewer).
+	if res.Attempts >= 10 {
+		t.Errorf("%d attempts in %v; want the 300 ms bound to stop them", res.Attempts, time.Since(start))
 	}
 	if res.Status != 504 {
 		t.Errorf("status %d, want 504 once the time is up", res.Status)
