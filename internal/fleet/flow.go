@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/flow"
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/worker"
 )
 
 // FlowModel is the gateway's flow control in the simulator: every replica holds its requests
@@ -62,9 +64,15 @@ type FlowReport struct {
 	// Good counts the measured requests served with a TTFT within GoodTTFT.
 	Good int
 	// OwnPrefillP99 is the p99 over the measured served requests of their own uncached
-	// prefill time at the engines' nominal speed, in seconds: a floor under TTFT p99 that no
-	// dispatch order lowers.
+	// prefill time at the engines' nominal speed, in seconds: what the run's own cache hits
+	// left each request to prefill. Another order or placement hits the cache differently, so
+	// it is no floor; IdealPrefillP99 is.
 	OwnPrefillP99 float64
+	// IdealPrefillP99 is the p99 over the measured arrivals of the prefill each would need on
+	// one engine with an infinite cache sent every request in arrival order (bench.Ideal's
+	// cache), at the engines' nominal speed, in seconds: every request's TTFT is at least its
+	// own, so no dispatch order, placement or policy brings TTFT p99 below it.
+	IdealPrefillP99 float64
 }
 
 // GoodTTFT is the TTFT objective of FlowReport.Good.
@@ -117,13 +125,21 @@ type flowSim struct {
 	good     int
 	own      []float64 // each measured request's own prefill time, seconds
 	expired  []*flow.Entry
+	// ideal is every block an infinite cache would hold, ideal each measured arrival's prefill
+	// on it (FlowReport.IdealPrefillP99), keys a buffer.
+	idealSeen map[uint64]struct{}
+	ideal     []float64
+	keys      []uint64
 }
 
 // gwFlow is one replica's queue.
 type gwFlow struct {
 	q *flow.Queue
 	// eng is the replica's estimate of each engine between polls, as the gateway keeps it.
-	eng      []flow.Engine
+	eng []flow.Engine
+	// open are the candidates that could start a request at the last judgement: a dispatched
+	// request picks among them, as in the gateway.
+	open     []*worker.Worker
 	deadline time.Duration
 	queuedBy []int // queued entries per class
 	armed    bool
@@ -142,7 +158,7 @@ type held struct {
 
 func newFlowSim(s *sim) *flowSim {
 	m := s.cfg.Flow
-	fs := &flowSim{s: s, m: m, classes: m.Classes, shed: map[flow.Reason]int{}}
+	fs := &flowSim{s: s, m: m, classes: m.Classes, shed: map[flow.Reason]int{}, idealSeen: map[uint64]struct{}{}}
 	if len(fs.classes) == 0 {
 		fs.classes = []FlowClass{{Share: 1}}
 	}
@@ -170,6 +186,7 @@ func (fs *flowSim) enqueue(a *active, g int, t *bench.Turn) {
 	cl := fs.classes[c]
 	h := &held{a: a, g: g, turn: t, arrived: fs.s.now, class: c}
 	text := t.Text()
+	fs.idealArrival(text)
 	e := &flow.Entry{Tenant: cl.Tenant, Weight: cl.Weight, Priority: cl.Priority, Cost: float64(len(text)) / 4, Bytes: int64(len(text)), Owner: h}
 	if fs.m.OnArrival {
 		fs.s.submit(a, g, t, fs.s.now, c)
@@ -188,6 +205,27 @@ func (fs *flowSim) enqueue(a *active, g int, t *bench.Turn) {
 	fs.maxQ = max(fs.maxQ, gf.q.Len())
 	fs.dispatch(g)
 	fs.arm(g)
+}
+
+// idealArrival sends text to the infinite cache of FlowReport.IdealPrefillP99, keyed as the
+// engines key it, and records the prefill it would need there when measured.
+func (fs *flowSim) idealArrival(text string) {
+	cfg := fs.s.engines[0].e.Config()
+	n := engine.TokenCount(text)
+	fs.keys = engine.BlockKeys(fs.keys[:0], text, cfg.BlockSize)
+	m := 0
+	for m < len(fs.keys) {
+		if _, ok := fs.idealSeen[fs.keys[m]]; !ok {
+			break
+		}
+		m++
+	}
+	for _, k := range fs.keys[m:] {
+		fs.idealSeen[k] = struct{}{}
+	}
+	if fs.s.now >= fs.s.coll.Warmup && n > 0 {
+		fs.ideal = append(fs.ideal, float64(n-min(m*cfg.BlockSize, n-1))/cfg.PrefillTPS)
+	}
 }
 
 // refuse records a turn flow control answered itself, and ends its session (the client got a
@@ -257,7 +295,11 @@ func (fs *flowSim) dispatch(g int) {
 		if fs.s.now >= fs.s.coll.Warmup {
 			fs.waits[h.class] = append(fs.waits[h.class], (fs.s.now - h.arrived).Seconds())
 		}
+		// Late binding picks among the engines that can start the request, as the gateway's does.
+		gw := fs.s.gws[g]
+		gw.narrow = gf.open
 		fs.s.submit(h.a, h.g, h.turn, h.arrived, h.class)
+		gw.narrow = nil
 	}
 }
 
@@ -305,6 +347,7 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 	sat := fs.m.Saturation.WithDefaults()
 	bound := sat.MaxPredictedWait.Seconds()
 	now := epoch.Add(fs.s.now)
+	gf.open = gf.open[:0]
 	for i, w := range gw.workers {
 		if gw.cands != nil && !slices.Contains(gw.cands, w) {
 			continue
@@ -312,6 +355,9 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 		sig := flow.Signals{Available: w.Available(), Inflight: w.Inflight()}
 		if r, fresh := gw.report(i); fresh {
 			gf.eng[i].Judge(&sig, &r, now, sat.PrefillRate)
+		}
+		if sat.CanStart(sig) {
+			gf.open = append(gf.open, w)
 		}
 		room += sat.Headroom(sig)
 		if d, ok := sat.Drain(sig); ok && (next == 0 || d < next) {
@@ -346,6 +392,10 @@ func (fs *flowSim) report(label string) *FlowReport {
 	if n := len(fs.own); n > 0 {
 		slices.Sort(fs.own)
 		rep.OwnPrefillP99 = fs.own[min(n-1, n*99/100)]
+	}
+	if n := len(fs.ideal); n > 0 {
+		slices.Sort(fs.ideal)
+		rep.IdealPrefillP99 = fs.ideal[min(n-1, n*99/100)]
 	}
 	var tot float64
 	for _, t := range fs.shareTok {

@@ -38,6 +38,9 @@ type gateway struct {
 	cands []*worker.Worker
 	// kv is this replica's KV-cache event index and tokenizer, for precise_prefix.
 	kv *replicaKV
+	// narrow, when not empty, are the candidates of the next pick: a request flow control
+	// dispatched picks among the engines that can start it (flow.go).
+	narrow []*worker.Worker
 }
 
 var _ policy.Loads = (*gateway)(nil)
@@ -113,7 +116,11 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
 	g.req = policy.Request{Model: simModel, Text: text, Key: key, Chat: g.kv != nil, PromptBytes: promptBytes}
-	w := policy.Choose(context.Background(), g.pol, g.candidates(), &g.req)
+	cands := g.candidates()
+	if len(g.narrow) > 0 {
+		cands = g.narrow
+	}
+	w := policy.Choose(context.Background(), g.pol, cands, &g.req)
 	if w == nil {
 		return nil, -1
 	}

@@ -139,6 +139,16 @@ func (s Saturation) Headroom(sig Signals) float64 {
 	return max(0, math.Floor(s.capacity(&sig)-load(&sig)))
 }
 
+// CanStart reports whether the engine can start a request without queueing it: available,
+// under MaxKVUsage, and holding fewer than its running batch plus MaxWaiting. It leaves the
+// predicted wait out: a request dispatched from the queue picks among the engines that can
+// start it, and the routing cost weighs queued prefill against the cache the request finds
+// (a prompt-less wait at the bound already holds the queue).
+func (s Saturation) CanStart(sig Signals) bool {
+	sig.HasWait = false
+	return s.Headroom(sig) >= 1
+}
+
 // Drain returns how long until the engine drains below MaxPredictedWait, when its predicted
 // wait is all that keeps it from taking more (ok false otherwise): its prefill drains without an
 // event, so the caller must wake itself then.

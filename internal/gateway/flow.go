@@ -106,6 +106,15 @@ type flowTicket struct {
 	sentTo *worker.Worker
 }
 
+// candidates returns what the request's first attempt picks among: the candidates that can
+// start it when the queue admitted it, else all of them.
+func (t *flowTicket) candidates(all []*worker.Worker) []*worker.Worker {
+	if t.mf == nil {
+		return all
+	}
+	return t.g.startable(all)
+}
+
 // pick releases the pending hold once the request is about to reach a worker.
 func (t *flowTicket) pick() {
 	if t.mf != nil && !t.picked {
@@ -563,6 +572,31 @@ func (g *flowGate) signals(w *worker.Worker, now time.Time) flow.Signals {
 	}
 	g.engine(w).Judge(&sig, &r, now, g.cfg.Saturation.PrefillRate)
 	return sig
+}
+
+// startable returns the candidates that can start a request now (flow.Saturation.CanStart):
+// a request the queue admitted picks among them, so that it is not sent to wait at an engine
+// past its saturation point. It returns candidates itself when every one can, or none can.
+func (g *flowGate) startable(candidates []*worker.Worker) []*worker.Worker {
+	sat := &g.cfg.Saturation
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.now()
+	var out []*worker.Worker
+	for i, w := range candidates {
+		ok := sat.CanStart(g.signals(w, now))
+		switch {
+		case ok && out != nil:
+			out = append(out, w)
+		case !ok && out == nil:
+			out = make([]*worker.Worker, i, len(candidates))
+			copy(out, candidates[:i])
+		}
+	}
+	if len(out) == 0 {
+		return candidates
+	}
+	return out
 }
 
 // saturation returns the model's pool saturation in [0,1]: the mean of its engines' levels

@@ -521,16 +521,21 @@ func BenchmarkFlowIdle(b *testing.B) {
 	})
 }
 
-// settableLoads is a load source whose one report the test sets.
+// settableLoads is a load source whose report the test sets: one for every worker, or, in
+// byURL, one for a worker's URL.
 type settableLoads struct {
-	mu sync.Mutex
-	r  loadmon.Report
+	mu    sync.Mutex
+	r     loadmon.Report
+	byURL map[string]loadmon.Report
 }
 
 func (s *settableLoads) Load(w *worker.Worker) int64 { return w.Inflight() }
-func (s *settableLoads) Report(*worker.Worker) (loadmon.Report, bool) {
+func (s *settableLoads) Report(w *worker.Worker) (loadmon.Report, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if r, ok := s.byURL[w.URL.String()]; ok {
+		return r, true
+	}
 	return s.r, !s.r.PolledAt.IsZero()
 }
 func (s *settableLoads) set(r loadmon.Report) {
@@ -575,5 +580,28 @@ func TestFlowKVFreedBetweenReports(t *testing.T) {
 		t.Fatalf("second: %d", r.StatusCode)
 	}
 	g.waitDone(t, 2)
+	settled(t, g)
+}
+
+// TestFlowPicksAnEngineThatCanStart: with the queue on, a request picks among the engines that
+// can start it; one whose KV cache is past the bound is not sent requests it would only queue,
+// while another can take them. With every engine full, the queue holds the request.
+func TestFlowPicksAnEngineThatCanStart(t *testing.T) {
+	full, free := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	g, _ := flowGateway(t, FlowConfig{}, nil, full, free)
+	g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxKVUsage: 0.8}.WithDefaults()
+	now := time.Now()
+	loads := &settableLoads{r: loadmon.Report{PolledAt: now, MaxTokens: 1000}, byURL: map[string]loadmon.Report{
+		full.URL: {PolledAt: now, Running: 3, UsedTokens: 950, TokenUsage: 0.95, MaxTokens: 1000}}}
+	g.flow.s.loads = loads
+	for i := range 4 { // round_robin alone would send two of them to the full engine
+		if r := g.post(t, "/v1/chat/completions", flowBody("q")); r.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, r.StatusCode)
+		}
+	}
+	g.waitDone(t, 4)
+	if full.requests() != 0 || free.requests() != 4 {
+		t.Fatalf("the full engine got %d requests and the free one %d, want 0 and 4", full.requests(), free.requests())
+	}
 	settled(t, g)
 }

@@ -172,13 +172,17 @@ func upstreamPath(route string, r *http.Request) string {
 	return route + "?" + r.URL.RawQuery
 }
 
-// picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate; a
-// retry sees those not yet tried while any of them is available, else all again. The first pick
-// ends the request's flow-control hold t (the worker's in-flight count takes it over).
+// picker adapts a policy to the proxy's retry loop: the first attempt sees every candidate (with
+// the queue on, every one that can start the request, while any can); a retry sees those not
+// yet tried while any of them is available, else all again. The first pick ends the request's
+// flow-control hold t (the worker's in-flight count takes it over).
 func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request, t *flowTicket) proxy.Picker {
 	return func(tried []*worker.Worker) *worker.Worker {
-		t.pick()
 		c := candidates
+		if len(tried) == 0 {
+			c = t.candidates(candidates) // before the hold moves to a worker
+		}
+		t.pick()
 		if len(tried) > 0 {
 			rest := make([]*worker.Worker, 0, len(candidates))
 			for _, w := range candidates {
