@@ -538,6 +538,8 @@ func (s *settableLoads) Report(w *worker.Worker) (loadmon.Report, bool) {
 	}
 	return s.r, !s.r.PolledAt.IsZero()
 }
+func (s *settableLoads) Updates() <-chan struct{} { return nil } // never: the test sets reports
+
 func (s *settableLoads) set(r loadmon.Report) {
 	s.mu.Lock()
 	s.r = r
@@ -603,5 +605,30 @@ func TestFlowPicksAnEngineThatCanStart(t *testing.T) {
 	if full.requests() != 0 || free.requests() != 4 {
 		t.Fatalf("the full engine got %d requests and the free one %d, want 0 and 4", full.requests(), free.requests())
 	}
+	settled(t, g)
+}
+
+// TestFlowDispatchesWhenPrefillDrains: a request held back only by an engine's queued prefill
+// leaves the queue when the prefill is predicted to have drained below the bound, with no
+// finish, report or arrival to wake the dispatcher.
+func TestFlowDispatchesWhenPrefillDrains(t *testing.T) {
+	f := newFakeWorker(t, "m")
+	g, queued := flowGateway(t, FlowConfig{}, nil, f)
+	g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxPredictedWait: time.Second, PrefillRate: 8000}.WithDefaults()
+	loads := &settableLoads{}
+	g.flow.s.loads = loads
+	// 1.1 s of prefill queued at 8,000 tokens/s: past the 1 s bound for another 100 ms.
+	start := time.Now()
+	loads.set(loadmon.Report{PolledAt: start, Running: 1, WaitingUncachedTokens: 8800, HasUncachedTokens: true})
+	g.flow.start(context.Background())
+	ch := async(t, g, context.Background(), flowBody("q"))
+	waitQueued(t, queued)
+	if r := status(t, ch); r.StatusCode != 200 {
+		t.Fatalf("status %d", r.StatusCode)
+	}
+	if waited := time.Since(start); waited < 90*time.Millisecond {
+		t.Fatalf("dispatched after %v, before the prefill drained below the bound", waited)
+	}
+	g.waitDone(t, 1)
 	settled(t, g)
 }
