@@ -180,13 +180,20 @@ type Terms struct {
 
 // Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, in seconds;
 // +Inf where a term is NaN (a hostile report). Ĉ beyond P counts as P.
-func (t Terms) Formula() float64 {
-	miss := max(t.Prompt-t.Cached, 0)
-	return finite((max(t.Queued+t.Sent, 0)+miss*(1+max(t.Behind, 0)))/t.Rate + t.Decode)
+func (t *Terms) Formula() float64 {
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
 }
 
 // price sets t.Cost from the other terms.
-func (t *Terms) price() { t.Cost = t.Formula() }
+func (t *Terms) price() {
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
+}
+
+// formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
+// that pricing a candidate copies no Terms.
+func formula(q, s, p, c, b, mu, d float64) float64 {
+	return finite((q+s+max(p-c, 0)*(1+b))/mu + d)
+}
 
 // report is the part of a worker's load report the cost reads: a decision copies one per
 // candidate, so it is kept small.
