@@ -434,6 +434,8 @@ func TestCostConfigValidate(t *testing.T) {
 		"NaN rate":      func(c *CostConfig) { c.PrefillRate = math.NaN() },
 		"tie share > 1": func(c *CostConfig) { c.TieShare = 2 },
 		"follow > 1":    func(c *CostConfig) { c.FollowShare = 1.5 },
+		"delay > 10":    func(c *CostConfig) { c.DelayShare = 11 },
+		"NaN delay":     func(c *CostConfig) { c.DelayShare = math.NaN() },
 		"max waiting":   func(c *CostConfig) { c.MaxWaiting = -1 },
 	} {
 		t.Run(name, func(t *testing.T) {
