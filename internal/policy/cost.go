@@ -637,8 +637,8 @@ func finite(x float64) float64 {
 
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
-// (3 decimals). Every value is
-// a number or the worker's id (a hash, no address), so it is safe in a header.
+// (3 decimals). Every value is a number or the worker's id (a hash, no address), so it is safe
+// in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
 	b = append(b, "worker="...)
