@@ -80,10 +80,14 @@ func NewClient() *http.Client {
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     90 * time.Second,
 		// A 28 KB /metrics page in one or two reads instead of seven 4 KiB ones; a GET needs
-		// no large write buffer. Compression stays on: this client is also the fallback for
-		// workers that answer gzip.
+		// no large write buffer.
 		ReadBufferSize:  64 << 10,
 		WriteBufferSize: 1 << 10,
+		// No "Accept-Encoding: gzip": vLLM's and SGLang's /metrics (prometheus_client) gzip
+		// their page when asked, which costs the engine a compression and the gateway an
+		// inflate of ~28 KB per poll, several times the CPU of reading the plain page on a
+		// datacenter link. A worker that compresses unasked is still understood (fetch).
+		DisableCompression: true,
 	}}
 }
 

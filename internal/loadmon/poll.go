@@ -1,6 +1,7 @@
 package loadmon
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,9 @@ import (
 
 // ErrBodyTooLarge is returned for a response body larger than Config.MaxBody.
 var ErrBodyTooLarge = errors.New("response body too large")
+
+// ErrEncoding is returned for a response body in a content encoding other than gzip.
+var ErrEncoding = errors.New("unsupported content encoding")
 
 // StatusError is a poll answered with a status other than 200.
 type StatusError struct {
@@ -109,8 +113,12 @@ type result struct {
 	at    time.Time
 }
 
-// scratch is one poll goroutine's reusable read buffer.
-type scratch struct{ buf []byte }
+// scratch is one poll goroutine's reusable read buffer, and its gzip reader for the workers that
+// compress their answer.
+type scratch struct {
+	buf []byte
+	gz  *gzip.Reader
+}
 
 // pollWorker polls one worker within Timeout: it learns the runtime if needed, then tries the
 // runtime's sources in order (the one that answered last first) until one yields a report.
@@ -256,7 +264,31 @@ func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *sc
 	if resp.ContentLength > int64(m.cfg.MaxBody) {
 		return nil, ErrBodyTooLarge
 	}
-	return sc.read(resp.Body, m.cfg.MaxBody)
+	body := io.Reader(resp.Body)
+	switch enc := resp.Header.Get("Content-Encoding"); {
+	case enc == "" || strings.EqualFold(enc, "identity"):
+	case strings.EqualFold(enc, "gzip") || strings.EqualFold(enc, "x-gzip"):
+		// The client asks for no compression, but a worker that sends gzip anyway is read
+		// like the plain answer; MaxBody bounds the inflated bytes, so a small bomb fails
+		// the poll instead of filling memory.
+		if err := sc.gunzip(resp.Body); err != nil {
+			return nil, fmt.Errorf("gzip: %w", err)
+		}
+		body = sc.gz
+	default:
+		return nil, ErrEncoding
+	}
+	return sc.read(body, m.cfg.MaxBody)
+}
+
+// gunzip points sc's reusable gzip reader at r.
+func (sc *scratch) gunzip(r io.Reader) error {
+	if sc.gz == nil {
+		gz, err := gzip.NewReader(r)
+		sc.gz = gz
+		return err
+	}
+	return sc.gz.Reset(r)
 }
 
 // read reads r to EOF into the reusable buffer, failing once more than limit bytes arrived.

@@ -1,10 +1,12 @@
 package loadmon
 
 import (
+	"bytes"
 	"compress/gzip"
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/worker"
@@ -31,6 +33,72 @@ func TestPollsAGzipWorker(t *testing.T) {
 	}
 	if got := h.get("/v1/loads"); got != 3 {
 		t.Fatalf("/v1/loads hit %d times, want 3", got)
+	}
+}
+
+// TestPollEncodings: a poll asks for no compression (vLLM's and SGLang's /metrics gzip only when
+// asked), so a prometheus_client-like worker answers plain text; a worker that compresses unasked
+// is inflated, within MaxBody (a small gzip bomb fails the poll); an encoding the monitor cannot
+// read fails the poll instead of reaching the parser.
+func TestPollEncodings(t *testing.T) {
+	gzipped := func(body string) []byte {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		io.WriteString(zw, body)
+		zw.Close()
+		return b.Bytes()
+	}
+	// promLike answers as prometheus_client does: gzip if and only if the request accepts it.
+	var askedGzip atomic.Int64
+	promLike := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			askedGzip.Add(1)
+			rw.Header().Set("Content-Encoding", "gzip")
+			rw.Write(gzipped(vllmMetrics))
+			return
+		}
+		io.WriteString(rw, vllmMetrics)
+	})
+	encoded := func(enc string, body []byte) http.HandlerFunc {
+		return func(rw http.ResponseWriter, _ *http.Request) {
+			rw.Header().Set("Content-Encoding", enc)
+			rw.Write(body)
+		}
+	}
+	tests := []struct {
+		name    string
+		handler http.Handler
+		ok      bool
+	}{
+		{"prometheus_client asked for nothing", promLike, true},
+		{"gzip unasked", encoded("gzip", gzipped(vllmMetrics)), true},
+		{"x-gzip unasked", encoded("X-Gzip", gzipped(vllmMetrics)), true},
+		{"identity", encoded("identity", []byte(vllmMetrics)), true},
+		{"gzip bomb over MaxBody", encoded("gzip", gzipped(vllmMetrics+strings.Repeat("#", 1<<20))), false},
+		{"corrupt gzip", encoded("gzip", []byte("\x1f\x8bnot gzip at all")), false},
+		{"brotli", encoded("br", []byte(vllmMetrics)), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := worker.NewRegistry()
+			m, _, _ := testMonitor(t, reg, Config{MaxBody: 64 << 10})
+			w, h := fakeWorker(t, worker.Spec{Runtime: "vllm"}, map[string]http.Handler{"/metrics": tt.handler})
+			addWorkers(t, reg, w)
+			for range 2 { // the second poll reuses the connection and the gzip reader
+				m.PollOnce(t.Context())
+				r, ok := m.Report(w)
+				if ok != tt.ok || (ok && r.Backlog() != 13) {
+					f, _ := m.Snapshot().Failure(w.ID)
+					t.Fatalf("report %+v %v, want ok %v (backlog 13); failure %+v", r, ok, tt.ok, f)
+				}
+			}
+			if got := h.get("/metrics"); got != 2 {
+				t.Fatalf("/metrics hit %d times, want 2", got)
+			}
+		})
+	}
+	if n := askedGzip.Load(); n != 0 {
+		t.Errorf("%d polls asked for gzip", n)
 	}
 }
 
