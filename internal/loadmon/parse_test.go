@@ -135,6 +135,10 @@ func TestParsePrometheus(t *testing.T) {
 		{"scientific notation", "vllm:num_requests_running 1.2e1\nvllm:num_requests_waiting 0x1p1\n", "", Report{Running: 12, Waiting: 2}, nil},
 		{"malformed unrelated lines are ignored", "}}} garbage {{{\n9bad 1\nvllm:num_requests_running 1\nvllm:num_requests_waiting 1\nfoo{a=\"unterminated 1\n", "",
 			Report{Running: 1, Waiting: 1}, nil},
+		{"a name that extends a read name is another metric",
+			"vllm:num_requests_running_total 9\nvllm:num_requests_running:x{a=\"b\"} 9\nvllm:num_requests_runningZ 9\nsglang_token_usage2 1\n" +
+				"vllm:num_requests_running 1\nvllm:num_requests_waiting 1\nvllm:num_requests_waiting_bad value\n", "",
+			Report{Running: 1, Waiting: 1}, nil},
 		{"only waiting is no data", "vllm:num_requests_waiting 3\n", "", Report{}, ErrNoLoadData},
 		{"empty", "", "", Report{}, ErrNoLoadData},
 		{"unterminated labels", "vllm:num_requests_running{a=\"b\" 3\nvllm:num_requests_waiting 1\n", "", Report{}, errAny},

@@ -32,47 +32,58 @@ const (
 	nPromFields
 )
 
+// promName is one metric name a runtime's field reads, after its runtime prefix.
+type promName struct {
+	name string
+	f    promField
+}
+
+// vllmNames follow the "vllm:" prefix; sglangNames follow "sglang:" (SGLang ≤ 0.5.3) or
+// "sglang_" (newer).
+var (
+	vllmNames = [...]promName{
+		{"num_requests_running", fRunning}, {"num_requests_waiting", fWaiting},
+		{"kv_cache_usage_perc", fUsage}, {"gpu_cache_usage_perc", fUsageOld},
+		{"prefix_cache_hits_total", fHits}, {"prefix_cache_queries_total", fQueries},
+		{"generation_tokens_total", fGenTokens},
+	}
+	sglangNames = [...]promName{
+		{"num_running_reqs", fRunning}, {"num_queue_reqs", fWaiting}, {"token_usage", fUsage},
+		{"gen_throughput", fThroughput}, {"cache_hit_rate", fHitRate}, {"num_used_tokens", fUsedTokens},
+	}
+)
+
 // promFieldOf maps a metric name to the field it feeds; runtime "vllm" or "sglang" restricts the
 // names to that runtime's, anything else accepts both.
 func promFieldOf(name []byte, runtime string) promField {
-	if len(name) > 5 && name[0] == 'v' && runtime != RuntimeSGLang && string(name[:5]) == "vllm:" {
-		switch string(name[5:]) {
-		case "num_requests_running":
-			return fRunning
-		case "num_requests_waiting":
-			return fWaiting
-		case "kv_cache_usage_perc":
-			return fUsage
-		case "gpu_cache_usage_perc":
-			return fUsageOld
-		case "prefix_cache_hits_total":
-			return fHits
-		case "prefix_cache_queries_total":
-			return fQueries
-		case "generation_tokens_total":
-			return fGenTokens
-		}
-		return fNone
-	}
-	// SGLang ≤ 0.5.3 prefixes "sglang:", newer versions "sglang_".
-	if len(name) > 7 && name[0] == 's' && runtime != RuntimeVLLM && string(name[:6]) == "sglang" &&
-		(name[6] == ':' || name[6] == '_') {
-		switch string(name[7:]) {
-		case "num_running_reqs":
-			return fRunning
-		case "num_queue_reqs":
-			return fWaiting
-		case "token_usage":
-			return fUsage
-		case "gen_throughput":
-			return fThroughput
-		case "cache_hit_rate":
-			return fHitRate
-		case "num_used_tokens":
-			return fUsedTokens
-		}
+	if f, n := promFieldAt(name, runtime); n == len(name) {
+		return f
 	}
 	return fNone
+}
+
+// promFieldAt returns the field fed by the metric whose name starts b, and the name's length; fNone
+// when the name feeds none. It compares b with the few names a runtime reads instead of scanning
+// the name first: most lines of a vLLM /metrics page are histogram buckets that match none.
+func promFieldAt(b []byte, runtime string) (promField, int) {
+	var names []promName
+	var p int
+	switch {
+	case len(b) > 5 && b[0] == 'v' && runtime != RuntimeSGLang && string(b[:5]) == "vllm:":
+		names, p = vllmNames[:], 5
+	case len(b) > 7 && b[0] == 's' && runtime != RuntimeVLLM && string(b[:6]) == "sglang" && (b[6] == ':' || b[6] == '_'):
+		names, p = sglangNames[:], 7
+	default:
+		return fNone, 0
+	}
+	rest := b[p:]
+	for _, c := range names {
+		n := len(c.name)
+		if len(rest) >= n && rest[0] == c.name[0] && string(rest[:n]) == c.name && (len(rest) == n || !isNameByte(rest[n], false)) {
+			return c.f, p + n
+		}
+	}
+	return fNone, 0
 }
 
 // ParsePrometheus parses a Prometheus text-format /metrics body (OpenMetrics text is accepted too)
@@ -177,13 +188,11 @@ func parsePromLine(line []byte, runtime string) (f promField, v float64, ok bool
 	if i == len(line) || line[i] == '#' {
 		return fNone, 0, true
 	}
-	start := i
-	for i < len(line) && isNameByte(line[i], i == start) {
-		i++
-	}
-	if f = promFieldOf(line[start:i], runtime); f == fNone {
+	f, n := promFieldAt(line[i:], runtime)
+	if f == fNone {
 		return fNone, 0, true
 	}
+	i += n
 	// The text format allows blanks between the name and its labels ("name {a="b"} 1").
 	j := i
 	for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
@@ -202,7 +211,7 @@ func parsePromLine(line []byte, runtime string) (f promField, v float64, ok bool
 	for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
 		i++
 	}
-	start = i
+	start := i
 	for i < len(line) && line[i] != ' ' && line[i] != '\t' && line[i] != '\r' {
 		i++
 	}
