@@ -281,12 +281,15 @@ func (m *Monitor) pollAll(ctx context.Context, targets []*pollState) []result {
 	for k := range g {
 		sc := m.scratch[k]
 		wg.Go(func() {
+			dl := pollDeadline{parent: ctx, timeout: m.cfg.Timeout}
+			defer dl.close()
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= n {
 					return
 				}
-				results[i] = m.pollWorker(ctx, targets[i], sc)
+				results[i] = m.pollWorker(dl.start(), targets[i], sc)
+				dl.stop()
 			}
 		})
 	}

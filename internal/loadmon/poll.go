@@ -120,11 +120,56 @@ type scratch struct {
 	gz  *gzip.Reader
 }
 
-// pollWorker polls one worker within Timeout: it learns the runtime if needed, then tries the
-// runtime's sources in order (the one that answered last first) until one yields a report.
+// errPollTimeout is why a poll that outlived Config.Timeout was cancelled.
+var errPollTimeout = fmt.Errorf("load poll timed out: %w", context.DeadlineExceeded)
+
+// pollDeadline bounds each poll of one poller goroutine by timeout without a context and a timer
+// per poll: the goroutine's polls share one cancellable context and one timer, which start
+// re-arms and stop disarms; only a poll that timed out (its context cancelled) makes the next
+// poll take a new pair. A round polls a thousand workers every second, so this is a thousand
+// contexts, timers and cancellation registrations a second fewer.
+type pollDeadline struct {
+	parent  context.Context
+	timeout time.Duration
+
+	ctx    context.Context // nil before the first poll and after a timeout
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+// start returns the context of the next poll, cancelled timeout from now (or with parent).
+func (d *pollDeadline) start() context.Context {
+	if d.ctx == nil {
+		d.ctx, d.cancel = context.WithCancelCause(d.parent)
+		cancel := d.cancel
+		d.timer = time.AfterFunc(d.timeout, func() { cancel(errPollTimeout) })
+		return d.ctx
+	}
+	d.timer.Reset(d.timeout)
+	return d.ctx
+}
+
+// stop ends the current poll's deadline. If the timer already fired, the context is cancelled
+// (or about to be), so the next poll gets a new one.
+func (d *pollDeadline) stop() {
+	if !d.timer.Stop() {
+		d.cancel(errPollTimeout)
+		d.ctx = nil
+	}
+}
+
+// close releases the context and the timer.
+func (d *pollDeadline) close() {
+	if d.ctx != nil {
+		d.timer.Stop()
+		d.cancel(context.Canceled)
+	}
+}
+
+// pollWorker polls one worker within ctx (one poll's deadline): it learns the runtime if needed,
+// then tries the runtime's sources in order (the one that answered last first) until one yields
+// a report.
 func (m *Monitor) pollWorker(ctx context.Context, st *pollState, sc *scratch) result {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
-	defer cancel()
 	start := m.cfg.Now()
 	rt := m.runtimeOf(ctx, st, sc, start)
 	srcs, n := sourceOrder(rt, st.source)
