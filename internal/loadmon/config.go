@@ -28,10 +28,11 @@ type Config struct {
 	// Concurrency is how many polls run at once. Zero means 64. Polls mostly wait on the network,
 	// so this bounds sockets and goroutines rather than CPU.
 	Concurrency int
-	// Client sends the polls. nil (the default) means the monitor's own NewClient, whose idle
-	// connections Stop closes; a caller's Client is the caller's to close (tests inject
-	// transports this way).
-	Client *http.Client
+	// Transport sends the polls. nil (the default) means the monitor's own NewTransport, whose
+	// idle connections Stop closes; a caller's Transport is the caller's to close (tests inject
+	// transports this way). The monitor calls it directly, not through an http.Client: it
+	// follows a worker's redirects itself, on the worker's own scheme and host only.
+	Transport http.RoundTripper
 	// Now is the clock for PolledAt and freshness; nil means time.Now.
 	Now func() time.Time
 	// Logger receives poll-state transitions (a worker starts or stops failing, a runtime is
@@ -70,11 +71,11 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// NewClient returns the HTTP client a Monitor uses when Config.Client is nil: keep-alive
+// NewTransport returns the transport a Monitor uses when Config.Transport is nil: keep-alive
 // connections (a few idle ones per worker, so each poll reuses one), no proxy, bounded dials.
 // Deadlines come from each poll's context.
-func NewClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
+func NewTransport() *http.Transport {
+	return &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        0, // no global cap: one idle connection per worker is the point
 		MaxIdleConnsPerHost: 2,
@@ -88,7 +89,7 @@ func NewClient() *http.Client {
 		// inflate of ~28 KB per poll, several times the CPU of reading the plain page on a
 		// datacenter link. A worker that compresses unasked is still understood (fetch).
 		DisableCompression: true,
-	}}
+	}
 }
 
 // withDurations replaces zero durations and sizes by their defaults.
@@ -104,8 +105,8 @@ func (c Config) withDurations() Config {
 // withDefaults resolves every zero field, the injected dependencies included.
 func (c Config) withDefaults() Config {
 	c = c.withDurations()
-	if c.Client == nil {
-		c.Client = NewClient()
+	if c.Transport == nil {
+		c.Transport = NewTransport()
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -156,14 +156,14 @@ func TestPollCost(t *testing.T) {
 	}
 	t.Logf("%d workers (%d native /v1/loads of %d B, %d vLLM /metrics of %d B), interval 1s, concurrency 64",
 		n, n-vllm, len(busyLoads), vllm, len(vllmRealisticMetrics))
-	// The default (NewClient, tuned) and a stock net/http client side by side, twice each,
+	// The default (NewTransport, tuned) and a stock net/http transport side by side, twice each,
 	// interleaved, so that the machine's background load hits both alike.
-	stock := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	stock := http.DefaultTransport.(*http.Transport).Clone()
 	defer stock.CloseIdleConnections()
 	clients := []struct {
 		name   string
-		client *http.Client
-	}{{"NewClient (default)", nil}, {"stock net/http", stock}}
+		client http.RoundTripper
+	}{{"NewTransport (default)", nil}, {"stock net/http", stock}}
 	if os.Getenv(costStockEnv) == "0" {
 		clients = clients[:1] // comparing builds: the stock client's windows would only cost time
 	}
@@ -190,9 +190,9 @@ func TestPollCost(t *testing.T) {
 // measurePolling runs a monitor of reg with client (nil: the default) for window after two
 // warm-up rounds and returns its CPU time per wall second. Every published round must hold an
 // entry for every worker.
-func measurePolling(t *testing.T, reg *worker.Registry, client *http.Client, window time.Duration) float64 {
+func measurePolling(t *testing.T, reg *worker.Registry, client http.RoundTripper, window time.Duration) float64 {
 	n := len(reg.View().All)
-	m := New(reg, Config{Client: client, Logger: slog.New(slog.DiscardHandler)})
+	m := New(reg, Config{Transport: client, Logger: slog.New(slog.DiscardHandler)})
 	defer m.Stop()
 	ctx := t.Context()
 	m.PollOnce(ctx) // warm-up rounds: dial every worker

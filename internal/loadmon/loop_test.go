@@ -43,7 +43,7 @@ func TestStartStop(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tr := &memTransport{body: busyLoads}
 				reg := worker.NewRegistry()
-				m := New(reg, Config{Interval: time.Second, Client: &http.Client{Transport: tr},
+				m := New(reg, Config{Interval: time.Second, Transport: tr,
 					Logger: slog.New(slog.DiscardHandler)})
 				w, err := worker.New(worker.Spec{URL: "http://w0:8000", Runtime: "sglang"}, worker.BreakerConfig{})
 				if err != nil {
@@ -111,7 +111,7 @@ func TestEachPollHasItsTimeout(t *testing.T) {
 		tr := &hangTransport{memTransport{body: busyLoads}}
 		reg := worker.NewRegistry()
 		m := New(reg, Config{Interval: time.Second, Timeout: timeout, Concurrency: 1,
-			Client: &http.Client{Transport: tr}, Logger: slog.New(slog.DiscardHandler)})
+			Transport: tr, Logger: slog.New(slog.DiscardHandler)})
 		defer m.Stop()
 		var hung, healthy []*worker.Worker
 		for i := range 6 {

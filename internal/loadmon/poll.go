@@ -292,11 +292,14 @@ func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (s
 	return "", nil
 }
 
+// maxRedirects is how many redirects one poll request follows.
+const maxRedirects = 3
+
 // fetch sends request kind to the worker and returns the body, read into sc's buffer (valid
 // until sc's next fetch). A status other than 200, a body over MaxBody or a short body is an
 // error.
 func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *scratch) ([]byte, error) {
-	resp, err := m.cfg.Client.Do(st.reqs[kind].WithContext(ctx))
+	resp, err := m.send(st.reqs[kind].WithContext(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -324,6 +327,49 @@ func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *sc
 		return nil, ErrEncoding
 	}
 	return sc.read(body, m.cfg.MaxBody)
+}
+
+// send sends req through the transport, following up to maxRedirects redirects that stay on the
+// worker's own scheme and host (vLLM once redirected /metrics to /metrics/). A redirect elsewhere
+// is answered as its status: a worker must not point the gateway's polls, and its api key, at
+// another address.
+func (m *Monitor) send(req *http.Request) (*http.Response, error) {
+	for hops := 0; ; hops++ {
+		resp, err := m.cfg.Transport.RoundTrip(req)
+		if err != nil {
+			return nil, err
+		}
+		next := redirected(req, resp)
+		if next == nil || hops == maxRedirects {
+			return resp, nil
+		}
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10) // so that the connection can be reused
+		resp.Body.Close()
+		req = next
+	}
+}
+
+// redirected returns the request that follows resp's redirect, or nil when resp is no redirect
+// to follow: not a 301, 302, 303, 307 or 308, no Location, or a Location off req's scheme and
+// host. The new request is a GET with req's headers and context.
+func redirected(req *http.Request, resp *http.Response) *http.Request {
+	switch resp.StatusCode {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
+		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+	default:
+		return nil
+	}
+	loc := resp.Header.Get("Location")
+	if loc == "" {
+		return nil
+	}
+	u, err := req.URL.Parse(loc)
+	if err != nil || u.Scheme != req.URL.Scheme || u.Host != req.URL.Host || u.User != nil {
+		return nil
+	}
+	next := req.Clone(req.Context())
+	next.URL, next.Host = u, ""
+	return next
 }
 
 // gunzip points sc's reusable gzip reader at r.
