@@ -80,14 +80,18 @@ func NewTransport() *http.Transport {
 		MaxIdleConns:        0, // no global cap: one idle connection per worker is the point
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     90 * time.Second,
-		// A 28 KB /metrics page in one or two reads instead of seven 4 KiB ones; a GET needs
-		// no large write buffer.
-		ReadBufferSize:  64 << 10,
+		// 4 KiB, not more: the headers and the start of a body come through the buffer, and
+		// the rest of a 28 KB /metrics page is read straight into the poller's own buffer
+		// (bufio skips its buffer for large reads), so a 64 KiB buffer cost no less CPU
+		// (paired runs of the poll-cost test, docs/benchmarks.md) and held 60 KiB more per
+		// worker: 60 MB at 1000 workers. A GET needs no large write buffer.
+		ReadBufferSize:  4 << 10,
 		WriteBufferSize: 1 << 10,
-		// No "Accept-Encoding: gzip": vLLM's and SGLang's /metrics (prometheus_client) gzip
-		// their page when asked, which costs the engine a compression and the gateway an
-		// inflate of ~28 KB per poll, several times the CPU of reading the plain page on a
-		// datacenter link. A worker that compresses unasked is still understood (fetch).
+		// No "Accept-Encoding: gzip": SGLang's /metrics and older vLLM's (prometheus_client's
+		// ASGI app) gzip their page when asked, which costs the engine a compression and the
+		// gateway an inflate of the whole page at every poll, more CPU than reading the plain
+		// page on a datacenter link. (Current vLLM serves /metrics uncompressed either way.) A
+		// worker that compresses unasked is still understood (fetch).
 		DisableCompression: true,
 	}
 }

@@ -38,7 +38,7 @@ const (
 	// comparing two builds of the monitor run one after the other.
 	costStockEnv = "KVGATE_LOADMON_COST_STOCK"
 	// costGzipEnv=1 makes the simulated /metrics gzip its page when the poll accepts gzip, as
-	// prometheus_client does in vLLM and SGLang; the default always answers plain text.
+	// prometheus_client's ASGI app does (SGLang, older vLLM); the default answers plain text.
 	costGzipEnv = "KVGATE_LOADMON_COST_GZIP"
 	// costWindowEnv sets each measuring window (a Go duration); the default is 7s.
 	costWindowEnv = "KVGATE_LOADMON_COST_WINDOW"
@@ -87,8 +87,8 @@ func TestHelperFleet(t *testing.T) {
 	mux.HandleFunc("/v1/loads", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, busyLoads) })
 	metrics := func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, vllmRealisticMetrics) }
 	if os.Getenv(costGzipEnv) == "1" {
-		// As vLLM's and SGLang's /metrics (prometheus_client) answer: gzip when the request
-		// accepts it. Compressed once: the workers' CPU is not what is measured.
+		// As SGLang's and older vLLM's /metrics (prometheus_client's ASGI app) answer: gzip
+		// when the request accepts it. Compressed once: the workers' CPU is not measured.
 		var gz bytes.Buffer
 		zw := gzip.NewWriter(&gz)
 		io.WriteString(zw, vllmRealisticMetrics)

@@ -38,8 +38,8 @@ func TestPollsAGzipWorker(t *testing.T) {
 	}
 }
 
-// TestPollEncodings: a poll asks for no compression (vLLM's and SGLang's /metrics gzip only when
-// asked), so a prometheus_client-like worker answers plain text; a worker that compresses unasked
+// TestPollEncodings: a poll asks for no compression (prometheus_client's ASGI app, SGLang's
+// /metrics, gzips only when asked), so such a worker answers plain text; a worker that compresses unasked
 // is inflated, within MaxBody (a small gzip bomb fails the poll); an encoding the monitor cannot
 // read fails the poll instead of reaching the parser.
 func TestPollEncodings(t *testing.T) {
