@@ -144,7 +144,9 @@ func TestParsePrometheus(t *testing.T) {
 		{"unterminated labels", "vllm:num_requests_running{a=\"b\" 3\nvllm:num_requests_waiting 1\n", "", Report{}, errAny},
 		{"missing value", "vllm:num_requests_running\nvllm:num_requests_waiting 1\n", "", Report{}, errAny},
 		{"bad value", "vllm:num_requests_running 3x\nvllm:num_requests_waiting 1\n", "", Report{}, errAny},
-		{"name glued to value", "vllm:num_requests_running{a=\"b\"}3\nvllm:num_requests_waiting 1\n", "", Report{}, errAny},
+		{"value right after the labels (expfmt accepts it)", "vllm:num_requests_running{a=\"b\"}3\nvllm:num_requests_waiting{}1\n", "",
+			Report{Running: 3, Waiting: 1}, nil},
+		{"name glued to value", "vllm:num_requests_running3\nvllm:num_requests_waiting 1\n", "", Report{}, ErrNoLoadData},
 		{"binary garbage", "\x00\xff\xfe vllm:\x00", "", Report{}, ErrNoLoadData},
 		{"json is not metrics", loadsTwoRanks, "", Report{}, ErrNoLoadData},
 	}

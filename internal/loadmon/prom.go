@@ -38,19 +38,31 @@ type promName struct {
 	f    promField
 }
 
+// promNames holds the names read after one runtime prefix, by their first byte.
+type promNames [256][]promName
+
+// byFirstByte indexes names by their first byte.
+func byFirstByte(names ...promName) *promNames {
+	var t promNames
+	for _, n := range names {
+		t[n.name[0]] = append(t[n.name[0]], n)
+	}
+	return &t
+}
+
 // vllmNames follow the "vllm:" prefix; sglangNames follow "sglang:" (SGLang ≤ 0.5.3) or
 // "sglang_" (newer).
 var (
-	vllmNames = [...]promName{
-		{"num_requests_running", fRunning}, {"num_requests_waiting", fWaiting},
-		{"kv_cache_usage_perc", fUsage}, {"gpu_cache_usage_perc", fUsageOld},
-		{"prefix_cache_hits_total", fHits}, {"prefix_cache_queries_total", fQueries},
-		{"generation_tokens_total", fGenTokens},
-	}
-	sglangNames = [...]promName{
-		{"num_running_reqs", fRunning}, {"num_queue_reqs", fWaiting}, {"token_usage", fUsage},
-		{"gen_throughput", fThroughput}, {"cache_hit_rate", fHitRate}, {"num_used_tokens", fUsedTokens},
-	}
+	vllmNames = byFirstByte(
+		promName{"num_requests_running", fRunning}, promName{"num_requests_waiting", fWaiting},
+		promName{"kv_cache_usage_perc", fUsage}, promName{"gpu_cache_usage_perc", fUsageOld},
+		promName{"prefix_cache_hits_total", fHits}, promName{"prefix_cache_queries_total", fQueries},
+		promName{"generation_tokens_total", fGenTokens},
+	)
+	sglangNames = byFirstByte(
+		promName{"num_running_reqs", fRunning}, promName{"num_queue_reqs", fWaiting}, promName{"token_usage", fUsage},
+		promName{"gen_throughput", fThroughput}, promName{"cache_hit_rate", fHitRate}, promName{"num_used_tokens", fUsedTokens},
+	)
 )
 
 // promFieldOf maps a metric name to the field it feeds; runtime "vllm" or "sglang" restricts the
@@ -63,23 +75,24 @@ func promFieldOf(name []byte, runtime string) promField {
 }
 
 // promFieldAt returns the field fed by the metric whose name starts b, and the name's length; fNone
-// when the name feeds none. It compares b with the few names a runtime reads instead of scanning
-// the name first: most lines of a vLLM /metrics page are histogram buckets that match none.
+// when the name feeds none. It compares b with the one or two names a runtime reads that start
+// with the byte after b's prefix, instead of scanning the name first: most lines of a vLLM
+// /metrics page are histogram buckets, whose names match none.
 func promFieldAt(b []byte, runtime string) (promField, int) {
-	var names []promName
+	var names *promNames
 	var p int
 	switch {
 	case len(b) > 5 && b[0] == 'v' && runtime != RuntimeSGLang && string(b[:5]) == "vllm:":
-		names, p = vllmNames[:], 5
+		names, p = vllmNames, 5
 	case len(b) > 7 && b[0] == 's' && runtime != RuntimeVLLM && string(b[:6]) == "sglang" && (b[6] == ':' || b[6] == '_'):
-		names, p = sglangNames[:], 7
+		names, p = sglangNames, 7
 	default:
 		return fNone, 0
 	}
 	rest := b[p:]
-	for _, c := range names {
+	for _, c := range names[rest[0]] {
 		n := len(c.name)
-		if len(rest) >= n && rest[0] == c.name[0] && string(rest[:n]) == c.name && (len(rest) == n || !isNameByte(rest[n], false)) {
+		if len(rest) >= n && string(rest[:n]) == c.name && (len(rest) == n || !isNameByte(rest[n], false)) {
 			return c.f, p + n
 		}
 	}
@@ -198,14 +211,17 @@ func parsePromLine(line []byte, runtime string) (f promField, v float64, ok bool
 	for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
 		j++
 	}
-	if j < len(line) && line[j] == '{' {
+	labels := j < len(line) && line[j] == '{'
+	if labels {
 		end := skipLabels(line[j:])
 		if end < 0 {
 			return f, 0, false
 		}
 		i = j + end
 	}
-	if i == len(line) || (line[i] != ' ' && line[i] != '\t') {
+	// A blank separates a bare name from its value (without one the value would be part of the
+	// name); after a label set it may be left out, as the reference parser (expfmt) allows.
+	if i == len(line) || (!labels && line[i] != ' ' && line[i] != '\t') {
 		return f, 0, false
 	}
 	for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
