@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // fakeServer is an OpenAI-compatible streaming server that reports cached_tokens = prompt/2.
@@ -124,11 +126,16 @@ func TestLiveCountsErrors(t *testing.T) {
 	}
 }
 
+// TestLiveWarnsWhenClientIsBottleneck: three requests all due at once and one in-flight slot:
+// the first holds the slot until the run is cancelled, so the second start must wait for it,
+// and the report says the client was the bottleneck. The run is cancelled only once the driver
+// counts that wait: cancelling when the first request reached the server raced the driver's
+// next loop iteration, and a loaded machine that held the driver back while the first request
+// crossed loopback, was cancelled and gave its slot back let the second start find the slot
+// free and the warning never came.
 func TestLiveWarnsWhenClientIsBottleneck(t *testing.T) {
-	arrived := make(chan struct{}, 3)
 	stop := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
 		select { // stuck until the client gives up or the test ends
 		case <-r.Context().Done():
 		case <-stop:
@@ -136,30 +143,33 @@ func TestLiveWarnsWhenClientIsBottleneck(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(stop)
-	// Three requests all due at once and one in-flight slot: the first holds the slot until the
-	// run is cancelled, so the second start must wait for it. The driver reaches that wait in
-	// the same loop iteration that launched the first request, long before the first request
-	// has crossed loopback to the server; the run is cancelled only after it has.
 	es := []TraceEntry{{Prompt: "a", OutputTokens: 1}, {Prompt: "b", OutputTokens: 1}, {Prompt: "c", OutputTokens: 1}}
 	sched, err := NewSchedule(NewTrace(es, 1), Arrivals{}, Limits{}, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		select {
-		case <-arrived:
-		case <-time.After(10 * time.Second):
-		}
-		cancel()
-	}()
-	res, err := RunLive(ctx, LiveConfig{Target: srv.URL, Model: "m", MaxInflight: 1}, sched, "x")
+	cfg, err := LiveConfig{Target: srv.URL, Model: "m", MaxInflight: 1}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(res.Warnings, ";"), "client was the bottleneck") {
-		t.Fatalf("warnings %q, want a client bottleneck warning", res.Warnings)
+	// RunLive's open loop, with the run's state in reach of the test.
+	l := &live{cfg: cfg, targets: []string{cfg.Target}, sched: sched, start: time.Now()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		l.openLoop(ctx)
+	}()
+	testutil.Until(t, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.blocked > 0
+	}, "a session start waiting for the in-flight slot")
+	cancel()
+	testutil.Recv(t, ended, "the open loop's end once cancelled")
+	if w := strings.Join(l.warnings(), ";"); !strings.Contains(w, "client was the bottleneck") {
+		t.Fatalf("warnings %q, want a client bottleneck warning", w)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,6 +43,10 @@ func newHeldWorker(t *testing.T) *heldWorker {
 		select {
 		case <-h.release:
 		case <-r.Context().Done():
+			return
+		case <-t.Context().Done():
+			// The test is over (failed, with requests still held): let the gateway's server
+			// close instead of waiting for a release that will not come.
 			return
 		}
 		r.Body = io.NopCloser(strings.NewReader(string(raw)))
@@ -199,6 +204,13 @@ func TestFlowCancelLeavesQueue(t *testing.T) {
 func TestFlowTimeout429And503(t *testing.T) {
 	hw := newHeldWorker(t)
 	g, queued := flowGateway(t, FlowConfig{Config: flow.Config{Timeout: 50 * time.Millisecond}}, nil, hw.fakeWorker)
+	var orphan atomic.Bool // the next queued request loses its worker as it joins the queue
+	g.flow.onQueued = func() {
+		if orphan.CompareAndSwap(true, false) {
+			g.reg.View().All[0].SetHealth(worker.NotReady)
+		}
+		queued <- struct{}{}
+	}
 	first := async(t, g, context.Background(), flowBody("A"))
 	hw.next(t)
 	r := status(t, async(t, g, context.Background(), flowBody("late")))
@@ -208,11 +220,14 @@ func TestFlowTimeout429And503(t *testing.T) {
 	if e := decodeError(t, r); e.Code != "queue_timeout" || e.Type != "rate_limit_error" {
 		t.Errorf("timeout error %+v", e)
 	}
-	<-queued
-	// The pool loses its worker while a request waits: 503 at the deadline.
+	waitQueued(t, queued)
+	// The pool loses its worker while a request waits: 503 at the deadline. The worker goes
+	// once the request is in the queue, before its wait begins: set by the test after the
+	// request was queued, a loaded machine that held the test back for the 50 ms bound let the
+	// request time out with its worker still there (a 429, and a hang on the held request).
+	orphan.Store(true)
 	ch := async(t, g, context.Background(), flowBody("orphan"))
 	waitQueued(t, queued)
-	g.reg.View().All[0].SetHealth(worker.NotReady)
 	r = status(t, ch)
 	if r.StatusCode != 503 || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("empty pool: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // The malicious-worker suite: a worker on a raw TCP socket that breaks HTTP/1.1 framing the ways
@@ -30,6 +32,10 @@ const strayAnswer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nst"
 type badWorker struct {
 	url   string
 	conns atomic.Int32
+	// lateEnded receives once for each connection on which the worker wrote a stray answer or
+	// a 408 after an answer, when the gateway has closed that connection (it saw the bytes
+	// arrive on an idle connection). It holds up to 64; the worker never waits on it.
+	lateEnded chan struct{}
 }
 
 func newBadWorker(t *testing.T) *badWorker {
@@ -38,7 +44,7 @@ func newBadWorker(t *testing.T) *badWorker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bw := &badWorker{url: "http://" + ln.Addr().String()}
+	bw := &badWorker{url: "http://" + ln.Addr().String(), lateEnded: make(chan struct{}, 64)}
 	var wg sync.WaitGroup
 	conns := map[net.Conn]bool{}
 	var mu sync.Mutex
@@ -63,24 +69,30 @@ func newBadWorker(t *testing.T) *badWorker {
 			mu.Unlock()
 			wg.Go(func() {
 				defer c.Close()
-				bw.serve(c)
+				if bw.serve(c) {
+					select {
+					case bw.lateEnded <- struct{}{}:
+					default:
+					}
+				}
 			})
 		}
 	})
 	return bw
 }
 
-// serve answers the requests of one connection until it breaks or a mode ends it.
-func (bw *badWorker) serve(c net.Conn) {
+// serve answers the requests of one connection until it breaks or a mode ends it. It reports
+// whether it wrote a stray answer or a 408 after an answer on it.
+func (bw *badWorker) serve(c net.Conn) (late bool) {
 	br := bufio.NewReader(c)
 	for {
 		req, err := http.ReadRequest(br)
 		if err != nil {
-			return
+			return late
 		}
 		body, err := io.ReadAll(io.LimitReader(req.Body, 1<<20))
 		if err != nil {
-			return
+			return late
 		}
 		if req.Method == http.MethodGet {
 			out := `{"object":"list","data":[{"id":"bad","object":"model","owned_by":"sglang"}]}`
@@ -101,6 +113,7 @@ func (bw *badWorker) serve(c net.Conn) {
 			ok("")
 			time.Sleep(40 * time.Millisecond) // the worker's bug: 40 bytes more, 40 ms later
 			io.WriteString(c, strayAnswer)
+			late = true
 		case "short":
 			// The declared length is 40 bytes short of what follows, a moment later.
 			ok("")
@@ -117,10 +130,14 @@ func (bw *badWorker) serve(c net.Conn) {
 			return
 		case "408":
 			// A server that times its idle connections out with a 408 before it closes them.
+			// It closes its side after the 408 and waits for the gateway to close the other, so
+			// that a test can tell when the gateway has seen both.
 			ok("")
 			time.Sleep(40 * time.Millisecond)
 			io.WriteString(c, "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-			return
+			c.(*net.TCPConn).CloseWrite()
+			io.Copy(io.Discard, io.LimitReader(br, 1<<20))
+			return true
 		case "hop", "hopclose":
 			conn := "keep-alive"
 			if mode == "hopclose" {
@@ -208,25 +225,33 @@ func (m *maliciousGateway) honest(t *testing.T) {
 
 // TestWorkerStrayBytesNeverReachAnotherClient: a worker that sends 40 stray bytes 40 ms after
 // each complete answer never makes a later client get an earlier client's answer: every client
-// gets its own. The strays parse as a complete answer (clients 100 ms apart), or do not (clients
-// 10 ms apart, then eight users at once).
+// gets its own. The strays parse as a complete answer (each client after the gateway has seen
+// the stray before it), or do not (clients 10 ms apart, then eight users at once).
 //
 // What no HTTP/1.1 client can tell apart: a stray that parses as a complete answer, arriving
 // while the next request on that connection waits for its answer, is that answer; the worker's
 // real answer then follows, and the connection's next request may take it. net/http closes a
 // connection on which bytes arrive while it is idle, which ends the shift at once when requests
-// come one at a time; docs/security.md says what remains with many at once.
+// come one at a time; docs/security.md says what remains with many at once. The well-formed
+// case therefore waits, before each next client, for the gateway to close the connection the
+// stray arrived on: a fixed pause would race the worker's 40 ms on a loaded machine, and the
+// stray would then arrive while the next request waits, the case the paragraph above excludes.
 func TestWorkerStrayBytesNeverReachAnotherClient(t *testing.T) {
 	for _, c := range []struct {
 		mode        string
 		users, each int
-		gap         time.Duration
+		gap         time.Duration // between one client's answer and the next; 0 with seen
+		seen        bool          // the next client waits until the gateway closed the stray's connection
 	}{
-		{"stray", 1, 5, 100 * time.Millisecond},
-		{"garbage", 1, 30, 10 * time.Millisecond},
-		{"garbage", 8, 25, 0},
+		{"stray", 1, 5, 0, true},
+		{"garbage", 1, 30, 10 * time.Millisecond, false},
+		{"garbage", 8, 25, 0, false},
 	} {
-		t.Run(fmt.Sprintf("%s %dx%d every %v", c.mode, c.users, c.each, c.gap), func(t *testing.T) {
+		name := fmt.Sprintf("%s %dx%d every %v", c.mode, c.users, c.each, c.gap)
+		if c.seen {
+			name = fmt.Sprintf("%s %dx%d each once the stray was seen", c.mode, c.users, c.each)
+		}
+		t.Run(name, func(t *testing.T) {
 			m := newMaliciousGateway(t, Config{})
 			var foreign, notOwn atomic.Int32
 			var wg sync.WaitGroup
@@ -240,6 +265,14 @@ func TestWorkerStrayBytesNeverReachAnotherClient(t *testing.T) {
 						}
 						if a.status != http.StatusOK || answerID(a.body) != id {
 							notOwn.Add(1)
+						}
+						if c.seen {
+							select {
+							case <-m.bad.lateEnded:
+							case <-time.After(testutil.Deadline):
+								t.Errorf("waited %v for the gateway to close the connection the stray arrived on", testutil.Deadline)
+								return
+							}
 						}
 						time.Sleep(c.gap) // the pace of the clients is what the case is about
 					}
@@ -286,7 +319,10 @@ func TestWorkerBadContentLength(t *testing.T) {
 }
 
 // TestWorkerStray408: a 408 that a worker sends on an idle connection before closing it is
-// never a later client's answer.
+// never a later client's answer: the gateway closes that connection, and the next request goes
+// on another. Each next request waits until the gateway has closed it (a fixed pause past the
+// worker's 40 ms would, on a loaded machine, let the next request reach the connection first,
+// and a 408 that arrives while a request waits is that request's answer in HTTP/1.1).
 func TestWorkerStray408(t *testing.T) {
 	m := newMaliciousGateway(t, Config{})
 	for i := range 5 {
@@ -294,7 +330,7 @@ func TestWorkerStray408(t *testing.T) {
 		if a := ask(t, m.client, m.srv.URL, "bad", "408 "+id); a.status != http.StatusOK || answerID(a.body) != id {
 			t.Errorf("request %d: %d %q %v, want its own answer", i, a.status, a.body, a.readErr)
 		}
-		time.Sleep(100 * time.Millisecond) // past the worker's 408: the next request finds it there
+		testutil.Recv(t, m.bad.lateEnded, "the gateway closing the connection the 408 arrived on")
 	}
 	m.honest(t)
 }

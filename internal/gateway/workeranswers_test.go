@@ -72,22 +72,15 @@ func TestWorkerServerErrorIsReplaced(t *testing.T) {
 // TestStreamIdleTimeout: a stream on which the worker goes silent ends after the idle bound with
 // an OpenAI-shaped SSE error event and [DONE], the worker's request is cancelled, and the metric
 // counts it; a stream whose events keep coming is not cut, however long it takes in all.
+//
+// The steady stream runs behind a gateway of its own whose bound is 40 of its gaps long: with
+// the gaps a third of the bound, a loaded machine that held one event back 200 ms cut the stream.
 func TestStreamIdleTimeout(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	f := newFakeWorker(t, "m")
 	released := make(chan struct{}, 1)
 	f.setHandler(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		if strings.Contains(r.URL.RawQuery, "steady") {
-			// Six events 100 ms apart: twice the idle bound in all, never idle for it.
-			for range 6 {
-				io.WriteString(w, "data: {\"choices\":[]}\n\n")
-				w.(http.Flusher).Flush()
-				time.Sleep(idle / 3)
-			}
-			io.WriteString(w, "data: [DONE]\n\n")
-			return
-		}
 		io.WriteString(w, "data: {\"choices\":[]}\n\n")
 		w.(http.Flusher).Flush()
 		<-r.Context().Done() // a hung engine: nothing more until the gateway lets go
@@ -125,10 +118,24 @@ func TestStreamIdleTimeout(t *testing.T) {
 		t.Errorf("the metrics lack %s", want)
 	}
 
-	resp = g.post(t, "/v1/completions?steady=1", `{"model":"m","prompt":"x","stream":true}`)
+	// Sixty events 25 ms apart: 1.5 times the idle bound in all, never idle for a fortieth of it.
+	const steadyIdle, steadyEvents = time.Second, 60
+	steady := newFakeWorker(t, "m")
+	steady.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range steadyEvents {
+			io.WriteString(w, "data: {\"choices\":[]}\n\n")
+			w.(http.Flusher).Flush()
+			time.Sleep(steadyIdle / 40)
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	})
+	cfg.Proxy.StreamIdleTimeout = steadyIdle
+	sg := newTestGateway(t, cfg, "round_robin", steady)
+	resp = sg.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if strings.Contains(string(body), "error") || strings.Count(string(body), "data: ") != 7 {
+	if strings.Contains(string(body), "error") || strings.Count(string(body), "data: ") != steadyEvents+1 {
 		t.Errorf("a steady stream was cut: %q", body)
 	}
 }

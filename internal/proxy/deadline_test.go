@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // TestDeadlinesAsWithTimeout: a request's bounded context ends as context.WithTimeout's would:
@@ -151,7 +153,7 @@ func TestRequestTimeoutCutsASlowWorker(t *testing.T) {
 	if !isKind(res.Err, KindTimeout) || res.Status != http.StatusGatewayTimeout {
 		t.Fatalf("status %d, error %v; want a timeout (504)", res.Status, res.Err)
 	}
-	<-gone
+	testutil.Recv(t, gone, "the cancel at the slow worker")
 }
 
 // TestDeadlinesConcurrent: requests bounded and released from several goroutines while the

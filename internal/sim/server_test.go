@@ -305,7 +305,9 @@ func TestStreamingPace(t *testing.T) {
 }
 
 // TestRepeatedPromptIsFasterOverHTTP checks that the real-time front keeps the model's cache
-// effect: a 3200-token prompt prefills in 400 ms; repeated, all but its last block hit.
+// effect: a 3200-token prompt prefills in 400 ms; repeated, all but its last block hit. The warm
+// figure is the fastest of three repeats: a loaded machine may stall any one request for the
+// 130 ms that puts it past a quarter of the cold one, and a stall only ever adds time.
 func TestRepeatedPromptIsFasterOverHTTP(t *testing.T) {
 	_, ts := startServer(t, Config{})
 	c := sdk(ts)
@@ -322,7 +324,8 @@ func TestRepeatedPromptIsFasterOverHTTP(t *testing.T) {
 		}
 		return d
 	}
-	cold, warm := ttft(), ttft()
+	cold := ttft()
+	warm := min(ttft(), ttft(), ttft())
 	if cold < 400*time.Millisecond || warm > cold/4 {
 		t.Errorf("cold TTFT %v (want ≥ 400 ms), warm %v (want under a quarter of it)", cold, warm)
 	}

@@ -150,14 +150,20 @@ def capture(outdir):
 
 
 def live(endpoint):
-    """Publish the batches once to a bound SUB at endpoint (the live interop test)."""
+    """Publish the batches once to a bound SUB at endpoint (the live interop test).
+
+    A PUB drops what it sends before the subscriber's subscription has reached it, and nothing
+    tells a PUB when that was: a fixed half-second pause lost the batches on a loaded machine.
+    An XPUB is a PUB that hands the subscriptions it hears to its owner, so this one publishes
+    once the gateway's subscription arrived. (The PUB greeting itself is in the captures.)"""
     ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
+    pub = ctx.socket(zmq.XPUB)
     pub.connect(endpoint)
-    time.sleep(0.5)
+    if not pub.poll(20000):
+        sys.exit("no subscription from the gateway within 20 s")
+    pub.recv()
     publish(pub, batches())
-    time.sleep(0.5)
-    pub.close(linger=1000)
+    pub.close(linger=20000)  # until every batch is on the wire
 
 
 if __name__ == "__main__":
