@@ -295,9 +295,10 @@ func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (s
 // maxRedirects is how many redirects one poll request follows.
 const maxRedirects = 3
 
-// fetch sends request kind to the worker and returns the body, read into sc's buffer (valid
-// until sc's next fetch). A status other than 200, a body over MaxBody or a short body is an
-// error.
+// fetch sends request kind to the worker (following its redirects as send does) and returns the
+// body, inflated if the worker gzipped it, read into sc's buffer (valid until sc's next fetch).
+// A status other than 200, a body over MaxBody (inflated), another content encoding or a short
+// body is an error.
 func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *scratch) ([]byte, error) {
 	resp, err := m.send(st.reqs[kind].WithContext(ctx))
 	if err != nil {
@@ -316,9 +317,10 @@ func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *sc
 	switch enc := resp.Header.Get("Content-Encoding"); {
 	case enc == "" || strings.EqualFold(enc, "identity"):
 	case strings.EqualFold(enc, "gzip") || strings.EqualFold(enc, "x-gzip"):
-		// The client asks for no compression, but a worker that sends gzip anyway is read
+		// The poll asks for no compression, but a worker that sends gzip anyway is read
 		// like the plain answer; MaxBody bounds the inflated bytes, so a small bomb fails
-		// the poll instead of filling memory.
+		// the poll instead of filling memory (and Timeout bounds one that inflates to
+		// nothing for ever).
 		if err := sc.gunzip(resp.Body); err != nil {
 			return nil, fmt.Errorf("gzip: %w", err)
 		}
