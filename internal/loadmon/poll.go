@@ -293,7 +293,7 @@ func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (s
 }
 
 // maxRedirects is how many redirects one poll request follows.
-const maxRedirects = 3
+const maxRedirects = worker.MaxRedirects
 
 // fetch sends request kind to the worker (following its redirects as send does) and returns the
 // body, inflated if the worker gzipped it, read into sc's buffer (valid until sc's next fetch).
@@ -366,7 +366,7 @@ func redirected(req *http.Request, resp *http.Response) *http.Request {
 		return nil
 	}
 	u, err := req.URL.Parse(loc)
-	if err != nil || u.Scheme != req.URL.Scheme || u.Host != req.URL.Host || u.User != nil {
+	if err != nil || !worker.SameOrigin(req.URL, u) {
 		return nil
 	}
 	next := req.Clone(req.Context())
