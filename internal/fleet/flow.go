@@ -348,6 +348,7 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 	bound := sat.MaxPredictedWait.Seconds()
 	now := epoch.Add(fs.s.now)
 	gf.open = gf.open[:0]
+	ownWait := false
 	for i, w := range gw.workers {
 		if gw.cands != nil && !slices.Contains(gw.cands, w) {
 			continue
@@ -360,13 +361,14 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 			gf.open = append(gf.open, w)
 		}
 		room += sat.Headroom(sig)
+		ownWait = ownWait || sig.HasWait
 		if d, ok := sat.Drain(sig); ok && (next == 0 || d < next) {
 			next = d
 		}
 	}
-	if c, ok := gw.pol.(policy.Coster); ok && room >= 1 {
-		// The gateway's own check: the routing cost's predicted wait before a prompt-less
-		// request's prefill on the best engine.
+	if c, ok := gw.pol.(policy.Coster); ok && room >= 1 && !ownWait {
+		// As the gateway does where the engines report no queued prefill: the routing cost's
+		// predicted wait before a prompt-less request's prefill on the best engine.
 		if wait, ok := c.BestCost(context.Background(), gw.candidates(), nil); ok && wait >= bound {
 			return 0, max(next, time.Duration((wait-bound)*float64(time.Second))+time.Millisecond)
 		}

@@ -19,8 +19,10 @@ type Saturation struct {
 	// and their prefill is done again.
 	MaxKVUsage float64
 	// MaxPredictedWait is the predicted wait before a new request's prefill starts at and above
-	// which an engine takes no more (its own queued prefill, Engine.Judge), and the pool takes no
-	// more when the routing cost predicts it on the best engine. Default 1s: one load-monitor
+	// which an engine takes no more (its own queued prefill, Engine.Judge: the routing cost's Q
+	// and S over μ, without its decode-side term, which is no wait); where the engines report no
+	// queued prefill, the pool takes no more when the routing cost predicts it on the best
+	// engine. Default 1s: one load-monitor
 	// interval at its default. An engine needs only enough queued prefill to stay busy until the
 	// replica can send it more, which the replica's estimate lets it do the moment the engine
 	// drains below the bound, and the estimate is set right at every report; a request queued

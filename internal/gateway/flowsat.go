@@ -24,14 +24,18 @@ func (g *flowGate) engine(w *worker.Worker) *flow.Engine {
 }
 
 // headroom is how many more requests the pool takes before every engine saturates (package
-// flow's Saturation), counted up to enough (the caller's need: the sum may stop there), none
-// while the routing cost predicts a wait at its bound; and, when that is none, how soon an
-// engine held back only by its queued prefill drains below the bound (0: none is); g.mu is held.
+// flow's Saturation), counted up to enough (the caller's need: the sum may stop there); and,
+// when that is none, how soon an engine held back only by its queued prefill drains below the
+// bound (0: none is); g.mu is held. Where the engines judged report no queued prefill (no
+// predicted wait of their own), none while the routing cost predicts a wait at the bound on the
+// best engine.
 func (g *flowGate) headroom(candidates []*worker.Worker, pol policy.Policy, enough float64) (room float64, next time.Duration) {
 	sat := &g.cfg.Saturation
 	now := g.now()
+	ownWait := false
 	for _, w := range candidates {
 		sig := g.signals(w, now)
+		ownWait = ownWait || sig.HasWait
 		if room += sat.Headroom(sig); room >= enough {
 			break
 		}
@@ -39,7 +43,7 @@ func (g *flowGate) headroom(candidates []*worker.Worker, pol policy.Policy, enou
 			next = d
 		}
 	}
-	if room >= 1 {
+	if room >= 1 && !ownWait {
 		bound := sat.MaxPredictedWait.Seconds()
 		if wait, ok := g.predictedWait(candidates, pol); ok && wait >= bound {
 			return 0, max(next, time.Duration(min(wait-bound, 3600)*float64(time.Second))+time.Millisecond)
@@ -99,7 +103,8 @@ func (g *flowGate) startable(candidates []*worker.Worker) []*worker.Worker {
 }
 
 // saturation returns the model's pool saturation in [0,1]: the mean of its engines' levels
-// (each at least what the routing cost's predicted wait stands for); 1 for an empty pool.
+// (each with its own predicted wait, or, for an engine that reports no queued prefill, at least
+// what the routing cost's predicted wait on the best engine stands for); 1 for an empty pool.
 func (g *flowGate) saturation(candidates []*worker.Worker, pol policy.Policy) float64 {
 	if len(candidates) == 0 {
 		return 1
@@ -114,7 +119,12 @@ func (g *flowGate) saturation(candidates []*worker.Worker, pol policy.Policy) fl
 	now := g.now()
 	var sum float64
 	for _, w := range candidates {
-		sum += max(sat.Level(g.signals(w, now)), floor)
+		sig := g.signals(w, now)
+		if sig.HasWait {
+			sum += sat.Level(sig) // its own predicted wait is in it
+			continue
+		}
+		sum += max(sat.Level(sig), floor)
 	}
 	return sum / float64(len(candidates))
 }
