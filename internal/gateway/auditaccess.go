@@ -60,12 +60,12 @@ func (a auditIDs) of(workerID string) string {
 
 // terms returns t as the audit headers show it: the worker by its audit id, Ĉ rounded to tenths
 // of the prompt (as the predicted share is), and the cost computed again from the rounded Ĉ, by
-// the formula of policy.Terms.Cost, so that it does not give Ĉ back to the token.
+// the formula of policy.Terms.Cost (Terms.Formula), so that it does not give Ĉ back to the token.
 func (a auditIDs) terms(t policy.Terms) policy.Terms {
 	t.Worker = a.of(t.Worker)
 	if t.Prompt > 0 && t.Rate > 0 {
 		t.Cached = roundTenth(t.Cached/t.Prompt) * t.Prompt
-		t.Cost = max(t.Queued+t.Sent+t.Prompt-t.Cached, 0)/t.Rate + t.Decode
+		t.Cost = t.Formula()
 	}
 	return t
 }

@@ -147,13 +147,13 @@ func TestAuditConfigValidation(t *testing.T) {
 func TestAuditCostHeadersBlunted(t *testing.T) {
 	ids := newAuditIDs("0123456789abcdef-k")
 	req := &policy.Request{Decision: policy.Decision{Worker: "w1", HasCost: true,
-		Chosen:   policy.Terms{Worker: "w1", Prompt: 100, Cached: 37, Rate: 1000, Decode: 0.01, Cost: 0.073},
+		Chosen:   policy.Terms{Worker: "w1", Prompt: 100, Cached: 37, Behind: 0.5, Rate: 1000, Decode: 0.01, Cost: 0.1045},
 		RunnerUp: policy.Terms{Worker: "w2", Queued: 50, Prompt: 100, Rate: 1000, Cost: 0.15}}}
 	a := newAuditWriter(httptest.NewRecorder(), req, 0, "cache_aware_hash", &ids)
 	h := http.Header{}
 	a.renderDecision(h)
 	chosen, runner := h.Get(headerCost), h.Get(headerCostRunnerUp)
-	if want := "worker=" + ids.of("w1") + " q=0 s=0 p=100 c=40 mu=1000 d=0.010 cost=0.070"; chosen != want {
+	if want := "worker=" + ids.of("w1") + " q=0 s=0 p=100 c=40 b=0.50 mu=1000 d=0.010 cost=0.100"; chosen != want {
 		t.Errorf("cost header %q, want %q", chosen, want)
 	}
 	if !strings.HasPrefix(runner, "worker="+ids.of("w2")+" ") || strings.Contains(runner, "w2 ") {

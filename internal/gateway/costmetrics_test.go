@@ -29,7 +29,7 @@ func TestCostHeadersAndCalibration(t *testing.T) {
 		}
 		chosen, runner := resp.Header.Get("X-Kvgate-Cost"), resp.Header.Get("X-Kvgate-Cost-Runner-Up")
 		for name, v := range map[string]string{"chosen": chosen, "runner-up": runner} {
-			for _, term := range []string{"worker=", " q=", " s=", " p=", " c=", " mu=", " d=", " cost="} {
+			for _, term := range []string{"worker=", " q=", " s=", " p=", " c=", " b=", " mu=", " d=", " cost="} {
 				if !strings.Contains(v, term) {
 					t.Fatalf("request %d: %s terms %q lack %q", i, name, v, term)
 				}

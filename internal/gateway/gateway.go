@@ -203,7 +203,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
-	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout}
+	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout, CheckRedirect: worker.CheckRedirect}
 	router.OnChange(s.policyChanged)
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events
 	s.warm = newWarmer(s, cfg.Warm)

@@ -88,3 +88,29 @@ func TestLoopAnswerKeepsHopID(t *testing.T) {
 		t.Fatalf("%d, hop header %q: want 508 without the gateway's id", resp.StatusCode, resp.Header.Get(HopHeader))
 	}
 }
+
+// A worker's /v1/models that redirects to another address is not followed: the registration
+// probe would otherwise reach a host nobody registered (past --allowed-worker-hosts). The
+// registration fails instead, and the other host sees nothing.
+func TestRegisterProbeFollowsNoRedirectAway(t *testing.T) {
+	g := newTestGateway(t, Config{}, "round_robin")
+	hits := make(chan struct{}, 8)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits <- struct{}{}
+		w.Write([]byte(`{"data":[{"id":"m"}]}`))
+	}))
+	t.Cleanup(other.Close)
+	away := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/v1/models", http.StatusFound)
+	}))
+	t.Cleanup(away.Close)
+	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: away.URL}); err == nil {
+		t.Fatal("registered a worker whose model probe was answered by another host")
+	}
+	if len(hits) != 0 {
+		t.Fatalf("the other host was reached %d times", len(hits))
+	}
+	if n := len(g.reg.View().All); n != 0 {
+		t.Fatalf("%d workers registered, want none", n)
+	}
+}

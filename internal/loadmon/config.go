@@ -28,10 +28,11 @@ type Config struct {
 	// Concurrency is how many polls run at once. Zero means 64. Polls mostly wait on the network,
 	// so this bounds sockets and goroutines rather than CPU.
 	Concurrency int
-	// Client sends the polls. nil (the default) means the monitor's own NewClient, whose idle
-	// connections Stop closes; a caller's Client is the caller's to close (tests inject
-	// transports this way).
-	Client *http.Client
+	// Transport sends the polls. nil (the default) means the monitor's own NewTransport, whose
+	// idle connections Stop closes; a caller's Transport is the caller's to close (tests inject
+	// transports this way). The monitor calls it directly, not through an http.Client: it
+	// follows a worker's redirects itself, on the worker's own scheme and host only.
+	Transport http.RoundTripper
 	// Now is the clock for PolledAt and freshness; nil means time.Now.
 	Now func() time.Time
 	// Logger receives poll-state transitions (a worker starts or stops failing, a runtime is
@@ -70,21 +71,29 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// NewClient returns the HTTP client a Monitor uses when Config.Client is nil: keep-alive
+// NewTransport returns the transport a Monitor uses when Config.Transport is nil: keep-alive
 // connections (a few idle ones per worker, so each poll reuses one), no proxy, bounded dials.
 // Deadlines come from each poll's context.
-func NewClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
+func NewTransport() *http.Transport {
+	return &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        0, // no global cap: one idle connection per worker is the point
 		MaxIdleConnsPerHost: 2,
 		IdleConnTimeout:     90 * time.Second,
-		// A 28 KB /metrics page in one or two reads instead of seven 4 KiB ones; a GET needs
-		// no large write buffer. Compression stays on: this client is also the fallback for
-		// workers that answer gzip.
-		ReadBufferSize:  64 << 10,
+		// 4 KiB, not more: the headers and the start of a body come through the buffer, and
+		// the rest of a 28 KB /metrics page is read straight into the poller's own buffer
+		// (bufio skips its buffer for large reads), so a 64 KiB buffer cost no less CPU
+		// (paired runs of the poll-cost test, docs/benchmarks.md) and held 60 KiB more per
+		// worker: 60 MB at 1000 workers. A GET needs no large write buffer.
+		ReadBufferSize:  4 << 10,
 		WriteBufferSize: 1 << 10,
-	}}
+		// No "Accept-Encoding: gzip": SGLang's /metrics and older vLLM's (prometheus_client's
+		// ASGI app) gzip their page when asked, which costs the engine a compression and the
+		// gateway an inflate of the whole page at every poll, more CPU than reading the plain
+		// page on a datacenter link. (Current vLLM serves /metrics uncompressed either way.) A
+		// worker that compresses unasked is still understood (fetch).
+		DisableCompression: true,
+	}
 }
 
 // withDurations replaces zero durations and sizes by their defaults.
@@ -100,8 +109,8 @@ func (c Config) withDurations() Config {
 // withDefaults resolves every zero field, the injected dependencies included.
 func (c Config) withDefaults() Config {
 	c = c.withDurations()
-	if c.Client == nil {
-		c.Client = NewClient()
+	if c.Transport == nil {
+		c.Transport = NewTransport()
 	}
 	if c.Now == nil {
 		c.Now = time.Now

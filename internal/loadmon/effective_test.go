@@ -76,7 +76,7 @@ func TestConfig(t *testing.T) {
 		}
 		r := c.withDefaults()
 		if r.Interval != time.Second || r.Timeout != 500*time.Millisecond || r.StaleAfter != 3*time.Second ||
-			r.MaxBody != 4<<20 || r.Concurrency != 64 || r.Mode != ModeScaled || r.Client == nil || r.Now == nil || r.Logger == nil {
+			r.MaxBody != 4<<20 || r.Concurrency != 64 || r.Mode != ModeScaled || r.Transport == nil || r.Now == nil || r.Logger == nil {
 			t.Fatalf("resolved defaults = %+v", r)
 		}
 	})

@@ -2,6 +2,7 @@ package loadmon
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -42,7 +43,7 @@ func TestStartStop(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				tr := &memTransport{body: busyLoads}
 				reg := worker.NewRegistry()
-				m := New(reg, Config{Interval: time.Second, Client: &http.Client{Transport: tr},
+				m := New(reg, Config{Interval: time.Second, Transport: tr,
 					Logger: slog.New(slog.DiscardHandler)})
 				w, err := worker.New(worker.Spec{URL: "http://w0:8000", Runtime: "sglang"}, worker.BreakerConfig{})
 				if err != nil {
@@ -86,4 +87,68 @@ func TestStartStop(t *testing.T) {
 			})
 		})
 	}
+}
+
+// hangTransport answers like memTransport, except that a request to a host named "hang…" waits
+// until its context ends.
+type hangTransport struct{ memTransport }
+
+func (tr *hangTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasPrefix(r.URL.Hostname(), "hang") {
+		tr.requests.Add(1)
+		<-r.Context().Done()
+		return nil, context.Cause(r.Context())
+	}
+	return tr.memTransport.RoundTrip(r)
+}
+
+// TestEachPollHasItsTimeout: one poller goroutine polls a hung worker, then a healthy one, over
+// and over: each hung poll ends exactly Timeout after it began (fake time), with a timeout as
+// its failure, and the healthy poll after it is not cut short by the deadline that fired.
+func TestEachPollHasItsTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 200 * time.Millisecond
+		tr := &hangTransport{memTransport{body: busyLoads}}
+		reg := worker.NewRegistry()
+		m := New(reg, Config{Interval: time.Second, Timeout: timeout, Concurrency: 1,
+			Transport: tr, Logger: slog.New(slog.DiscardHandler)})
+		defer m.Stop()
+		var hung, healthy []*worker.Worker
+		for i := range 6 {
+			host, list := "ok", &healthy
+			if i%2 == 0 {
+				host, list = "hang", &hung
+			}
+			w, err := worker.New(worker.Spec{URL: fmt.Sprintf("http://%s%d:8000", host, i), Runtime: "sglang"}, worker.BreakerConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.SetHealth(worker.Ready)
+			addWorkers(t, reg, w)
+			*list = append(*list, w)
+		}
+		for round := range 2 {
+			start := time.Now()
+			m.PollOnce(t.Context())
+			if took := time.Since(start); took != 3*timeout {
+				t.Fatalf("round %d took %v, want 3 timeouts of %v", round, took, timeout)
+			}
+			s := m.Snapshot()
+			for _, w := range healthy {
+				if e, ok := s.Entry(w.ID); !ok || e.Report.Backlog() != 10 {
+					f, _ := s.Failure(w.ID)
+					t.Fatalf("round %d: healthy %s: entry %+v %v, failure %+v", round, w.Spec.URL, e, ok, f)
+				}
+			}
+			for _, w := range hung {
+				f, ok := s.Failure(w.ID)
+				if !ok || !strings.Contains(f.Err, "timed out") {
+					t.Fatalf("round %d: hung %s: failure %+v %v, want a timeout", round, w.Spec.URL, f, ok)
+				}
+			}
+		}
+		if got := tr.requests.Load(); got != 12 {
+			t.Fatalf("%d requests, want 12", got)
+		}
+	})
 }

@@ -19,9 +19,9 @@ type Monitor struct {
 	reg *worker.Registry
 	cfg Config // resolved: no zero fields
 
-	// ownClient: Config.Client was nil, so the client is the monitor's own, and Stop closes
-	// its idle connections.
-	ownClient bool
+	// ownTransport: Config.Transport was nil, so the transport is the monitor's own, and Stop
+	// closes its idle connections.
+	ownTransport bool
 
 	snap atomic.Pointer[Snapshot]
 	// updated is closed, and replaced, at each round's publication (Updates).
@@ -53,7 +53,7 @@ func New(reg *worker.Registry, cfg Config) *Monitor {
 	if err := cfg.Validate(); err != nil {
 		panic(fmt.Sprintf("loadmon.New: %v", err))
 	}
-	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, ownClient: cfg.Client == nil}
+	m := &Monitor{reg: reg, cfg: cfg.withDefaults(), states: map[string]*pollState{}, ownTransport: cfg.Transport == nil}
 	m.snap.Store(emptySnapshot)
 	ch := make(chan struct{})
 	m.updated.Store(&ch)
@@ -117,8 +117,8 @@ func (m *Monitor) Stop() {
 		m.wg.Wait()
 		m.cancel = nil
 	}
-	if m.ownClient {
-		m.cfg.Client.CloseIdleConnections()
+	if c, ok := m.cfg.Transport.(interface{ CloseIdleConnections() }); ok && m.ownTransport {
+		c.CloseIdleConnections()
 	}
 }
 
@@ -281,12 +281,15 @@ func (m *Monitor) pollAll(ctx context.Context, targets []*pollState) []result {
 	for k := range g {
 		sc := m.scratch[k]
 		wg.Go(func() {
+			dl := pollDeadline{parent: ctx, timeout: m.cfg.Timeout}
+			defer dl.close()
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= n {
 					return
 				}
-				results[i] = m.pollWorker(ctx, targets[i], sc)
+				results[i] = m.pollWorker(dl.start(), targets[i], sc)
+				dl.stop()
 			}
 		})
 	}

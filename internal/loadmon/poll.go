@@ -1,6 +1,7 @@
 package loadmon
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,9 @@ import (
 
 // ErrBodyTooLarge is returned for a response body larger than Config.MaxBody.
 var ErrBodyTooLarge = errors.New("response body too large")
+
+// ErrEncoding is returned for a response body in a content encoding other than gzip.
+var ErrEncoding = errors.New("unsupported content encoding")
 
 // StatusError is a poll answered with a status other than 200.
 type StatusError struct {
@@ -109,14 +113,63 @@ type result struct {
 	at    time.Time
 }
 
-// scratch is one poll goroutine's reusable read buffer.
-type scratch struct{ buf []byte }
+// scratch is one poll goroutine's reusable read buffer, and its gzip reader for the workers that
+// compress their answer.
+type scratch struct {
+	buf []byte
+	gz  *gzip.Reader
+}
 
-// pollWorker polls one worker within Timeout: it learns the runtime if needed, then tries the
-// runtime's sources in order (the one that answered last first) until one yields a report.
+// errPollTimeout is why a poll that outlived Config.Timeout was cancelled.
+var errPollTimeout = fmt.Errorf("load poll timed out: %w", context.DeadlineExceeded)
+
+// pollDeadline bounds each poll of one poller goroutine by timeout without a context and a timer
+// per poll: the goroutine's polls share one cancellable context and one timer, which start
+// re-arms and stop disarms; only a poll that timed out (its context cancelled) makes the next
+// poll take a new pair. A round polls a thousand workers every second, so this is a thousand
+// contexts, timers and cancellation registrations a second fewer.
+type pollDeadline struct {
+	parent  context.Context
+	timeout time.Duration
+
+	ctx    context.Context // nil before the first poll and after a timeout
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+// start returns the context of the next poll, cancelled timeout from now (or with parent).
+func (d *pollDeadline) start() context.Context {
+	if d.ctx == nil {
+		d.ctx, d.cancel = context.WithCancelCause(d.parent)
+		cancel := d.cancel
+		d.timer = time.AfterFunc(d.timeout, func() { cancel(errPollTimeout) })
+		return d.ctx
+	}
+	d.timer.Reset(d.timeout)
+	return d.ctx
+}
+
+// stop ends the current poll's deadline. If the timer already fired, the context is cancelled
+// (or about to be), so the next poll gets a new one.
+func (d *pollDeadline) stop() {
+	if !d.timer.Stop() {
+		d.cancel(errPollTimeout)
+		d.ctx = nil
+	}
+}
+
+// close releases the context and the timer.
+func (d *pollDeadline) close() {
+	if d.ctx != nil {
+		d.timer.Stop()
+		d.cancel(context.Canceled)
+	}
+}
+
+// pollWorker polls one worker within ctx (one poll's deadline): it learns the runtime if needed,
+// then tries the runtime's sources in order (the one that answered last first) until one yields
+// a report.
 func (m *Monitor) pollWorker(ctx context.Context, st *pollState, sc *scratch) result {
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
-	defer cancel()
 	start := m.cfg.Now()
 	rt := m.runtimeOf(ctx, st, sc, start)
 	srcs, n := sourceOrder(rt, st.source)
@@ -239,11 +292,15 @@ func (m *Monitor) probeOwner(ctx context.Context, st *pollState, sc *scratch) (s
 	return "", nil
 }
 
-// fetch sends request kind to the worker and returns the body, read into sc's buffer (valid
-// until sc's next fetch). A status other than 200, a body over MaxBody or a short body is an
-// error.
+// maxRedirects is how many redirects one poll request follows.
+const maxRedirects = worker.MaxRedirects
+
+// fetch sends request kind to the worker (following its redirects as send does) and returns the
+// body, inflated if the worker gzipped it, read into sc's buffer (valid until sc's next fetch).
+// A status other than 200, a body over MaxBody (inflated), another content encoding or a short
+// body is an error.
 func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *scratch) ([]byte, error) {
-	resp, err := m.cfg.Client.Do(st.reqs[kind].WithContext(ctx))
+	resp, err := m.send(st.reqs[kind].WithContext(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +313,75 @@ func (m *Monitor) fetch(ctx context.Context, st *pollState, kind reqKind, sc *sc
 	if resp.ContentLength > int64(m.cfg.MaxBody) {
 		return nil, ErrBodyTooLarge
 	}
-	return sc.read(resp.Body, m.cfg.MaxBody)
+	body := io.Reader(resp.Body)
+	switch enc := resp.Header.Get("Content-Encoding"); {
+	case enc == "" || strings.EqualFold(enc, "identity"):
+	case strings.EqualFold(enc, "gzip") || strings.EqualFold(enc, "x-gzip"):
+		// The poll asks for no compression, but a worker that sends gzip anyway is read
+		// like the plain answer; MaxBody bounds the inflated bytes, so a small bomb fails
+		// the poll instead of filling memory (and Timeout bounds one that inflates to
+		// nothing for ever).
+		if err := sc.gunzip(resp.Body); err != nil {
+			return nil, fmt.Errorf("gzip: %w", err)
+		}
+		body = sc.gz
+	default:
+		return nil, ErrEncoding
+	}
+	return sc.read(body, m.cfg.MaxBody)
+}
+
+// send sends req through the transport, following up to maxRedirects redirects that stay on the
+// worker's own scheme and host (vLLM once redirected /metrics to /metrics/). A redirect elsewhere
+// is answered as its status: a worker must not point the gateway's polls, and its api key, at
+// another address.
+func (m *Monitor) send(req *http.Request) (*http.Response, error) {
+	for hops := 0; ; hops++ {
+		resp, err := m.cfg.Transport.RoundTrip(req)
+		if err != nil {
+			return nil, err
+		}
+		next := redirected(req, resp)
+		if next == nil || hops == maxRedirects {
+			return resp, nil
+		}
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10) // so that the connection can be reused
+		resp.Body.Close()
+		req = next
+	}
+}
+
+// redirected returns the request that follows resp's redirect, or nil when resp is no redirect
+// to follow: not a 301, 302, 303, 307 or 308, no Location, or a Location off req's scheme and
+// host. The new request is a GET with req's headers and context.
+func redirected(req *http.Request, resp *http.Response) *http.Request {
+	switch resp.StatusCode {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
+		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+	default:
+		return nil
+	}
+	loc := resp.Header.Get("Location")
+	if loc == "" {
+		return nil
+	}
+	u, err := req.URL.Parse(loc)
+	if err != nil || !worker.SameOrigin(req.URL, u) {
+		return nil
+	}
+	next := req.Clone(req.Context())
+	next.URL, next.Host = u, ""
+	return next
+}
+
+// gunzip points sc's reusable gzip reader at r.
+func (sc *scratch) gunzip(r io.Reader) error {
+	if sc.gz == nil {
+		gz, err := gzip.NewReader(r)
+		sc.gz = gz
+		return err
+	}
+	return sc.gz.Reset(r)
 }
 
 // read reads r to EOF into the reusable buffer, failing once more than limit bytes arrived.

@@ -32,47 +32,71 @@ const (
 	nPromFields
 )
 
+// promName is one metric name a runtime's field reads, after its runtime prefix.
+type promName struct {
+	name string
+	f    promField
+}
+
+// promNames holds the names read after one runtime prefix, by their first byte.
+type promNames [256][]promName
+
+// byFirstByte indexes names by their first byte.
+func byFirstByte(names ...promName) *promNames {
+	var t promNames
+	for _, n := range names {
+		t[n.name[0]] = append(t[n.name[0]], n)
+	}
+	return &t
+}
+
+// vllmNames follow the "vllm:" prefix; sglangNames follow "sglang:" (SGLang ≤ 0.5.3) or
+// "sglang_" (newer).
+var (
+	vllmNames = byFirstByte(
+		promName{"num_requests_running", fRunning}, promName{"num_requests_waiting", fWaiting},
+		promName{"kv_cache_usage_perc", fUsage}, promName{"gpu_cache_usage_perc", fUsageOld},
+		promName{"prefix_cache_hits_total", fHits}, promName{"prefix_cache_queries_total", fQueries},
+		promName{"generation_tokens_total", fGenTokens},
+	)
+	sglangNames = byFirstByte(
+		promName{"num_running_reqs", fRunning}, promName{"num_queue_reqs", fWaiting}, promName{"token_usage", fUsage},
+		promName{"gen_throughput", fThroughput}, promName{"cache_hit_rate", fHitRate}, promName{"num_used_tokens", fUsedTokens},
+	)
+)
+
 // promFieldOf maps a metric name to the field it feeds; runtime "vllm" or "sglang" restricts the
 // names to that runtime's, anything else accepts both.
 func promFieldOf(name []byte, runtime string) promField {
-	if len(name) > 5 && name[0] == 'v' && runtime != RuntimeSGLang && string(name[:5]) == "vllm:" {
-		switch string(name[5:]) {
-		case "num_requests_running":
-			return fRunning
-		case "num_requests_waiting":
-			return fWaiting
-		case "kv_cache_usage_perc":
-			return fUsage
-		case "gpu_cache_usage_perc":
-			return fUsageOld
-		case "prefix_cache_hits_total":
-			return fHits
-		case "prefix_cache_queries_total":
-			return fQueries
-		case "generation_tokens_total":
-			return fGenTokens
-		}
-		return fNone
-	}
-	// SGLang ≤ 0.5.3 prefixes "sglang:", newer versions "sglang_".
-	if len(name) > 7 && name[0] == 's' && runtime != RuntimeVLLM && string(name[:6]) == "sglang" &&
-		(name[6] == ':' || name[6] == '_') {
-		switch string(name[7:]) {
-		case "num_running_reqs":
-			return fRunning
-		case "num_queue_reqs":
-			return fWaiting
-		case "token_usage":
-			return fUsage
-		case "gen_throughput":
-			return fThroughput
-		case "cache_hit_rate":
-			return fHitRate
-		case "num_used_tokens":
-			return fUsedTokens
-		}
+	if f, n := promFieldAt(name, runtime); n == len(name) {
+		return f
 	}
 	return fNone
+}
+
+// promFieldAt returns the field fed by the metric whose name starts b, and the name's length; fNone
+// when the name feeds none. It compares b with the one or two names a runtime reads that start
+// with the byte after b's prefix, instead of scanning the name first: most lines of a vLLM
+// /metrics page are histogram buckets, whose names match none.
+func promFieldAt(b []byte, runtime string) (promField, int) {
+	var names *promNames
+	var p int
+	switch {
+	case len(b) > 5 && b[0] == 'v' && runtime != RuntimeSGLang && string(b[:5]) == "vllm:":
+		names, p = vllmNames, 5
+	case len(b) > 7 && b[0] == 's' && runtime != RuntimeVLLM && string(b[:6]) == "sglang" && (b[6] == ':' || b[6] == '_'):
+		names, p = sglangNames, 7
+	default:
+		return fNone, 0
+	}
+	rest := b[p:]
+	for _, c := range names[rest[0]] {
+		n := len(c.name)
+		if len(rest) >= n && string(rest[:n]) == c.name && (len(rest) == n || !isNameByte(rest[n], false)) {
+			return c.f, p + n
+		}
+	}
+	return fNone, 0
 }
 
 // ParsePrometheus parses a Prometheus text-format /metrics body (OpenMetrics text is accepted too)
@@ -177,32 +201,33 @@ func parsePromLine(line []byte, runtime string) (f promField, v float64, ok bool
 	if i == len(line) || line[i] == '#' {
 		return fNone, 0, true
 	}
-	start := i
-	for i < len(line) && isNameByte(line[i], i == start) {
-		i++
-	}
-	if f = promFieldOf(line[start:i], runtime); f == fNone {
+	f, n := promFieldAt(line[i:], runtime)
+	if f == fNone {
 		return fNone, 0, true
 	}
+	i += n
 	// The text format allows blanks between the name and its labels ("name {a="b"} 1").
 	j := i
 	for j < len(line) && (line[j] == ' ' || line[j] == '\t') {
 		j++
 	}
-	if j < len(line) && line[j] == '{' {
+	labels := j < len(line) && line[j] == '{'
+	if labels {
 		end := skipLabels(line[j:])
 		if end < 0 {
 			return f, 0, false
 		}
 		i = j + end
 	}
-	if i == len(line) || (line[i] != ' ' && line[i] != '\t') {
+	// A blank separates a bare name from its value (without one the value would be part of the
+	// name); after a label set it may be left out, as the reference parser (expfmt) allows.
+	if i == len(line) || (!labels && line[i] != ' ' && line[i] != '\t') {
 		return f, 0, false
 	}
 	for i < len(line) && (line[i] == ' ' || line[i] == '\t') {
 		i++
 	}
-	start = i
+	start := i
 	for i < len(line) && line[i] != ' ' && line[i] != '\t' && line[i] != '\r' {
 		i++
 	}

@@ -16,9 +16,10 @@ import (
 //
 //  1. Filter: the available candidates, less those over a hard cap (CostConfig.MaxTokenUsage,
 //     CostConfig.MaxWaiting) while some candidate is under it.
-//  2. Score: each candidate's expected time to first token, in seconds,
+//  2. Score: each candidate's expected time to first token, in seconds, with the delay its
+//     prefill adds to the requests that will queue behind it,
 //
-//     cost(w) = (Q_w + S_w + P − Ĉ_w) ÷ μ_w + D_w
+//     cost(w) = (Q_w + S_w + (P − Ĉ_w) × (1 + B_w)) ÷ μ_w + D_w
 //
 //     Q_w  tokens    the engine's reported queued uncached prefill (num_waiting_uncached_tokens)
 //     less what it has prefilled since, at μ_w over the report's age; where only request
@@ -30,7 +31,12 @@ import (
 //     P    tokens    the prompt (tokenized, or its bytes ÷ CostConfig.BytesPerToken).
 //     Ĉ_w  tokens    the part of it predicted cached on w: from the prefix tree, from the
 //     engines' KV events, or 0 (least_load); behind R replicas the prompt's rendezvous
-//     owner is credited (1 − 1/R) of the rest (Cost.creditOwner).
+//     owner is credited what no candidate is known to hold (Cost.creditOwner).
+//     B_w  requests  the requests that will wait behind this prompt's prefill on w: the
+//     prefill the engine reports queued (Q_w) in prompts of ū, the mean uncached prompt this
+//     replica sends, times CostConfig.DelayShare (scorer.behind). Each of them waits
+//     (P − Ĉ_w) ÷ μ_w longer for it; where no queue is, B is 0 and the cost is the request's
+//     own wait.
 //     μ_w  tokens/s  w's prefill rate, measured from its reports (scorer.roll), starting at
 //     CostConfig.PrefillRate.
 //     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
@@ -45,8 +51,9 @@ import (
 // Every decision records the terms of the chosen worker and of the runner-up (Decision.Chosen,
 // Decision.RunnerUp). There is no regime switch: D is what keeps a decode-bound fleet even (a
 // batch twice as large has steps twice as long), Q and S what keeps a prefill-bound one even,
-// and Ĉ what keeps a prompt where its cache is, exactly as far as the prefill it saves outweighs
-// the queue it joins.
+// Ĉ what keeps a prompt where its cache is, exactly as far as the prefill it saves outweighs
+// the queue it joins, and B what keeps an overloaded fleet's cache: where queues are long, the
+// prefill a miss adds is paid by every request behind it, so a hit saves that many times over.
 
 // CostConfig holds the cost model's constants (the cost-based policies). Every field is in the
 // unit its doc names; zero fields take the defaults of DefaultCostConfig.
@@ -73,6 +80,11 @@ type CostConfig struct {
 	// RateSamples is how many busy poll intervals must measure a worker's μ before it replaces
 	// PrefillRate. Default 4.
 	RateSamples int `yaml:"rate_samples"`
+	// DelayShare weighs the requests queued behind a prompt's prefill (B), in [0, 10]: 1 counts
+	// the time it makes each of them wait as much as its own wait, so the cost is the time to
+	// first token the pick adds to the fleet; 0 is each request's own wait alone (a greedy
+	// pick, which on an overloaded fleet gives up hits to shave its own queue). Default 1.
+	DelayShare float64 `yaml:"delay_share"`
 	// MaxTokenUsage is a hard cap: a worker whose fresh report shows KV-cache usage above it
 	// (a share in [0,1]) is no candidate while some other is under it. Default 1 (off).
 	MaxTokenUsage float64 `yaml:"max_token_usage"`
@@ -84,11 +96,12 @@ type CostConfig struct {
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
-		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, MaxTokenUsage: 1}
+		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, DelayShare: 1, MaxTokenUsage: 1}
 }
 
-// withDefaults fills zero fields; a wholly zero config is the defaults. Otherwise FollowShare
-// and MaxWaiting keep a zero, which means something (nothing follows; no cap).
+// withDefaults fills zero fields; a wholly zero config is the defaults. Otherwise FollowShare,
+// DelayShare and MaxWaiting keep a zero, which means something (nothing follows; nobody behind
+// counts; no cap).
 func (c CostConfig) withDefaults() CostConfig {
 	d := DefaultCostConfig()
 	if c == (CostConfig{}) {
@@ -130,6 +143,8 @@ func (c CostConfig) validate() error {
 		return errors.New("rate_decay must be in [0, 1]")
 	case c.RateSamples < 0 || c.RateSamples > 1000:
 		return errors.New("rate_samples must be in [0, 1000]")
+	case !(c.DelayShare >= 0) || c.DelayShare > 10:
+		return errors.New("delay_share must be in [0, 10]")
 	case !(c.MaxTokenUsage >= 0) || c.MaxTokenUsage > 1:
 		return errors.New("max_token_usage must be in [0, 1]")
 	case c.MaxWaiting < 0:
@@ -151,17 +166,41 @@ type Terms struct {
 	Prompt float64
 	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens.
 	Cached float64
+	// Behind is B, the requests expected to wait behind this prompt's prefill on the worker,
+	// weighted by CostConfig.DelayShare: each waits (P − Ĉ) ÷ μ longer for it.
+	Behind float64
 	// Rate is μ, the worker's prefill rate, in tokens per second.
 	Rate float64
 	// Decode is D, the decode-side cost of joining the worker's batch, in seconds.
 	Decode float64
-	// Cost is (Q + S + P − Ĉ) ÷ μ + D, in seconds: the expected time to first token.
+	// Cost is Formula(), in seconds: the expected time to first token, with the delay the
+	// prompt's prefill adds to the B requests behind it.
 	Cost float64
 }
 
-// price computes t.Cost from the other terms.
+// Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, in seconds;
+// +Inf where a term is NaN (a hostile report). Ĉ beyond P counts as P.
+func (t *Terms) Formula() float64 {
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
+}
+
+// TTFT returns the prompt's own expected time to first token on the worker,
+// (Q + S + P − Ĉ) ÷ μ + D, in seconds: the cost less the delay its prefill adds to the B
+// requests behind it. It is what a decision predicts the client will see (the calibration
+// metrics, admission by a TTFT objective); Cost is what the pick minimises.
+func (t *Terms) TTFT() float64 {
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode)
+}
+
+// price sets t.Cost from the other terms.
 func (t *Terms) price() {
-	t.Cost = finite(max(t.Queued+t.Sent+t.Prompt-t.Cached, 0)/t.Rate + t.Decode)
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
+}
+
+// formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
+// that pricing a candidate copies no Terms.
+func formula(q, s, p, c, b, mu, d float64) float64 {
+	return finite((q+s+max(p-c, 0)*(1+b))/mu + d)
 }
 
 // report is the part of a worker's load report the cost reads: a decision copies one per
@@ -404,6 +443,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		t.Sent = float64(c.w.Inflight()) * s.meanUncached
 		c.ahead = float64(c.w.Inflight())
 		t.Rate = s.rateOf(st)
+		s.behind(t)
 		t.price()
 		return
 	}
@@ -440,7 +480,25 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// busy engine look arbitrarily slow and an idle one free.
 		t.Decode = max(float64(r.running+r.waiting)+c.ahead, 0) / gen
 	}
+	s.behind(t)
 	t.price()
+}
+
+// behind sets B of t (Q set): the requests that will queue behind the prompt while it waits,
+// times DelayShare. An engine with prefill queued is admitting work as fast as it prefills, about
+// μ ÷ ū requests a second (ū the mean uncached prompt this replica sends), and the prompt waits
+// Q ÷ μ seconds before its own prefill starts: Q ÷ ū requests come in behind it meanwhile, and
+// each waits for its prefill. Where only request counts are reported, Q is waiting requests × ū,
+// so B is the waiting requests. Only the queue the engine reports counts, not S: what this
+// replica sent since the report is mostly admitted already on a fleet that is not saturated, and
+// S × the replica estimate counted as a queue made precise_prefix's multi-turn p99 at 8 gateways
+// 156 ms against 110 ms (docs/routing.md §9). B is 0 until this replica has sent a prompt (no
+// mean yet).
+func (s *scorer) behind(t *Terms) {
+	t.Behind = 0
+	if s.meanUncached > 0 {
+		t.Behind = s.cfg.DelayShare * t.Queued / s.meanUncached
+	}
 }
 
 // rateOf is μ of a worker: measured once RateSamples intervals measured it, else the configured
@@ -586,8 +644,9 @@ func finite(x float64) float64 {
 }
 
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
-// whole tokens, μ in tokens per second, D and the cost in seconds (3 decimals). Every value is
-// a number or the worker's id (a hash, no address), so it is safe in a header.
+// whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
+// (3 decimals). Every value is a number or the worker's id (a hash, no address), so it is safe
+// in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
 	b = append(b, "worker="...)
@@ -597,7 +656,7 @@ func (t Terms) String() string {
 		v    float64
 		prec int
 	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
-		{" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3}} {
+		{" b=", t.Behind, 2}, {" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3}} {
 		b = append(b, f.name...)
 		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)
 	}

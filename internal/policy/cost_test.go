@@ -91,8 +91,9 @@ func newCostPolicy(t testing.TB, name string, kv KVView, loads Loads) *Cost {
 	return p.(*Cost)
 }
 
-// TestCostPicksWhatTheFormulaSays: a hand-built fleet of three workers with given Q, S, Ĉ, μ and
-// D; the pick and the recorded terms are the formula's, case by case.
+// TestCostPicksWhatTheFormulaSays: a hand-built fleet of three workers with given Q, S, Ĉ, μ,
+// D and B (a replica whose mean uncached prompt is 2,000 tokens); the pick and the recorded
+// terms are the formula's, case by case.
 func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 	polled := time.Unix(1000, 0)
 	type fleetWorker struct {
@@ -119,7 +120,7 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 			{q: 1000, rep: 1, rate: 16000, running: 4, waiting: 1, gen: 1000},
 		}},
 		{"what other replicas sent (S × replicas) outweighs an empty report", [3]fleetWorker{
-			{q: 0, sentTok: 3000, rep: 8, rate: 8000},
+			{q: 0, sentTok: 5000, rep: 8, rate: 8000},
 			{q: 9000, rep: 8, rate: 8000},
 			{q: 12000, rep: 8, rate: 8000},
 		}},
@@ -127,6 +128,11 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 			{q: 0, rep: 1, rate: 8000, running: 400, waiting: 40, gen: 400},
 			{q: 800, rep: 1, rate: 8000, running: 100, gen: 400},
 			{q: 3000, rep: 1, rate: 8000, running: 100, gen: 400},
+		}},
+		{"the requests queued behind a miss (B) keep a prompt on its holder", [3]fleetWorker{
+			{q: 16000, rep: 1, cached: 5000, rate: 8000},
+			{q: 8000, rep: 1, rate: 8000},
+			{q: 12000, rep: 1, rate: 8000},
 		}},
 	}
 	for _, tt := range tests {
@@ -140,6 +146,8 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 				held[ws[i].ID] = f.cached
 			}
 			p := newCostPolicy(t, "precise_prefix", &fakeKV{held: held}, reports)
+			const meanUncached = 2000 // ū, tokens
+			p.sc.meanUncached = meanUncached
 			want, wantCost := -1, math.Inf(1)
 			costs := make([]float64, 3)
 			gen, n := 0.0, 0 // D counts decode steps at the fleet's mean throughput
@@ -155,7 +163,8 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 				if gen > 0 {
 					d = float64(f.running+f.waiting) / gen // the requests at the engine, one step
 				}
-				costs[i] = (f.q+f.sentTok*f.rep+prompt-float64(f.cached))/f.rate + d
+				b := f.q / meanUncached // the requests that queue behind it while it waits
+				costs[i] = (f.q+f.sentTok*f.rep+(prompt-float64(f.cached))*(1+b))/f.rate + d
 				if costs[i] < wantCost {
 					want, wantCost = i, costs[i]
 				}
@@ -171,7 +180,8 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 			}
 			f := tt.ws[want]
 			if d.Chosen.Queued != f.q || d.Chosen.Sent != f.sentTok*f.rep || d.Chosen.Prompt != prompt ||
-				d.Chosen.Cached != float64(f.cached) || d.Chosen.Rate != f.rate {
+				d.Chosen.Cached != float64(f.cached) || d.Chosen.Rate != f.rate ||
+				math.Abs(d.Chosen.Behind-f.q/meanUncached) > 1e-9 {
 				t.Fatalf("chosen terms %+v do not match worker %d %+v", d.Chosen, want, f)
 			}
 			second := math.Inf(1)
@@ -424,6 +434,8 @@ func TestCostConfigValidate(t *testing.T) {
 		"NaN rate":      func(c *CostConfig) { c.PrefillRate = math.NaN() },
 		"tie share > 1": func(c *CostConfig) { c.TieShare = 2 },
 		"follow > 1":    func(c *CostConfig) { c.FollowShare = 1.5 },
+		"delay > 10":    func(c *CostConfig) { c.DelayShare = 11 },
+		"NaN delay":     func(c *CostConfig) { c.DelayShare = math.NaN() },
 		"max waiting":   func(c *CostConfig) { c.MaxWaiting = -1 },
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -461,4 +473,138 @@ func TestCostConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestCostCountsTheRequestsBehind works B through by hand: a prompt of 6,000 tokens, 5,000 of
+// them held by worker 0 behind 16,000 queued tokens; worker 1 holds none behind 8,000; ū is
+// 2,000 tokens, μ 8,000 tokens/s. Greedy (DelayShare 0): 17,000 ÷ 8,000 = 2.125 s against
+// 14,000 ÷ 8,000 = 1.75 s, worker 1. DelayShare 1: B = 8 and 4 requests, (16,000 + 1,000 × 9) ÷
+// 8,000 = 3.125 s against (8,000 + 6,000 × 5) ÷ 8,000 = 4.75 s, worker 0. DelayShare 0.5: B = 4
+// and 2, 2.625 s against 3.25 s, worker 0.
+func TestCostCountsTheRequestsBehind(t *testing.T) {
+	polled := time.Unix(1000, 0)
+	for _, tt := range []struct {
+		share      float64
+		want       int
+		behind     float64 // B of the chosen worker
+		cost, next float64 // the chosen's cost and the runner-up's, seconds
+	}{
+		{0, 1, 0, 1.75, 2.125},
+		{1, 0, 8, 3.125, 4.75},
+		{0.5, 0, 4, 2.625, 3.25},
+	} {
+		t.Run(fmt.Sprint(tt.share), func(t *testing.T) {
+			ws := cahWorkers(t, 2)
+			reports := idReports{}
+			for i, q := range []int64{16000, 8000} {
+				reports[ws[i].ID] = loadmon.Report{WaitingUncachedTokens: q, HasUncachedTokens: true, HasTokenData: true,
+					PolledAt: polled, Replicas: 1}
+			}
+			p := newCostPolicy(t, "precise_prefix", &fakeKV{held: map[string]int{ws[0].ID: 5000}}, reports)
+			p.sc.cfg.DelayShare = tt.share
+			p.sc.meanUncached = 2000
+			for i, q := range []float64{16000, 8000} {
+				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: q, rate: 8000, rated: 100}
+			}
+			req := &Request{Model: "m", Text: strings.Repeat("x", 6000), PromptBytes: 6000}
+			if got := Choose(context.Background(), p, ws, req); got != ws[tt.want] {
+				t.Fatalf("picked %s, want worker %d (decision %+v)", got.ID, tt.want, req.Decision)
+			}
+			d := req.Decision
+			if math.Abs(d.Chosen.Behind-tt.behind) > 1e-9 || math.Abs(d.Chosen.Cost-tt.cost) > 1e-9 ||
+				math.Abs(d.RunnerUp.Cost-tt.next) > 1e-9 {
+				t.Fatalf("chosen %+v, runner-up %+v; want B %v, costs %v and %v", d.Chosen, d.RunnerUp, tt.behind, tt.cost, tt.next)
+			}
+		})
+	}
+}
+
+// TestOwnerIsCreditedWhatNoTreeHolds: behind 8 replicas, this replica sent a conversation's
+// first 3,000 characters (750 tokens) to a worker that is not the prompt's rendezvous owner; its
+// next turn, 4,000 characters (1,000 tokens), goes back there. The owner is credited only the 250
+// tokens the tree places nowhere (f = 1: share 1), not 7/8 of the prompt (875 tokens, which beat
+// the holder's 750 and pulled the conversation off it).
+func TestOwnerIsCreditedWhatNoTreeHolds(t *testing.T) {
+	polled := time.Unix(1000, 0)
+	ws := cahWorkers(t, 3)
+	reports := idReports{}
+	for _, w := range ws {
+		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, PolledAt: polled, Replicas: 8}
+	}
+	p := newCostPolicy(t, "cache_aware_hash", nil, reports)
+	turn1 := strings.Repeat("a conversation, ", 200)[:3000]
+	turn2 := turn1 + strings.Repeat("and its next turn ", 60)[:1000]
+	key := hashString(placementKey(turn2, 0))
+	owner, holder := 0, -1
+	for i, w := range ws {
+		if scoreHashed(key, idHash(w.ID)) > scoreHashed(key, idHash(ws[owner].ID)) {
+			owner = i
+		}
+	}
+	holder = (owner + 1) % len(ws)
+	p.Record(&Request{Model: "m", Text: turn1, PromptBytes: len(turn1)}, ws[holder])
+	// A newer report: what Record counted as sent is in it now.
+	later := polled.Add(time.Second)
+	for id, r := range reports {
+		r.PolledAt = later
+		reports[id] = r
+	}
+	costClock.t = later
+	req := &Request{Model: "m", Text: turn2, PromptBytes: len(turn2)}
+	if got := Choose(context.Background(), p, ws, req); got != ws[holder] {
+		t.Fatalf("picked %s, want the holder %s (decision %+v)", got.ID, ws[holder].ID, req.Decision)
+	}
+	d := req.Decision
+	if d.Chosen.Cached != 750 || d.RunnerUp.Worker != ws[owner].ID || d.RunnerUp.Cached != 250 {
+		t.Fatalf("chosen %+v, runner-up %+v; want Ĉ 750 on the holder and 250 on the owner %s", d.Chosen, d.RunnerUp, ws[owner].ID)
+	}
+}
+
+// TestOwnerCreditShare works the credit's share through by hand: f × (1 − 1/R) ÷ (1 − f/R) of
+// what the tree places nowhere (6,000 − 2,000 = 4,000 tokens) on the rendezvous owner.
+func TestOwnerCreditShare(t *testing.T) {
+	for _, tt := range []struct {
+		f, replicas, credit float64
+	}{
+		{1, 8, 4000},         // (7/8) ÷ (7/8) = 1
+		{0.5, 2, 4000.0 / 3}, // 0.25 ÷ 0.75
+		{1, 1, 0},            // one replica's tree sees everything
+		{0, 8, 0},            // nothing is taken as sent before
+	} {
+		p := NewCacheAwareHash(Config{NoBackground: true, Cost: CostConfig{FollowShare: tt.f, PrefillRate: 8000, BytesPerToken: 4}})
+		ws := cahWorkers(t, 3)
+		av := make([]costCand, len(ws))
+		for i, w := range ws {
+			av[i] = costCand{w: w, fresh: true, idHash: idHash(w.ID), r: report{replicas: tt.replicas},
+				t: Terms{Worker: w.ID, Prompt: 6000}}
+		}
+		const key = 42
+		owner := 0
+		for i := range av {
+			if scoreHashed(key, av[i].idHash) > scoreHashed(key, av[owner].idHash) {
+				owner = i
+			}
+		}
+		av[owner].t.Cached = 500        // the owner's own prefix
+		av[(owner+1)%3].t.Cached = 2000 // the longest the tree places
+		p.creditOwner(av, key, 2000)
+		if math.Abs(av[owner].credit-tt.credit) > 1e-9 || math.Abs(av[owner].t.Cached-500-tt.credit) > 1e-9 {
+			t.Errorf("f %v, R %v: credit %v (Ĉ %v), want %v", tt.f, tt.replicas, av[owner].credit, av[owner].t.Cached, tt.credit)
+		}
+		p.Close()
+	}
+}
+
+// TestTTFTLeavesOutTheDelayBehind: the prediction a client is held to (calibration metrics,
+// admission by a TTFT objective) is the prompt's own wait; the cost a pick minimises adds the
+// delay its prefill causes the B requests behind it. Hand-worked: Q 4,000, S 1,000, P 3,000,
+// Ĉ 1,000, B 2, μ 1,000 tokens/s, D 0.25 s.
+func TestTTFTLeavesOutTheDelayBehind(t *testing.T) {
+	tm := Terms{Queued: 4000, Sent: 1000, Prompt: 3000, Cached: 1000, Behind: 2, Rate: 1000, Decode: 0.25}
+	if got, want := tm.TTFT(), (4000+1000+2000)/1000.0+0.25; got != want {
+		t.Errorf("TTFT = %v, want %v", got, want)
+	}
+	if got, want := tm.Formula(), (4000+1000+2000*3)/1000.0+0.25; got != want {
+		t.Errorf("Formula = %v, want %v", got, want)
+	}
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// Coster is implemented by the cost-based policies: BestCost returns the lowest predicted time
-// to first token, in seconds, among the available candidates for req, ok false when none is
-// available. It has no side effects (it records nothing, sends nothing), so flow control may
+// Coster is implemented by the cost-based policies: BestCost returns the predicted time to
+// first token, in seconds, on the candidate a pick would choose for req now (Terms.TTFT of the
+// least cost), ok false when none is available. It has no side effects (it records nothing, sends nothing), so flow control may
 // ask it before deciding whether to admit a request.
 type Coster interface {
 	BestCost(ctx context.Context, candidates []*worker.Worker, req *Request) (seconds float64, ok bool)
@@ -194,7 +194,7 @@ func (p *Cost) Pick(ctx context.Context, candidates []*worker.Worker, req *Reque
 	return p.decide(ctx, candidates, req, true)
 }
 
-// BestCost returns the least expected time to first token among the available candidates,
+// BestCost returns the expected time to first token on the candidate a pick would choose,
 // without recording anything (Coster).
 func (p *Cost) BestCost(ctx context.Context, candidates []*worker.Worker, req *Request) (float64, bool) {
 	var scratch Request
@@ -205,7 +205,7 @@ func (p *Cost) BestCost(ctx context.Context, candidates []*worker.Worker, req *R
 	if w == nil {
 		return 0, false
 	}
-	return scratch.Decision.Chosen.Cost, true
+	return scratch.Decision.Chosen.TTFT(), true
 }
 
 // decide is Pick, recording the decision (tree, sends, counters) only when commit.
@@ -319,6 +319,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 			av[i].t.Cached = float64(chars)
 		}
 	}, func(m *radix.Match) string {
+		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
 		for i := range av {
 			c := &av[i].t
 			full := int(c.Cached) >= m.Total
@@ -326,9 +327,10 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 			if full && c.Cached > 0 {
 				c.Cached += p.sc.cfg.FollowShare * rest
 			}
+			known = max(known, c.Cached)
 		}
 		key := hashString(placementKey(req.Text, m.Shared))
-		p.creditOwner(av, key)
+		p.creditOwner(av, key, known)
 		chosen = p.finish(av, req, key, commit, -1)
 		if !commit {
 			return ""
@@ -338,16 +340,25 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 	return chosen
 }
 
-// creditOwner adds to Ĉ of the key's rendezvous owner what it is expected to hold of a prompt
-// that this replica's tree does not: behind R gateway replicas (the report's estimate), a
-// prompt that was sent before reached another replica with probability 1 − 1/R, and every
-// replica places what it does not know on the same owner unless that costs more than the
-// credit, so the owner holds it then. The prompt is taken as sent before by FollowShare, the
-// tree's own assumption about what follows a matched opening. Behind one gateway R is 1 and the
-// credit 0: that replica's tree sees everything. It is bounded by the uncached rest of the
+// creditOwner adds to Ĉ of the key's rendezvous owner what it is expected to hold of the part
+// of a prompt that this replica's tree places on no candidate (past known, the longest prefix
+// the tree places anywhere, in tokens): every replica places what it does not know on the same
+// owner unless that costs more than the credit, so the owner holds it if it was sent before.
+// The credit is that part times the probability that it was: with f = FollowShare the prior
+// that a prompt was sent before (the tree's own assumption about what follows a matched
+// opening) and R gateway replicas (the report's estimate), a prompt sent before went through
+// another replica with probability 1 − 1/R, and the tree's not holding it rules out this one,
+//
+//	share = f × (1 − 1/R) ÷ (1 − f/R),
+//
+// which is 1 for f = 1 behind more than one replica and 0 behind one (that replica's tree sees
+// everything). A prefix the tree does place is not the owner's to claim: prefix caches hold a
+// prompt's tokens only after its opening, and this replica sent that opening elsewhere, so
+// crediting the owner with it would pull a conversation off the worker that holds it (at 8
+// gateways the slowest 1 % of multi-turn requests were that). The credit is bounded by the
 // prompt, so a loaded owner still loses to an idle worker: bounded-load hashing, with the bound
 // in seconds of prefill.
-func (p *Cost) creditOwner(av []costCand, key uint64) {
+func (p *Cost) creditOwner(av []costCand, key uint64, known float64) {
 	owner, best := 0, uint64(0)
 	for i := range av {
 		if s := scoreHashed(key, av[i].idHash); i == 0 || s > best {
@@ -358,7 +369,9 @@ func (p *Cost) creditOwner(av []costCand, key uint64) {
 	if !c.fresh || c.r.replicas <= 1 {
 		return
 	}
-	c.credit = (1 - 1/c.r.replicas) * p.sc.cfg.FollowShare * max(c.t.Prompt-c.t.Cached, 0)
+	f, r := p.sc.cfg.FollowShare, c.r.replicas
+	share := f * (1 - 1/r) / (1 - f/r)          // r > 1, so the divisor is above 0
+	c.credit = share * max(c.t.Prompt-known, 0) // known ≥ the owner's own Ĉ
 	c.t.Cached += c.credit
 }
 

@@ -109,7 +109,8 @@ type CheckerOptions struct {
 	// Probe checks one worker; nil means an HTTP GET with Client that wants a 2xx answer.
 	Probe ProbeFunc
 	// Client sends the default probe; nil means a client of the checker's own, whose idle
-	// connections Stop closes.
+	// connections Stop closes and which follows redirects only on the worker's own origin
+	// (CheckRedirect).
 	Client *http.Client
 	// Logger receives one line per health transition; nil means slog.Default().
 	Logger *slog.Logger
@@ -154,7 +155,7 @@ func NewChecker(reg *Registry, cfg HealthConfig, opts CheckerOptions) *Checker {
 				MaxIdleConnsPerHost: 1,
 				IdleConnTimeout:     3 * c.cfg.Interval,
 			}
-			c.opts.Client = &http.Client{Transport: c.own}
+			c.opts.Client = &http.Client{Transport: c.own, CheckRedirect: CheckRedirect}
 		}
 		c.opts.Probe = c.httpProbe
 	}

@@ -300,6 +300,51 @@ func TestHTTPProbe(t *testing.T) {
 	}
 }
 
+// TestHTTPProbeRedirects: the default probe follows a worker's redirects on its own origin, up
+// to MaxRedirects, and never one to another address: a worker must not be able to point the
+// gateway's probes at a host nobody registered. A redirect it does not follow fails the probe.
+func TestHTTPProbeRedirects(t *testing.T) {
+	var elsewhere sync.Mutex
+	hitElsewhere := 0
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Lock()
+		hitElsewhere++
+		elsewhere.Unlock()
+	}))
+	defer other.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health": // moved, on this host
+			http.Redirect(w, r, "/health/", http.StatusMovedPermanently)
+		case "/health/":
+			w.WriteHeader(http.StatusOK)
+		case "/away":
+			http.Redirect(w, r, other.URL+"/health", http.StatusFound)
+		case "/loop":
+			http.Redirect(w, r, "/loop", http.StatusFound)
+		}
+	}))
+	defer srv.Close()
+	c := NewChecker(NewRegistry(), HealthConfig{}, CheckerOptions{})
+	defer c.Stop()
+	w, err := New(Spec{URL: srv.URL, APIKey: "k"}, BreakerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.opts.Probe(context.Background(), w, "/health"); err != nil {
+		t.Errorf("a redirect on the worker's own host: %v", err)
+	}
+	if err := c.opts.Probe(context.Background(), w, "/away"); err == nil || !strings.Contains(err.Error(), "302") {
+		t.Errorf("a redirect to another host: err %v, want the 302 as a failed check", err)
+	}
+	if hitElsewhere != 0 {
+		t.Errorf("the other host was reached %d times", hitElsewhere)
+	}
+	if err := c.opts.Probe(context.Background(), w, "/loop"); err == nil {
+		t.Error("an endless redirect passed its check")
+	}
+}
+
 func TestHealthConfigWithLabels(t *testing.T) {
 	base := DefaultHealthConfig()
 	cases := []struct {
