@@ -104,7 +104,10 @@ func (e *engine) running() int {
 	return l.Running + l.Waiting
 }
 
-// rigConfig is a drill's gateway settings: drill-speed health checks and breaker timeouts.
+// rigConfig is a drill's gateway settings: drill-speed health checks and breaker timeouts. A
+// check's timeout is far longer than its interval: no drill sheds a worker by a check timing out
+// (a killed engine refuses at once, a failing one answers 503, a hung one is the breaker's), and
+// a 100 ms bound let a loaded machine, three checks in a row, mark a steady worker not ready.
 type rigConfig struct {
 	engines int
 	health  worker.HealthConfig
@@ -116,7 +119,7 @@ type rigConfig struct {
 func defaultRig(engines int) rigConfig {
 	return rigConfig{
 		engines: engines,
-		health:  worker.HealthConfig{Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond, SuccessThreshold: 2, FailureThreshold: 3},
+		health:  worker.HealthConfig{Interval: 100 * time.Millisecond, Timeout: 2 * time.Second, SuccessThreshold: 2, FailureThreshold: 3},
 		breaker: worker.BreakerConfig{FailureThreshold: 10, SuccessThreshold: 3, OpenTimeout: time.Second, HalfOpenProbes: 1, FailureRateThreshold: 0.5, FailureRateWindow: 20},
 		proxy:   proxy.Config{RequestTimeout: 30 * time.Second, Retry: proxy.DefaultRetryConfig()},
 	}

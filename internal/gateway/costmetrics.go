@@ -11,7 +11,8 @@ import (
 )
 
 // Calibration of the cost model. A cost-based policy predicts each decision's time to first
-// token (policy.Decision.Chosen.Cost, in seconds); kvgate_route_predicted_ttft_seconds{worker}
+// token (policy.Decision.Chosen.TTFT(), in seconds: the cost less the delay the prompt adds to
+// the requests queued behind it); kvgate_route_predicted_ttft_seconds{worker}
 // is that prediction per picked worker, and kvgate_route_ttft_error_seconds{worker} the measured
 // time to the first streamed byte less the prediction, so an operator sees per worker how far the
 // model is off and in which direction (a worker whose error stays positive is slower than its
@@ -40,7 +41,7 @@ func (s *Server) routed(ctx context.Context, pol string, d *policy.Decision) {
 	if !d.HasCost || d.Worker == "" {
 		return
 	}
-	s.metrics.child(hotKey{metric: hotPredTTFT, worker: d.Worker}).observer.Observe(d.Chosen.Cost)
+	s.metrics.child(hotKey{metric: hotPredTTFT, worker: d.Worker}).observer.Observe(d.Chosen.TTFT())
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.Debug("route decision", "policy", pol, "worker", d.Worker, "branch", d.Branch,
 			"chosen", d.Chosen.String(), "runner_up", d.RunnerUp.String())
@@ -52,5 +53,5 @@ func (s *Server) calibrate(d *policy.Decision, res *proxy.Result, stream bool) {
 	if !stream || !d.HasCost || res.FirstByte <= 0 || res.Status >= 400 || res.Worker == nil || res.Worker.ID != d.Worker {
 		return
 	}
-	s.metrics.child(hotKey{metric: hotTTFTError, worker: d.Worker}).observer.Observe(res.FirstByte.Seconds() - d.Chosen.Cost)
+	s.metrics.child(hotKey{metric: hotTTFTError, worker: d.Worker}).observer.Observe(res.FirstByte.Seconds() - d.Chosen.TTFT())
 }

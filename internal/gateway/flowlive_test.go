@@ -90,6 +90,15 @@ func TestFlowLiveQueue2000(t *testing.T) {
 	deadline := time.Now().Add(2 * time.Minute)
 	var wg sync.WaitGroup
 	var ok, failedKept, leftQueued atomic.Int64
+	var failures []string // the first few kept requests' failures, for the message
+	failed := func(what string) {
+		failedKept.Add(1)
+		mu.Lock()
+		if len(failures) < 5 {
+			failures = append(failures, what)
+		}
+		mu.Unlock()
+	}
 	for i := range n {
 		rctx, cancel := context.WithDeadline(context.Background(), deadline)
 		leaves := i%10 == 0
@@ -110,16 +119,17 @@ func TestFlowLiveQueue2000(t *testing.T) {
 				if leaves {
 					leftQueued.Add(1)
 				} else {
-					failedKept.Add(1)
+					failed(err.Error())
 				}
 				return
 			}
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
 				ok.Add(1)
 			} else if !leaves {
-				failedKept.Add(1)
+				failed(fmt.Sprintf("%d %s", resp.StatusCode, b))
 			}
 		}()
 	}
@@ -135,7 +145,7 @@ func TestFlowLiveQueue2000(t *testing.T) {
 	}
 	wg.Wait()
 	if f := failedKept.Load(); f != 0 {
-		t.Errorf("%d requests that stayed were not answered 200", f)
+		t.Errorf("%d requests that stayed were not answered 200: %q", f, failures)
 	}
 	if got := ok.Load() + leftQueued.Load(); got != n {
 		t.Errorf("%d answered + %d left = %d, want %d: requests were lost", ok.Load(), leftQueued.Load(), got, n)

@@ -184,6 +184,14 @@ func (t *Terms) Formula() float64 {
 	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
 }
 
+// TTFT returns the prompt's own expected time to first token on the worker,
+// (Q + S + P − Ĉ) ÷ μ + D, in seconds: the cost less the delay its prefill adds to the B
+// requests behind it. It is what a decision predicts the client will see (the calibration
+// metrics, admission by a TTFT objective); Cost is what the pick minimises.
+func (t *Terms) TTFT() float64 {
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode)
+}
+
 // price sets t.Cost from the other terms.
 func (t *Terms) price() {
 	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)

@@ -594,3 +594,17 @@ func TestOwnerCreditShare(t *testing.T) {
 		p.Close()
 	}
 }
+
+// TestTTFTLeavesOutTheDelayBehind: the prediction a client is held to (calibration metrics,
+// admission by a TTFT objective) is the prompt's own wait; the cost a pick minimises adds the
+// delay its prefill causes the B requests behind it. Hand-worked: Q 4,000, S 1,000, P 3,000,
+// Ĉ 1,000, B 2, μ 1,000 tokens/s, D 0.25 s.
+func TestTTFTLeavesOutTheDelayBehind(t *testing.T) {
+	tm := Terms{Queued: 4000, Sent: 1000, Prompt: 3000, Cached: 1000, Behind: 2, Rate: 1000, Decode: 0.25}
+	if got, want := tm.TTFT(), (4000+1000+2000)/1000.0+0.25; got != want {
+		t.Errorf("TTFT = %v, want %v", got, want)
+	}
+	if got, want := tm.Formula(), (4000+1000+2000*3)/1000.0+0.25; got != want {
+		t.Errorf("Formula = %v, want %v", got, want)
+	}
+}

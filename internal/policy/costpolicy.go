@@ -11,9 +11,9 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// Coster is implemented by the cost-based policies: BestCost returns the lowest predicted time
-// to first token, in seconds, among the available candidates for req, ok false when none is
-// available. It has no side effects (it records nothing, sends nothing), so flow control may
+// Coster is implemented by the cost-based policies: BestCost returns the predicted time to
+// first token, in seconds, on the candidate a pick would choose for req now (Terms.TTFT of the
+// least cost), ok false when none is available. It has no side effects (it records nothing, sends nothing), so flow control may
 // ask it before deciding whether to admit a request.
 type Coster interface {
 	BestCost(ctx context.Context, candidates []*worker.Worker, req *Request) (seconds float64, ok bool)
@@ -194,7 +194,7 @@ func (p *Cost) Pick(ctx context.Context, candidates []*worker.Worker, req *Reque
 	return p.decide(ctx, candidates, req, true)
 }
 
-// BestCost returns the least expected time to first token among the available candidates,
+// BestCost returns the expected time to first token on the candidate a pick would choose,
 // without recording anything (Coster).
 func (p *Cost) BestCost(ctx context.Context, candidates []*worker.Worker, req *Request) (float64, bool) {
 	var scratch Request
@@ -205,7 +205,7 @@ func (p *Cost) BestCost(ctx context.Context, candidates []*worker.Worker, req *R
 	if w == nil {
 		return 0, false
 	}
-	return scratch.Decision.Chosen.Cost, true
+	return scratch.Decision.Chosen.TTFT(), true
 }
 
 // decide is Pick, recording the decision (tree, sends, counters) only when commit.
