@@ -167,3 +167,29 @@ func TestEngineMeasuresRate(t *testing.T) {
 		t.Fatalf("rate %g past 64 × nominal", e.Rate())
 	}
 }
+
+// TestCanStart: an engine can start a request while it is available and under its KV and slot
+// bounds, whatever its queued prefill (which the routing cost weighs); headroom needs the
+// prefill bound too.
+func TestCanStart(t *testing.T) {
+	s := Saturation{MaxWaiting: -1, MaxKVUsage: 0.8, MaxPredictedWait: time.Second, DefaultSlots: 4}.WithDefaults()
+	cases := []struct {
+		name          string
+		sig           Signals
+		start, headed bool
+	}{
+		{"idle", Signals{Available: true}, true, true},
+		{"long prefill queue", Signals{Available: true, HasWait: true, PredictedWait: 3}, true, false},
+		{"kv at the bound", Signals{Available: true, HasReport: true, KVUsage: 0.8}, false, false},
+		{"slots full", Signals{Available: true, HasReport: true, Running: 4, Slots: 4}, false, false},
+		{"unavailable", Signals{HasWait: true}, false, false},
+	}
+	for _, c := range cases {
+		if got := s.CanStart(c.sig); got != c.start {
+			t.Errorf("%s: can start %v, want %v", c.name, got, c.start)
+		}
+		if got := s.Headroom(c.sig) >= 1; got != c.headed {
+			t.Errorf("%s: headroom %v, want %v", c.name, got, c.headed)
+		}
+	}
+}

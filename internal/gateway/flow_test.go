@@ -8,6 +8,7 @@ import (
 	"github.com/kvgate/kvgate/internal/testutil"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -631,4 +632,37 @@ func TestFlowDispatchesWhenPrefillDrains(t *testing.T) {
 	}
 	g.waitDone(t, 1)
 	settled(t, g)
+}
+
+// TestFlowPoolCheckOnlyWithoutOwnWait: the routing cost's prompt-less prediction on the best
+// engine shuts the pool only where the engines report no queued prefill of their own; engines
+// that do are judged on their own predicted wait, which leaves out the cost's decode-side term.
+func TestFlowPoolCheckOnlyWithoutOwnWait(t *testing.T) {
+	f := newFakeWorker(t, "m")
+	g, _ := flowGateway(t, FlowConfig{}, nil, f)
+	g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxPredictedWait: time.Second}.WithDefaults()
+	pol, _ := g.router.For("m", worker.Regular)
+	slow := fakeCoster{pol, 5} // the cost predicts 5 s on the best engine
+	cands := g.reg.View().Pool("m").Regular
+	loads := &settableLoads{}
+	g.flow.s.loads = loads
+	room := func() float64 {
+		g.flow.mu.Lock()
+		defer g.flow.mu.Unlock()
+		r, _ := g.flow.headroom(cands, slow, math.Inf(1))
+		return r
+	}
+	now := time.Now()
+	loads.set(loadmon.Report{PolledAt: now, Running: 1}) // request counts only
+	if r := room(); r != 0 {
+		t.Fatalf("room %g with no queued prefill reported, want the cost's 5 s to shut the pool", r)
+	}
+	loads.set(loadmon.Report{PolledAt: now.Add(time.Millisecond), Running: 1, HasUncachedTokens: true, WaitingUncachedTokens: 800})
+	if r := room(); r < 1 {
+		t.Fatalf("room %g with 0.1 s of prefill reported queued, want the engine's own wait to decide", r)
+	}
+	loads.set(loadmon.Report{PolledAt: now.Add(2 * time.Millisecond), Running: 1, HasUncachedTokens: true, WaitingUncachedTokens: 16000})
+	if r := room(); r != 0 {
+		t.Fatalf("room %g with 2 s of prefill reported queued, want none", r)
+	}
 }
