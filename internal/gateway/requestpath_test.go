@@ -126,7 +126,9 @@ func TestStreamedAnswerFlushedWhateverItsContentType(t *testing.T) {
 }
 
 // TestMidStreamRequestTimeoutIsNotTheWorkersFault: a stream still flowing when --request-timeout
-// ends is cut with a timeout error event, and the worker's breaker does not hear of it.
+// ends is cut with a timeout error event, and the worker's breaker does not hear of it. The
+// worker's first event must reach the client within the timeout: 3 s against milliseconds (with
+// 1 s, a loaded machine that held that event back as long made the answer a bare 504).
 func TestMidStreamRequestTimeoutIsNotTheWorkersFault(t *testing.T) {
 	fw := newFakeWorker(t, "m")
 	fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
@@ -135,7 +137,7 @@ func TestMidStreamRequestTimeoutIsNotTheWorkersFault(t *testing.T) {
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
 	})
-	g := newTestGateway(t, Config{Proxy: proxyTimeout(time.Second), Breaker: worker.BreakerConfig{FailureThreshold: 1}}, "round_robin", fw)
+	g := newTestGateway(t, Config{Proxy: proxyTimeout(3 * time.Second), Breaker: worker.BreakerConfig{FailureThreshold: 1}}, "round_robin", fw)
 	resp := g.postBounded(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

@@ -271,6 +271,8 @@ func TestWarmFailuresAndDeadline(t *testing.T) {
 		}
 	})
 	t.Run("deadline", func(t *testing.T) {
+		// The deadline is seconds against the milliseconds the first request takes: with one
+		// second, a loaded machine that held that request back as long left none answered.
 		a, c := newFakeWorker(t, "m"), newFakeWorker(t, "m")
 		var answered atomic.Int32
 		c.setHandler(func(w http.ResponseWriter, r *http.Request) {
@@ -280,7 +282,7 @@ func TestWarmFailuresAndDeadline(t *testing.T) {
 			}
 			<-r.Context().Done()
 		})
-		g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8, Concurrency: 1, Timeout: time.Second}, 3, a)
+		g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8, Concurrency: 1, Timeout: 3 * time.Second}, 3, a)
 		g.addWorker(t, c, "")
 		if n := g.waitEnded(t); n != 1 {
 			t.Fatalf("recorded %d, want the one answered before the deadline", n)

@@ -265,7 +265,9 @@ func TestPollFailuresFallBackToLocal(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := worker.NewRegistry()
-			m, _, _ := testMonitor(t, reg, Config{MaxBody: 4 << 10, Timeout: 100 * time.Millisecond})
+			// The healthy worker's first poll (a dial and a request over loopback, milliseconds)
+			// must end within the timeout too: a second, not the 100 ms a loaded machine missed.
+			m, _, _ := testMonitor(t, reg, Config{MaxBody: 4 << 10, Timeout: time.Second})
 			w, _ := fakeWorker(t, tt.spec, tt.routes)
 			good, _ := fakeWorker(t, worker.Spec{}, map[string]http.Handler{"/v1/loads": serveBody(200, busyLoads)})
 			addWorkers(t, reg, w, good)
