@@ -279,7 +279,7 @@ func (s *scorer) promptTokens(req *Request) float64 {
 // Ĉ, reading one load snapshot under the replica's lock. prompt is P in tokens. pool says that
 // candidates is a decision's candidate list, which the scorer's poolView remembers; a one-off
 // list (Record's single worker) is read directly and leaves the view alone.
-func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt float64, pool bool) []costCand {
+func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt float64, pool, dry bool) []costCand {
 	av := dst[:0]
 	mon, pinned := s.loads.(*loadmon.Monitor)
 	var snap loadmon.Pinned
@@ -334,6 +334,13 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 	for i := range av {
 		if av[i].st == nil {
 			av[i].st = s.state(av[i].w.ID)
+		}
+		if dry && av[i].fresh && av[i].r.polled.After(av[i].st.polled) {
+			// A price asked without a pick (BestCost) moves a copy on to the new report: the
+			// state, μ's measurement with it, moves only with decisions, so how often anyone
+			// asks cannot change what the picks measure.
+			st := *av[i].st
+			av[i].st = &st
 		}
 		s.terms(&av[i], now, gen)
 	}

@@ -238,8 +238,7 @@ func TestCostMeasuresPrefillRate(t *testing.T) {
 	for i := range 30 {
 		reports[ws[0].ID] = loadmon.Report{HasUncachedTokens: true, WaitingUncachedTokens: int64(100000 - 4000*i), PolledAt: t0.Add(time.Duration(i) * time.Second)}
 		costClock.t = t0.Add(time.Duration(i) * time.Second)
-		req := &Request{PromptBytes: 4}
-		p.BestCost(context.Background(), ws, req)
+		Choose(context.Background(), p, ws, &Request{PromptBytes: 4})
 	}
 	req := &Request{PromptBytes: 4}
 	Choose(context.Background(), p, ws, req)
@@ -400,6 +399,45 @@ func TestBestCostHasNoSideEffects(t *testing.T) {
 	}
 	if _, ok := asked.BestCost(context.Background(), nil, &Request{}); ok {
 		t.Fatal("BestCost without candidates reported a cost")
+	}
+}
+
+// TestBestCostMeasuresNothing: asking the price at every load report does not change the
+// prefill rate the picks measure. The engine's backlog falls 35,000 tokens in one second and
+// 5,000 in the next, over and over: a policy that saw every report would measure 35,000
+// tokens/s; the picks see every second report only, 40,000 tokens over two seconds, 20,000/s.
+func TestBestCostMeasuresNothing(t *testing.T) {
+	ws := cahWorkers(t, 1)
+	reports := idReports{}
+	asked, plain := newCostPolicy(t, "least_load", nil, reports), newCostPolicy(t, "least_load", nil, reports)
+	start := costClock.t
+	q := int64(1_000_000)
+	for k := range 24 {
+		if k > 0 {
+			if k%2 == 1 {
+				q -= 35_000
+			} else {
+				q -= 5_000
+			}
+		}
+		at := start.Add(time.Duration(k) * time.Second)
+		costClock.t = at
+		reports[ws[0].ID] = loadmon.Report{HasTokenData: true, HasUncachedTokens: true, WaitingUncachedTokens: q, Waiting: 10, PolledAt: at}
+		if _, ok := asked.BestCost(context.Background(), ws, &Request{Text: "x", PromptBytes: 400}); !ok {
+			t.Fatal("no cost")
+		}
+		if k%2 == 1 {
+			continue
+		}
+		ra, rp := &Request{Text: "x", PromptBytes: 400}, &Request{Text: "x", PromptBytes: 400}
+		Choose(context.Background(), asked, ws, ra)
+		Choose(context.Background(), plain, ws, rp)
+		if ra.Decision.Chosen.Rate != rp.Decision.Chosen.Rate {
+			t.Fatalf("report %d: μ %v after BestCost at every report, %v without", k, ra.Decision.Chosen.Rate, rp.Decision.Chosen.Rate)
+		}
+	}
+	if got := plain.Decisions(); got == nil {
+		t.Fatal("no decisions")
 	}
 }
 

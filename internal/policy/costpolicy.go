@@ -221,7 +221,7 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	buf := getCands(len(candidates))
 	av := *buf
 	defer func() { putCands(buf, av) }()
-	av = p.sc.gather(av, candidates, p.sc.promptTokens(req), true)
+	av = p.sc.gather(av, candidates, p.sc.promptTokens(req), true, !commit)
 	if len(av) == 0 {
 		return nil
 	}
@@ -423,7 +423,7 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 	buf := getCands(1)
 	av := *buf
 	defer func() { putCands(buf, av) }()
-	av = p.sc.gather(av, []*worker.Worker{w}, p.sc.promptTokens(req), false)
+	av = p.sc.gather(av, []*worker.Worker{w}, p.sc.promptTokens(req), false, false)
 	if len(av) == 0 {
 		req.decide("", 0, false)
 		return
