@@ -258,6 +258,19 @@ func TestCheckerStopIdempotent(t *testing.T) {
 
 // TestHTTPProbe checks the default probe against a real loopback server: 2xx passes, anything
 // else fails, and the API key is sent.
+// defaultProbe returns a checker with the default HTTP probe and a worker at url with api key
+// "k".
+func defaultProbe(t *testing.T, url string) (*Checker, *Worker) {
+	t.Helper()
+	c := NewChecker(NewRegistry(), HealthConfig{}, CheckerOptions{})
+	t.Cleanup(c.Stop)
+	w, err := New(Spec{URL: url, APIKey: "k"}, BreakerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, w
+}
+
 func TestHTTPProbe(t *testing.T) {
 	var status int
 	var mu sync.Mutex
@@ -273,12 +286,7 @@ func TestHTTPProbe(t *testing.T) {
 		w.WriteHeader(status)
 	}))
 	defer srv.Close()
-	c := NewChecker(NewRegistry(), HealthConfig{}, CheckerOptions{})
-	defer c.Stop()
-	w, err := New(Spec{URL: srv.URL, APIKey: "k"}, BreakerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, w := defaultProbe(t, srv.URL)
 	for _, tc := range []struct {
 		status int
 		ok     bool
@@ -325,12 +333,7 @@ func TestHTTPProbeRedirects(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	c := NewChecker(NewRegistry(), HealthConfig{}, CheckerOptions{})
-	defer c.Stop()
-	w, err := New(Spec{URL: srv.URL, APIKey: "k"}, BreakerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, w := defaultProbe(t, srv.URL)
 	if err := c.opts.Probe(context.Background(), w, "/health"); err != nil {
 		t.Errorf("a redirect on the worker's own host: %v", err)
 	}
