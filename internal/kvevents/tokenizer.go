@@ -25,7 +25,8 @@ type TokenizerConfig struct {
 	CacheTokens int
 	// MaxTokens bounds the tokens accepted from one answer. Default 1<<20.
 	MaxTokens int
-	// Client sends the requests; nil means a client with the default transport.
+	// Client sends the requests; nil means a client with the default transport that follows
+	// redirects only on the worker's own origin (worker.CheckRedirect).
 	Client *http.Client
 }
 
@@ -40,7 +41,7 @@ func (c TokenizerConfig) withDefaults() TokenizerConfig {
 		c.MaxTokens = 1 << 20
 	}
 	if c.Client == nil {
-		c.Client = &http.Client{}
+		c.Client = &http.Client{CheckRedirect: worker.CheckRedirect}
 	}
 	return c
 }

@@ -69,3 +69,29 @@ func TestTokenizerCachesThePromptNotTheBody(t *testing.T) {
 		t.Fatalf("stats %+v, want 2 hits, 4 misses, 2 failures", st)
 	}
 }
+
+// A worker's /tokenize that redirects to another address is not followed: the tokenization
+// fails (the request is routed by the tree) and the other host sees nothing.
+func TestTokenizerFollowsNoRedirectAway(t *testing.T) {
+	var reached atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		json.NewEncoder(w).Encode(map[string]any{"count": 1, "tokens": []uint32{7}})
+	}))
+	t.Cleanup(other.Close)
+	away := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/tokenize", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(away.Close)
+	via, err := worker.New(worker.Spec{URL: away.URL}, worker.BreakerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := NewTokenizer(TokenizerConfig{Timeout: 5 * time.Second})
+	if _, err := tok.Tokenize(context.Background(), via, "m", false, nil, "hello"); err == nil {
+		t.Fatal("tokenized by another host")
+	}
+	if n := reached.Load(); n != 0 {
+		t.Fatalf("the other host was reached %d times", n)
+	}
+}
