@@ -140,11 +140,35 @@ type gwFlow struct {
 	// open are the candidates that could start a request at the last judgement: a dispatched
 	// request picks among them, as in the gateway.
 	open     []*worker.Worker
-	deadline time.Duration
 	queuedBy []int // queued entries per class
-	armed    bool
-	kicked   bool
-	kickAt   time.Duration
+	// deadline is the pending event for the queue's next deadline, kick the pending dispatch.
+	deadline, kick pending
+}
+
+// pending is one kind of event a replica keeps at most one of in the simulator's heap: the
+// earliest asked for. A later event of that kind already pushed is left in the heap and ignored
+// when it comes (fires reports false).
+type pending struct {
+	armed bool
+	at    time.Duration
+}
+
+// ask reports whether an event at at must be pushed: none is pending, or the pending one is later.
+func (p *pending) ask(at time.Duration) bool {
+	if p.armed && p.at <= at {
+		return false
+	}
+	p.armed, p.at = true, at
+	return true
+}
+
+// fires reports whether the event coming due at now is the pending one, which it then clears.
+func (p *pending) fires(now time.Duration) bool {
+	if p.at != now {
+		return false // superseded by an earlier one
+	}
+	p.armed = false
+	return true
 }
 
 // held is a queued turn.
@@ -245,21 +269,17 @@ func (fs *flowSim) arm(g int) {
 	if !ok {
 		return
 	}
-	d := at.Sub(epoch)
-	if gf.armed && gf.deadline <= d {
-		return
+	if d := at.Sub(epoch); gf.deadline.ask(d) {
+		fs.s.push(event{at: d, kind: evFlowDeadline, idx: g})
 	}
-	gf.armed, gf.deadline = true, d
-	fs.s.push(event{at: d, kind: evFlowDeadline, idx: g})
 }
 
 // expire answers the replica's requests past their deadline.
 func (fs *flowSim) expire(g int) {
 	gf := fs.gws[g]
-	if gf.deadline != fs.s.now {
-		return // superseded by an earlier deadline's event
+	if !gf.deadline.fires(fs.s.now) {
+		return
 	}
-	gf.armed = false
 	fs.expired = gf.q.Expire(epoch.Add(fs.s.now), fs.expired[:0])
 	for _, e := range fs.expired {
 		h := e.Owner.(*held)
@@ -315,20 +335,17 @@ func (fs *flowSim) kick(g int) {
 // kickAt asks for a dispatch of replica g's queue at at (the earliest asked for wins).
 func (fs *flowSim) kickAt(g int, at time.Duration) {
 	gf := fs.gws[g]
-	if gf.kicked && gf.kickAt <= at {
-		return
+	if gf.kick.ask(at) {
+		fs.s.push(event{at: at, kind: evFlowDispatch, idx: g})
 	}
-	gf.kicked, gf.kickAt = true, at
-	fs.s.push(event{at: at, kind: evFlowDispatch, idx: g})
 }
 
 // kicked runs a dispatch kick asked for.
 func (fs *flowSim) kicked(g int) {
 	gf := fs.gws[g]
-	if gf.kickAt != fs.s.now {
-		return // superseded by an earlier kick
+	if !gf.kick.fires(fs.s.now) {
+		return
 	}
-	gf.kicked = false
 	fs.dispatch(g)
 }
 
