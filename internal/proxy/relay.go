@@ -44,10 +44,16 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 	}
 	n, err := 0, error(nil)
 	if !req.Stream && !sse {
-		for n == 0 && err == nil {
-			n, err = u.Body.Read(buf)
+		// A whole answer that fits the buffer is read whole before anything is committed: one
+		// cut short is then a 502, not headers and an aborted connection the client could not
+		// tell from no answer at all.
+		whole := u.ContentLength > 0 && u.ContentLength <= int64(len(buf))
+		for err == nil && (n == 0 || whole && int64(n) < u.ContentLength) {
+			var m int
+			m, err = u.Body.Read(buf[n:])
+			n += m
 		}
-		if n == 0 && err != nil && err != io.EOF {
+		if err != nil && err != io.EOF && (n == 0 || whole && int64(n) < u.ContentLength) {
 			return a.readFailed(ctx, err, u.StatusCode)
 		}
 	}

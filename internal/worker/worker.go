@@ -123,6 +123,8 @@ type Worker struct {
 	warming   atomic.Bool
 	// runtime is the runtime learned after registration when Spec.Runtime is empty.
 	runtime atomic.Pointer[string]
+	// echo is what the worker was seen to echo of a request's id (Echo bits, echo.go).
+	echo atomic.Uint32
 
 	// Breaker is the worker's circuit breaker.
 	Breaker Breaker
