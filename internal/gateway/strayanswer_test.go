@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	kvtestutil "github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -204,6 +205,48 @@ func TestStrayAnswerNeverReachesAnotherClient(t *testing.T) {
 			strays := testutil.CollectAndCount(g.metrics.hostile.strays)
 			if c.echo != "none" && c.users*c.each > 1 && strays == 0 {
 				t.Errorf("kvgate_upstream_stray_answers_total is 0; the worker sent a stray for every reused connection")
+			}
+		})
+	}
+}
+
+// What llm-d-inference-sim echoes of the gateway's request id, and so what binds its answers:
+// with --enable-request-id-headers, a response X-Request-Id (and the answer's id); without, a
+// random answer id, so the gateway learns that it does not echo and relays its answers as they
+// are (docs/security.md: such a worker needs --worker-conn-reuse never to be safe from strays).
+func TestLLMDSimRequestIDEcho(t *testing.T) {
+	for _, c := range []struct {
+		flags []string
+		want  worker.Echo
+	}{
+		{[]string{"--enable-request-id-headers"}, worker.EchoHeader},
+		{nil, worker.EchoNone},
+	} {
+		t.Run(fmt.Sprint(c.flags), func(t *testing.T) {
+			sim := kvtestutil.StartLLMDSim(t, "m", c.flags...)
+			g := newTestGateway(t, Config{}, "round_robin")
+			w, err := g.Register(t.Context(), AddWorkerRequest{URL: sim.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 10 {
+				stream := i%2 == 1
+				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"hi %d"}],"max_tokens":2,"stream":%v}`, i, stream)
+				resp, err := http.Post(g.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "chatcmpl-") {
+					t.Fatalf("answer %d: %d %q", i, resp.StatusCode, b)
+				}
+			}
+			if got := w.Echo(); got != c.want {
+				t.Errorf("learned echo %b, want %b", got, c.want)
+			}
+			if n := testutil.CollectAndCount(g.metrics.hostile.strays); n != 0 {
+				t.Errorf("%d strays counted from an honest engine", n)
 			}
 		})
 	}

@@ -134,7 +134,8 @@ func (a *attempt) stray(ctx context.Context, req *Request) (how string, e *Error
 	if seen&worker.EchoHeader != 0 && ok2xx && a.conn.wasReused() {
 		return "missing", nil
 	}
-	if !ok2xx || !echoesInBody(req.Path, resp) {
+	if !ok2xx || seen == worker.EchoNone || !echoesInBody(req.Path, resp) {
+		// A worker seen not to echo is not read ahead: nothing would bind its answers.
 		return "", nil
 	}
 	id, e := a.peekID(ctx, req)
@@ -177,7 +178,8 @@ func (a *attempt) peekID(ctx context.Context, req *Request) (string, *Error) {
 		t := time.AfterFunc(a.f.cfg.StreamIdleTimeout, func() { cancel(errStreamIdle) })
 		defer t.Stop()
 	}
-	buf := make([]byte, 0, 1<<10)
+	sse := strings.HasPrefix(a.resp.Header.Get("Content-Type"), "text/event-stream")
+	buf := make([]byte, 0, 512)
 	var rerr error
 	id, found := "", false
 	for len(buf) < maxPeekBytes && !found {
@@ -187,6 +189,11 @@ func (a *attempt) peekID(ctx context.Context, req *Request) (string, *Error) {
 		n, err := a.resp.Body.Read(buf[len(buf):min(cap(buf), maxPeekBytes)])
 		buf = buf[:len(buf)+n]
 		id, found = answerID(buf)
+		if !found && sse && firstDataEventEnd(buf) > 0 {
+			// Only the first event of a stream is checked: the worker may wait for the
+			// client to read it before it sends the next.
+			found = true
+		}
 		if err != nil {
 			rerr = err
 			break
@@ -319,4 +326,32 @@ func (a *attempt) sendBound(ctx context.Context, req *Request, u *http.Request) 
 			return e
 		}
 	}
+}
+
+// firstDataEventEnd returns the index just past the first complete SSE event in b that has a
+// data line (comments and other fields alone do not count), or 0 if b holds none yet.
+func firstDataEventEnd(b []byte) int {
+	start := 0
+	for start < len(b) {
+		end := lastEventEnd(b[start:min(len(b), start+nextEventEnd(b[start:]))])
+		if end == 0 {
+			return 0
+		}
+		ev := b[start : start+end]
+		if bytes.HasPrefix(ev, []byte("data:")) || bytes.Contains(ev, []byte("\ndata:")) {
+			return start + end
+		}
+		start += end
+	}
+	return 0
+}
+
+// nextEventEnd returns the length of b up to and including its first blank line, or len(b).
+func nextEventEnd(b []byte) int {
+	for i := 1; i < len(b); i++ {
+		if b[i] == '\n' && (b[i-1] == '\n' || i >= 3 && b[i-1] == '\r' && b[i-2] == '\n' && b[i-3] == '\r') {
+			return i + 1
+		}
+	}
+	return len(b)
 }
