@@ -64,10 +64,13 @@ type Config struct {
 	ForwardClientAuth bool
 	// HopID, when set, is appended to HopHeader on every upstream request.
 	HopID string
-	// StreamIdleTimeout ends a streamed answer on which the worker has sent nothing for this
-	// long, counted from its response headers, with an SSE error event (--stream-idle-timeout;
-	// DefaultStreamIdleTimeout there). Zero or negative means no such bound: only
-	// RequestTimeout ends a silent stream.
+	// StreamIdleTimeout ends a streamed answer on which the worker has sent no complete data
+	// event for this long, counted from its response headers, with an SSE error event
+	// (--stream-idle-timeout; DefaultStreamIdleTimeout there). Comments (": ping"), events
+	// without a data line and the bytes of an event not yet ended do not restart it: a worker
+	// cannot hold a stream open with them. An event not yet ended is also bounded in bytes
+	// (maxEventBytes held back, then passed through). Zero or negative means no such bound:
+	// only RequestTimeout ends a silent stream.
 	StreamIdleTimeout time.Duration
 	// ConnReuse reports whether a connection to worker w may carry more than one request
 	// (--worker-conn-reuse, and the worker's conn_reuse label). nil means always. A worker that

@@ -78,7 +78,7 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 		}
 		if n > 0 {
 			a.lease.FirstByte() // the worker is past its prefill (Worker.Awaiting)
-			if idle != nil {
+			if idle != nil && !events {
 				idle.Reset(a.f.cfg.StreamIdleTimeout)
 			}
 		}
@@ -97,6 +97,11 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 			}
 		}
 		if out > 0 {
+			if idle != nil && events && firstDataEventEnd(buf[:out]) > 0 {
+				// Only a complete data event is progress: comments, other fields and the bytes
+				// of an event that never ends do not hold a stream open (Config.StreamIdleTimeout).
+				idle.Reset(a.f.cfg.StreamIdleTimeout)
+			}
 			if res.FirstByte == 0 {
 				res.FirstByte = time.Since(start)
 			}
@@ -140,7 +145,7 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 	case KindTimeout:
 		msg, code = "the request reached the gateway's time limit; the response is incomplete", "request_timeout"
 	case KindStreamIdle:
-		msg, code = fmt.Sprintf("the worker sent nothing for %v; the stream was ended", a.f.cfg.StreamIdleTimeout), "stream_idle_timeout"
+		msg, code = fmt.Sprintf("the worker sent no event for %v; the stream was ended", a.f.cfg.StreamIdleTimeout), "stream_idle_timeout"
 	}
 	writeSSEError(rw, msg, code, atBoundary)
 	flusher.Flush()
