@@ -30,3 +30,22 @@ var _ proxy.StrayObserver = (*Metrics)(nil)
 func (m *Metrics) StrayAnswer(w *worker.Worker, how string) {
 	m.hostile.strays.WithLabelValues(w.ID, how).Inc()
 }
+
+// watchBodies exports the body memory budget: its size, what it holds, and the requests it
+// refused.
+func (h *hostileMetrics) watchBodies(reg *prometheus.Registry, b *bodyBudget) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvgate_request_body_bytes_held",
+			Help: "Bytes of request-body buffers held (being read, queued or in flight, retries included).",
+		}, func() float64 { used, _ := b.held(); return float64(used) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvgate_request_body_budget_bytes",
+			Help: "The gateway-wide budget for request-body buffers (--body-memory-budget; negative: none).",
+		}, func() float64 { return float64(b.limit) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvgate_request_body_budget_refused_total",
+			Help: "Requests answered 503 because the request-body memory budget had no room for their body within --body-budget-wait.",
+		}, func() float64 { _, refused := b.held(); return float64(refused) }),
+	)
+}
