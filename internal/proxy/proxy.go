@@ -376,14 +376,15 @@ type attempt struct {
 	f     *Forwarder
 	w     *worker.Worker
 	lease worker.Lease
-	// ctx and cancel are the attempt's own context, set when something but the request's end
-	// may end the attempt: timer up to its response headers (Config.AttemptTimeout), or a
-	// streamed answer's idle bound (Config.StreamIdleTimeout, cause errStreamIdle). cancel and
-	// timer are nil when there is no such bound.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	timer  *time.Timer
-	resp   *http.Response
+	// ctx and cancel are the attempt's own context: the request's, ended also by timer up to
+	// its response headers (Config.AttemptTimeout; nil without one), a streamed answer's idle
+	// bound (Config.StreamIdleTimeout, cause errStreamIdle), or the worker failing its health
+	// checks before the headers came (cause errWorkerDown; stopDown ends that watch).
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	timer    *time.Timer
+	stopDown func() bool
+	resp     *http.Response
 	// id is the attempt's own request id (X-Request-Id), which binds the answer to it.
 	id string
 	// conn is the connection the request went out on; rt the transport that sends it.
@@ -411,19 +412,15 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		// attempt does not count in Worker.Awaiting.
 		a.lease.FirstByte()
 	}
-	actx := ctx
-	d := f.cfg.AttemptTimeout
-	if d > 0 || (req.Stream && f.cfg.StreamIdleTimeout > 0) {
-		// Only a bound of its own needs a context of its own: without one, the request's
-		// context is the attempt's, and end has nothing to cancel (the response body's Close
-		// releases the connection).
-		var cancel context.CancelCauseFunc
-		actx, cancel = context.WithCancelCause(ctx)
-		a.cancel = cancel
-		if d > 0 {
-			a.timer = time.AfterFunc(d, func() { cancel(nil) })
-		}
+	// The attempt's own context ends with the request, at its attempt timeout, at its stream's
+	// idle bound, and when the worker fails its health checks before the answer's headers came
+	// (errWorkerDown: a frozen or dead engine, whose attempt goes elsewhere; frozen.go).
+	actx, cancel := context.WithCancelCause(ctx)
+	a.cancel = cancel
+	if d := f.cfg.AttemptTimeout; d > 0 {
+		a.timer = time.AfterFunc(d, func() { cancel(nil) })
 	}
+	a.stopDown = context.AfterFunc(w.Alive(), func() { cancel(errWorkerDown) })
 	a.ctx = actx
 	a.id, a.conn, a.rt = newAttemptID(), newConnRef(), f.transport
 	reuse := f.cfg.ConnReuse == nil || f.cfg.ConnReuse(w)
@@ -484,6 +481,22 @@ func (a *attempt) send(ctx context.Context, u *http.Request) *Error {
 	}
 	timedOut := a.timer != nil && !a.timer.Stop()
 	a.timer = nil // a resend after a stray (bind.go) has only the request's bound
+	if err != nil && a.workerDown(ctx) {
+		// The worker failed its health checks while this attempt waited for its headers.
+		a.setFailure(KindConnect, worker.Failed)
+		return &Error{Kind: KindConnect, Worker: a.w.ID, Err: fmt.Errorf("%w: %w", errWorkerDown, err)}
+	}
+	if err != nil && !timedOut && ctx.Err() == nil && a.refusedAfterReset(err) {
+		// The engine reset the connection before any answer and now refuses new ones: it is
+		// gone, and did no work a retry would duplicate.
+		a.setFailure(KindConnect, worker.Failed)
+		return &Error{Kind: KindConnect, Worker: a.w.ID, Err: fmt.Errorf("%w: %w", errEngineGone, err)}
+	}
+	if err == nil && a.stopDown != nil {
+		// Headers came: a health failure from now on is the stream's (its idle bound), not a
+		// reason to send the request elsewhere.
+		a.stopDown()
+	}
 	if err == nil && timedOut {
 		// The attempt timer fired just as the headers arrived: the body is already cancelled.
 		_ = resp.Body.Close()
@@ -512,6 +525,9 @@ func (a *attempt) end() {
 	}
 	if a.timer != nil {
 		a.timer.Stop()
+	}
+	if a.stopDown != nil {
+		a.stopDown()
 	}
 	if a.cancel != nil {
 		a.cancel(nil)
