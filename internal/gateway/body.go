@@ -184,8 +184,11 @@ func (b *Body) shrink() {
 // the budget had no room for it within its wait.
 func (b *Body) grow(ctx context.Context, want, limit int64) bool {
 	size := min(int64(len(*b.buf))*growth, limit)
-	if want > int64(b.n) && want < size {
-		size = want
+	if want > int64(b.n) && (want < size || size > 1<<maxClassShift) {
+		// Past the pooled classes, a declared body that has sent the largest class's bytes
+		// moves to a buffer of its declared length at once: every step beyond would leave a
+		// buffer of no class behind as garbage, memory the budget no longer counts.
+		size = min(want, limit)
 	}
 	if !b.charge(ctx, bufferSize(int(size))) {
 		return false
@@ -249,12 +252,7 @@ func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 	}
 	ctx := r.Context()
 	first := 1 << minClassShift
-	if n := r.ContentLength; n > preallocMax && p.memory != nil && p.memory.limit > 0 {
-		// A large declared body takes its whole length from the budget at once, and a buffer
-		// of that length (a fresh one: its pages take memory only as the bytes arrive), so
-		// that it never grows through copies that would each leave garbage behind.
-		first = int(n)
-	} else if n > int64(first) && n <= preallocMax {
+	if n := r.ContentLength; n > int64(first) && n <= preallocMax {
 		// Growth would copy the body's first bytes into ever larger buffers (for 100 KB, 80 KB
 		// copied, and shorter reads at each step): take the declared length at once.
 		if size := int64(1) << (classOf(int(n)) + minClassShift); p.reserve(size) {
