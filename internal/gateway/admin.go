@@ -282,7 +282,7 @@ func checkLabels(labels map[string]string) error {
 			return fmt.Errorf("label %s: values must be valid UTF-8 of at most %d bytes", k, maxLabelValueLen)
 		}
 	}
-	return nil
+	return checkConnReuseLabel(labels)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -251,3 +251,17 @@ func TestLLMDSimRequestIDEcho(t *testing.T) {
 		})
 	}
 }
+
+// A conn_reuse label other than always or never is refused at registration (400).
+func TestConnReuseLabelValidated(t *testing.T) {
+	g := newTestGateway(t, Config{}, "round_robin")
+	f := newFakeWorker(t, "m")
+	resp, raw := adminDo(t, g, "POST", "/workers", `{"url":"`+f.URL+`","labels":{"conn_reuse":"sometimes"}}`, "")
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("conn_reuse=sometimes: %d %s, want 400", resp.StatusCode, raw)
+	}
+	resp, raw = adminDo(t, g, "POST", "/workers", `{"url":"`+f.URL+`","labels":{"conn_reuse":"never"}}`, "")
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("conn_reuse=never: %d %s, want 201", resp.StatusCode, raw)
+	}
+}
