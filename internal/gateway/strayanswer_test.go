@@ -34,39 +34,11 @@ type doublingWorker struct {
 
 func newDoublingWorker(t *testing.T, echo string, nodelay bool) *doublingWorker {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dw := &doublingWorker{url: "http://" + ln.Addr().String(), echo: echo, nodelay: nodelay}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			dw.conns.Add(1)
-			_ = c.(*net.TCPConn).SetNoDelay(nodelay)
-			mu.Lock()
-			conns[c] = true
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				dw.serve(c)
-			})
-		}
+	dw := &doublingWorker{echo: echo, nodelay: nodelay}
+	dw.url = rawWorker(t, func(c net.Conn) {
+		dw.conns.Add(1)
+		_ = c.(*net.TCPConn).SetNoDelay(nodelay)
+		dw.serve(c)
 	})
 	return dw
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,49 +29,29 @@ func (rw *rawAnswerWorker) set(a string) {
 }
 
 func newRawAnswerWorker(t testing.TB) *rawAnswerWorker {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rw := &rawAnswerWorker{url: "http://" + ln.Addr().String()}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
+	rw := &rawAnswerWorker{}
+	rw.url = rawWorker(t, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, io.LimitReader(req.Body, 1<<20))
-					if req.Method == http.MethodGet {
-						out := `{"object":"list","data":[{"id":"raw","object":"model"}]}`
-						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+itoa(len(out))+"\r\n\r\n"+out)
-						continue
-					}
-					rw.mu.Lock()
-					a := rw.answer
-					rw.mu.Unlock()
-					io.WriteString(c, a+"\r\n\r\n"+`{"id":"x"}`)
-					return
-				}
-			})
+			_, _ = io.Copy(io.Discard, io.LimitReader(req.Body, 1<<20))
+			if req.Method == http.MethodGet {
+				out := `{"object":"list","data":[{"id":"raw","object":"model"}]}`
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(out))+"\r\n\r\n"+out)
+				continue
+			}
+			rw.mu.Lock()
+			a := rw.answer
+			rw.mu.Unlock()
+			io.WriteString(c, a+"\r\n\r\n"+`{"id":"x"}`)
+			return
 		}
 	})
 	return rw
-}
-
-func itoa(n int) string {
-	b, _ := json.Marshal(n)
-	return string(b)
 }
 
 // statusSeeds are answers that broke the gateway: statuses 0, 20 and 99 panicked the handler
