@@ -237,3 +237,30 @@ func TestConnReuseLabelValidated(t *testing.T) {
 		t.Fatalf("conn_reuse=never: %d %s, want 201", resp.StatusCode, raw)
 	}
 }
+
+// A worker behind a proxy that sets an X-Request-Id of its own on every answer was never seen
+// to echo the gateway's: its answers are not strays, and none is sent twice.
+func TestOwnRequestIDIsNoStray(t *testing.T) {
+	f := newFakeWorker(t, "m")
+	var n atomic.Int32
+	f.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Request-Id", fmt.Sprintf("proxy-%d", n.Add(1)))
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"cmpl-1","choices":[]}`)
+	})
+	g := newTestGateway(t, Config{}, "round_robin", f)
+	for range 20 {
+		resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if got := n.Load(); got != 20 {
+		t.Errorf("the worker saw %d requests for 20 answers", got)
+	}
+	if c := testutil.CollectAndCount(g.metrics.hostile.strays); c != 0 {
+		t.Errorf("%d strays counted", c)
+	}
+}

@@ -120,19 +120,22 @@ func freshTransport(t http.RoundTripper) http.RoundTripper {
 func (a *attempt) stray(ctx context.Context, req *Request) (how string, e *Error) {
 	resp, w := a.resp, a.w
 	seen := w.Echo()
-	if v, ok := resp.Header["X-Request-Id"]; ok {
-		if len(v) == 1 && v[0] == a.id {
-			w.NoteEcho(worker.EchoHeader)
-			return "", nil
-		}
-		if a.conn.wasReused() {
-			return "header", nil
-		}
+	v, hasHeader := resp.Header["X-Request-Id"]
+	if hasHeader && len(v) == 1 && v[0] == a.id {
+		w.NoteEcho(worker.EchoHeader)
 		return "", nil
 	}
 	ok2xx := resp.StatusCode >= 200 && resp.StatusCode < 300
-	if seen&worker.EchoHeader != 0 && ok2xx && a.conn.wasReused() {
-		return "missing", nil
+	if seen&worker.EchoHeader != 0 && a.conn.wasReused() {
+		// A worker that echoed the id in a header before: another id is another request's
+		// answer; none, on a success, is suspect. An id of its own from a worker never seen to
+		// echo (a proxy in front of it that sets one) binds nothing.
+		if hasHeader {
+			return "header", nil
+		}
+		if ok2xx {
+			return "missing", nil
+		}
 	}
 	if !ok2xx || seen == worker.EchoNone || !echoesInBody(req.Path, resp) {
 		// A worker seen not to echo is not read ahead: nothing would bind its answers.
