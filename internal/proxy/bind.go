@@ -181,7 +181,8 @@ func (a *attempt) peekID(ctx context.Context, req *Request) (string, *Error) {
 		t := time.AfterFunc(a.f.cfg.StreamIdleTimeout, func() { cancel(errStreamIdle) })
 		defer t.Stop()
 	}
-	sse := strings.HasPrefix(a.resp.Header.Get("Content-Type"), "text/event-stream")
+	// A streamed answer is read as events whatever its content type says, as the relay does.
+	sse := req.Stream || strings.HasPrefix(a.resp.Header.Get("Content-Type"), "text/event-stream")
 	buf := make([]byte, 0, 512)
 	var rerr error
 	id, found := "", false
