@@ -83,20 +83,6 @@ func TestSaturation(t *testing.T) {
 			}
 		})
 	}
-	var sl Slots
-	sl.Observe(10, 0)
-	if sl.N() != 0 {
-		t.Error("learned slots from a report with nothing waiting")
-	}
-	sl.Observe(6, 2)
-	sl.Observe(3, 0)
-	if sl.N() != 6 {
-		t.Errorf("slots %d, want 6", sl.N())
-	}
-	sl.Observe(9, 0)
-	if sl.N() != 9 {
-		t.Errorf("slots %d, want 9 (a larger batch seen)", sl.N())
-	}
 }
 
 func TestConfigValidate(t *testing.T) {

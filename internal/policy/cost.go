@@ -80,6 +80,9 @@ type CostConfig struct {
 	// RateSamples is how many busy poll intervals must measure a worker's μ before it replaces
 	// PrefillRate. Default 4.
 	RateSamples int `yaml:"rate_samples"`
+	// RateCap bounds one poll interval's measured μ, as a multiple of PrefillRate, so that a
+	// worker reporting nonsense cannot make itself look arbitrarily fast. Default 64.
+	RateCap float64 `yaml:"rate_cap"`
 	// DelayShare weighs the requests queued behind a prompt's prefill (B), in [0, 10]: 1 counts
 	// the time it makes each of them wait as much as its own wait, so the cost is the time to
 	// first token the pick adds to the fleet; 0 is each request's own wait alone (a greedy
@@ -96,7 +99,7 @@ type CostConfig struct {
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
-		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, DelayShare: 1, MaxTokenUsage: 1}
+		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, RateCap: 64, DelayShare: 1, MaxTokenUsage: 1}
 }
 
 // withDefaults fills zero fields; a wholly zero config is the defaults. Otherwise FollowShare,
@@ -118,6 +121,9 @@ func (c CostConfig) withDefaults() CostConfig {
 	}
 	if c.RateSamples == 0 {
 		c.RateSamples = d.RateSamples
+	}
+	if c.RateCap == 0 {
+		c.RateCap = d.RateCap
 	}
 	if c.MaxTokenUsage == 0 {
 		c.MaxTokenUsage = d.MaxTokenUsage
@@ -143,6 +149,8 @@ func (c CostConfig) validate() error {
 		return errors.New("rate_decay must be in [0, 1]")
 	case c.RateSamples < 0 || c.RateSamples > 1000:
 		return errors.New("rate_samples must be in [0, 1000]")
+	case c.RateCap != 0 && !(c.RateCap >= 1) || c.RateCap > 1e6:
+		return errors.New("rate_cap must be in [1, 1e6]")
 	case !(c.DelayShare >= 0) || c.DelayShare > 10:
 		return errors.New("delay_share must be in [0, 10]")
 	case !(c.MaxTokenUsage >= 0) || c.MaxTokenUsage > 1:
@@ -151,6 +159,13 @@ func (c CostConfig) validate() error {
 		return errors.New("max_waiting must be >= 0")
 	}
 	return nil
+}
+
+// Estimate returns the constants of the engine estimate (loadmon.Estimate) the cost reads, which
+// flow control's saturation judgement reads too: one prefill rate, one bytes-to-tokens rule.
+func (c CostConfig) Estimate() loadmon.EstimateConfig {
+	return loadmon.EstimateConfig{PrefillRate: c.PrefillRate, RateDecay: c.RateDecay, RateSamples: c.RateSamples,
+		RateCap: c.RateCap, BytesPerToken: c.BytesPerToken}.WithDefaults()
 }
 
 // Terms is one candidate's cost with every term, as a decision records it.
@@ -238,21 +253,16 @@ type costCand struct {
 
 // workerCost is what a replica remembers of one worker between decisions.
 type workerCost struct {
-	// polled is the PolledAt of the report that sentTok follows.
-	polled time.Time
-	// queued is that report's Q, in tokens; sentTok what this replica sent since.
-	queued, sentTok float64
+	// est is the replica's picture of the engine (μ, Q, what it sent since the report).
+	est loadmon.Estimate
 	// idHash is the worker id's rendezvous hash (idHash), computed once.
 	idHash uint64
-	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
-	// intervals that measured it.
-	rate  float64
-	rated int
 }
 
 // scorer is the filter and score steps of the pipeline, and the per-worker memory they need.
 type scorer struct {
 	cfg   CostConfig
+	est   loadmon.EstimateConfig // cfg.Estimate()
 	loads Loads
 	now   func() time.Time
 
@@ -266,13 +276,14 @@ type scorer struct {
 }
 
 func newScorer(cfg CostConfig, loads Loads, now func() time.Time) *scorer {
-	return &scorer{cfg: cfg.withDefaults(), loads: loads, now: now, ws: map[string]*workerCost{}}
+	c := cfg.withDefaults()
+	return &scorer{cfg: c, est: c.Estimate(), loads: loads, now: now, ws: map[string]*workerCost{}}
 }
 
 // promptTokens is P for a request that is not tokenized: the whole prompt's bytes (the routing
 // text when the caller does not know more) in tokens.
 func (s *scorer) promptTokens(req *Request) float64 {
-	return float64(max(req.PromptBytes, len(req.Text))) / s.cfg.BytesPerToken
+	return s.est.Tokens(int64(max(req.PromptBytes, len(req.Text))))
 }
 
 // gather filters candidates (available, under the hard caps) into dst and fills every term but
@@ -335,7 +346,7 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		if av[i].st == nil {
 			av[i].st = s.state(av[i].w.ID)
 		}
-		if dry && av[i].fresh && av[i].r.polled.After(av[i].st.polled) {
+		if dry && av[i].fresh && av[i].r.polled.After(av[i].st.est.Polled()) {
 			// A price asked without a pick (BestCost) moves a copy on to the new report: the
 			// state, μ's measurement with it, moves only with decisions, so how often anyone
 			// asks cannot change what the picks measure.
@@ -449,7 +460,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// No report to go by: this replica's own requests in flight are all it knows.
 		t.Sent = float64(c.w.Inflight()) * s.meanUncached
 		c.ahead = float64(c.w.Inflight())
-		t.Rate = s.rateOf(st)
+		t.Rate = st.est.Rate(&s.est)
 		s.behind(t)
 		t.price()
 		return
@@ -459,25 +470,21 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	if !r.hasUncached {
 		q = float64(r.waiting) * s.meanUncached
 	}
-	rep := max(r.replicas, 1)
-	if r.polled.After(st.polled) {
-		s.roll(st, r.polled, q)
+	if r.polled.After(st.est.Polled()) {
+		st.est.Observe(r.polled, q, r.running, r.waiting, &s.est)
 	}
-	t.Rate = s.rateOf(st)
-	if r.polled.Equal(st.polled) {
-		t.Sent = st.sentTok * rep
+	t.Rate = st.est.Rate(&s.est)
+	if st.est.Follows(r.polled) {
+		// The engine has been prefilling since the poll: what it had queued then, and then what
+		// was sent it since, is that much less now (a report up to a poll interval old would
+		// otherwise push work off an engine that has long finished it).
+		t.Queued, t.Sent = st.est.Prefill(now, r.replicas, &s.est)
+	} else {
+		t.Queued = max(q-t.Rate*max(now.Sub(r.polled).Seconds(), 0), 0) // an older report than the estimate's
 	}
-	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
-	// the report's, corrected by what this replica sent and saw finish since, times the
-	// replica estimate. What finished since the report is no longer in the batch.
-	local := c.w.Inflight()
-	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)) - float64(r.running+r.waiting)
-	// The engine has been prefilling since the poll: what it had queued then, and then what
-	// was sent it since, is that much less now (a report up to a poll interval old would
-	// otherwise push work off an engine that has long finished it).
-	done := t.Rate * max(now.Sub(r.polled).Seconds(), 0)
-	t.Queued = max(q-done, 0)
-	t.Sent = max(t.Sent-max(done-q, 0), 0)
+	// The requests at the engine now (loadmon.Estimate.Requests), beyond what the report counts.
+	lr := loadmon.Report{Running: r.running, Waiting: r.waiting, InflightAtPoll: r.inflightAtPoll, Replicas: r.replicas}
+	c.ahead = st.est.Requests(&lr, c.w.Inflight()) - float64(r.running+r.waiting)
 	if gen > 0 {
 		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
 		// the fleet generates): the batch joined, with what was sent since the report, over the
@@ -508,40 +515,6 @@ func (s *scorer) behind(t *Terms) {
 	}
 }
 
-// rateOf is μ of a worker: measured once RateSamples intervals measured it, else the configured
-// start.
-func (s *scorer) rateOf(st *workerCost) float64 {
-	if st.rated >= s.cfg.RateSamples && st.rate > 0 {
-		return st.rate
-	}
-	return s.cfg.PrefillRate
-}
-
-// roll moves st on to a newer report (polled, its Q in tokens) and measures μ over the interval
-// since the previous one. While the engine still has prefill queued at the end of an interval
-// it was prefilling throughout, so the fall of its backlog over the interval is a lower bound on
-// its prefill rate, whatever anyone sent it meanwhile (sends only make the fall smaller), and
-// equals the rate over an interval in which nothing arrived; an interval counts only when it
-// began with more prefill queued than the current estimate drains in it. μ is the decaying peak of those
-// falls (CostConfig.RateDecay per sample), so it approaches each engine's true rate at every
-// replica alike, and an engine that slows down is seen to. Adding what this replica sent since
-// the report would be closer on average but is biased: a send that hits the engine's cache
-// queues less than predicted, so the engines that hold more would look faster and attract
-// more. Samples are bounded to 64 × PrefillRate, so a worker reporting nonsense cannot make
-// itself look arbitrarily fast.
-func (s *scorer) roll(st *workerCost, polled time.Time, queued float64) {
-	// Only an interval that began with at least a whole interval of prefill at the current
-	// estimate says something: a small backlog falls as far as it is long, however fast the
-	// engine is.
-	if dt := polled.Sub(st.polled).Seconds(); !st.polled.IsZero() && dt > 0 && queued > 0 && st.queued > queued &&
-		st.queued >= s.rateOf(st)*dt {
-		fall := min((st.queued-queued)/dt, 64*s.cfg.PrefillRate)
-		st.rate = max(fall, st.rate*(1-s.cfg.RateDecay))
-		st.rated++
-	}
-	st.polled, st.queued, st.sentTok = polled, queued, 0
-}
-
 // commit records that c's worker was sent a prompt of which uncached tokens miss its cache.
 func (s *scorer) commit(c *costCand, uncached float64) {
 	s.mu.Lock()
@@ -550,8 +523,8 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if st == nil {
 		return // forgotten meanwhile
 	}
-	if c.fresh && c.r.polled.Equal(st.polled) {
-		st.sentTok += uncached
+	if c.fresh && st.est.Follows(c.r.polled) {
+		st.est.Sent(loadmon.Own, c.t.Prompt, uncached)
 	}
 	const window = 64 // requests over which the mean uncached prompt moves
 	if s.meanUncached == 0 {

@@ -158,7 +158,7 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 			}
 			gen /= float64(max(n, 1))
 			for i, f := range tt.ws {
-				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: f.q, sentTok: f.sentTok, rate: f.rate, rated: 100}
+				p.sc.ws[ws[i].ID] = seededCost(p.sc, polled, f.q, f.sentTok, f.rate)
 				d := 0.0
 				if gen > 0 {
 					d = float64(f.running+f.waiting) / gen // the requests at the engine, one step
@@ -542,7 +542,7 @@ func TestCostCountsTheRequestsBehind(t *testing.T) {
 			p.sc.cfg.DelayShare = tt.share
 			p.sc.meanUncached = 2000
 			for i, q := range []float64{16000, 8000} {
-				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: q, rate: 8000, rated: 100}
+				p.sc.ws[ws[i].ID] = seededCost(p.sc, polled, q, 0, 8000)
 			}
 			req := &Request{Model: "m", Text: strings.Repeat("x", 6000), PromptBytes: 6000}
 			if got := Choose(context.Background(), p, ws, req); got != ws[tt.want] {
@@ -645,4 +645,16 @@ func TestTTFTLeavesOutTheDelayBehind(t *testing.T) {
 	if got, want := tm.Formula(), (4000+1000+2000*3)/1000.0+0.25; got != want {
 		t.Errorf("Formula = %v, want %v", got, want)
 	}
+}
+
+// seededCost is a worker's state that follows the report polled at polled, with q tokens queued
+// at it, sentTok uncached tokens this replica sent since and μ measured at rate.
+func seededCost(sc *scorer, polled time.Time, q, sentTok, rate float64) *workerCost {
+	st := &workerCost{}
+	st.est.Observe(polled, q, 0, 0, &sc.est)
+	st.est.ObserveRate(rate, &sc.est)
+	if sentTok > 0 {
+		st.est.Sent(loadmon.Own, sentTok, sentTok)
+	}
+	return st
 }
