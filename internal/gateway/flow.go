@@ -107,13 +107,13 @@ type flowTicket struct {
 	sentTo *worker.Worker
 }
 
-// candidates returns what the request's first attempt picks among: the candidates that can
-// start it when the queue admitted it, else all of them.
-func (t *flowTicket) candidates(all []*worker.Worker) []*worker.Worker {
+// startable returns the filter of the request's first attempt (policy.Request.Startable): the
+// candidates that can start it when the queue admitted it; nil (no filter) otherwise.
+func (t *flowTicket) startable() func([]*worker.Worker) []*worker.Worker {
 	if t.mf == nil {
-		return all
+		return nil
 	}
-	return t.g.startable(all)
+	return t.g.startable
 }
 
 // pick releases the pending hold once the request is about to reach a worker.

@@ -258,8 +258,14 @@ func (e *Estimate) Wait(now time.Time, replicas float64, cfg *EstimateConfig) fl
 // less what finished since (this replica's from its in-flight count local against r's, scaled
 // as S is), never below local.
 func (e *Estimate) Requests(r *Report, local int64) float64 {
-	own := e.scale(r.Replicas) * float64(local-r.InflightAtPoll)
-	return max(float64(local), float64(r.Backlog())+own+float64(e.peer.reqs))
+	return e.RequestsAt(r.Backlog(), r.InflightAtPoll, r.Replicas, local)
+}
+
+// RequestsAt is Requests from the report's backlog (running + waiting), this replica's in-flight
+// count at its poll and its replica estimate, for a caller that keeps no whole Report.
+func (e *Estimate) RequestsAt(backlog, inflightAtPoll int64, replicas float64, local int64) float64 {
+	own := e.scale(replicas) * float64(local-inflightAtPoll)
+	return max(float64(local), float64(backlog)+own+float64(e.peer.reqs))
 }
 
 // KVUsage returns the engine's KV-cache usage now, in [0,1]: r's used tokens plus the KV sent

@@ -350,6 +350,15 @@ func TestPreciseFallsBack(t *testing.T) {
 			if d[branch] != 5 || d[BranchPreciseHit]+d[BranchPreciseMiss] != 0 {
 				t.Fatalf("decisions %v", d)
 			}
+			// Each decision is counted once, under its fallback branch: the alert on the
+			// fallback share divides by the sum over every branch.
+			var sum uint64
+			for _, n := range d {
+				sum += n
+			}
+			if sum != 5 {
+				t.Fatalf("5 decisions counted %d times: %v", sum, d)
+			}
 			if name == "blind" && kv.tokenized != 0 {
 				t.Fatalf("tokenized %d prompts that no event could match", kv.tokenized)
 			}
@@ -626,8 +635,8 @@ func TestOwnerCreditShare(t *testing.T) {
 		av[owner].t.Cached = 500        // the owner's own prefix
 		av[(owner+1)%3].t.Cached = 2000 // the longest the tree places
 		p.creditOwner(av, key, 2000)
-		if math.Abs(av[owner].credit-tt.credit) > 1e-9 || math.Abs(av[owner].t.Cached-500-tt.credit) > 1e-9 {
-			t.Errorf("f %v, R %v: credit %v (Ĉ %v), want %v", tt.f, tt.replicas, av[owner].credit, av[owner].t.Cached, tt.credit)
+		if math.Abs(av[owner].t.Credit-tt.credit) > 1e-9 || math.Abs(av[owner].t.Cached-500-tt.credit) > 1e-9 {
+			t.Errorf("f %v, R %v: credit %v (Ĉ %v), want %v", tt.f, tt.replicas, av[owner].t.Credit, av[owner].t.Cached, tt.credit)
 		}
 		p.Close()
 	}
@@ -657,4 +666,34 @@ func seededCost(sc *scorer, polled time.Time, q, sentTok, rate float64) *workerC
 		st.est.Sent(loadmon.Own, sentTok, sentTok)
 	}
 	return st
+}
+
+// TestFilterReasons: every reason a candidate is out of a decision is applied in one place and
+// counted: already tried (a retry), cannot start (flow control), unavailable, capped.
+func TestFilterReasons(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	ws[3].SetHealth(worker.NotReady)
+	p := newCostPolicy(t, "least_load", nil, cahLoads{})
+	req := &Request{Tried: []*worker.Worker{ws[0]}}
+	if got := Choose(context.Background(), p, ws, req); got == ws[0] || got == ws[3] {
+		t.Fatalf("picked %s: tried or unavailable", got.ID)
+	}
+	if f := req.Decision.Filtered; f[FilterTried] != 1 {
+		t.Fatalf("filtered %v, want 1 tried", f)
+	}
+	req = &Request{Startable: func(c []*worker.Worker) []*worker.Worker { return c[2:] }}
+	if got := Choose(context.Background(), p, ws, req); got != ws[2] {
+		t.Fatalf("picked %s, want the one startable available worker", got.ID)
+	}
+	if f := req.Decision.Filtered; f[FilterCannotStart] != 2 || f[FilterUnavailable] != 1 {
+		t.Fatalf("filtered %v, want 2 that cannot start and 1 unavailable", f)
+	}
+	if got := p.Filtered(); got["tried"] != 1 || got["cannot_start"] != 2 || got["unavailable"] != 1 {
+		t.Fatalf("counts %v", got)
+	}
+	// Every candidate tried: all again.
+	req = &Request{Tried: ws}
+	if got := Choose(context.Background(), p, ws, req); got == nil || got == ws[3] {
+		t.Fatal("no pick when every worker was tried")
+	}
 }
