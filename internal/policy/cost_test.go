@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -504,15 +506,18 @@ func TestCostConcurrent(t *testing.T) {
 	}
 	p := newCostPolicy(t, "cache_aware_hash", nil, reports)
 	var wg sync.WaitGroup
+	var sent [8]atomic.Int64 // picks per worker
 	for g := range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range 200 {
-				if Choose(context.Background(), p, ws, &Request{Text: prompt(g*1000+i%20, "tail"), PromptBytes: 2000}) == nil {
+				w := Choose(context.Background(), p, ws, &Request{Text: prompt(g*1000+i%20, "tail"), PromptBytes: 2000})
+				if w == nil {
 					t.Error("no pick")
 					return
 				}
+				sent[slices.Index(ws, w)].Add(1)
 				if i%50 == 0 {
 					p.Forget(ws[i%8].ID)
 				}
@@ -520,6 +525,20 @@ func TestCostConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// Every decision is counted once, whatever ran concurrently with it.
+	var n uint64
+	for _, c := range p.Decisions() {
+		n += c
+	}
+	if n != 8*200 {
+		t.Fatalf("%d decisions counted, want %d", n, 8*200)
+	}
+	// The sends spread the load: S grows on each pick, so no worker takes most of 160 prompts.
+	for i := range sent {
+		if c := sent[i].Load(); c > 8*200/2 {
+			t.Fatalf("worker %d took %d of %d picks", i, c, 8*200)
+		}
+	}
 }
 
 // TestCostCountsTheRequestsBehind works B through by hand: a prompt of 6,000 tokens, 5,000 of
