@@ -34,6 +34,8 @@ type request struct {
 	includeUsage bool
 	// n is the number of choices asked for (chat and completions); 0 means 1.
 	n int
+	// adapter is the LoRA adapter the model names ("" the base model; lora.go).
+	adapter string
 	// responses is a Responses API turn's own state (responses.go); nil for the other routes.
 	responses *responsesTurn
 }
