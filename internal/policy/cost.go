@@ -91,12 +91,15 @@ type CostConfig struct {
 	// MaxWaiting is a hard cap: a worker whose fresh report shows more waiting requests than
 	// this is no candidate while some other is under it. Default 0 (off).
 	MaxWaiting int64 `yaml:"max_waiting"`
+	// LoRA holds the constants of the adapter term L (costlora.go).
+	LoRA LoRACost `yaml:",inline"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
-		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, DelayShare: 1, MaxTokenUsage: 1}
+		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, DelayShare: 1, MaxTokenUsage: 1,
+		LoRA: DefaultLoRACost()}
 }
 
 // withDefaults fills zero fields; a wholly zero config is the defaults. Otherwise FollowShare,
@@ -122,6 +125,7 @@ func (c CostConfig) withDefaults() CostConfig {
 	if c.MaxTokenUsage == 0 {
 		c.MaxTokenUsage = d.MaxTokenUsage
 	}
+	c.LoRA = c.LoRA.withDefaults()
 	return c
 }
 
@@ -150,7 +154,7 @@ func (c CostConfig) validate() error {
 	case c.MaxWaiting < 0:
 		return errors.New("max_waiting must be >= 0")
 	}
-	return nil
+	return c.LoRA.validate()
 }
 
 // Terms is one candidate's cost with every term, as a decision records it.
@@ -173,6 +177,9 @@ type Terms struct {
 	Rate float64
 	// Decode is D, the decode-side cost of joining the worker's batch, in seconds.
 	Decode float64
+	// Adapter is L, what the request's LoRA adapter costs on the worker where it is not
+	// running (a load, or the wait for a slot), in seconds (costlora.go).
+	Adapter float64
 	// Cost is Formula(), in seconds: the expected time to first token, with the delay the
 	// prompt's prefill adds to the B requests behind it.
 	Cost float64
@@ -181,7 +188,7 @@ type Terms struct {
 // Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, in seconds;
 // +Inf where a term is NaN (a hostile report). Ĉ beyond P counts as P.
 func (t *Terms) Formula() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter
 }
 
 // TTFT returns the prompt's own expected time to first token on the worker,
@@ -189,12 +196,12 @@ func (t *Terms) Formula() float64 {
 // requests behind it. It is what a decision predicts the client will see (the calibration
 // metrics, admission by a TTFT objective); Cost is what the pick minimises.
 func (t *Terms) TTFT() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode)
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode) + t.Adapter
 }
 
 // price sets t.Cost from the other terms.
 func (t *Terms) price() {
-	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter
 }
 
 // formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
@@ -210,12 +217,13 @@ type report struct {
 	uncachedTokens, waiting, running, inflightAtPoll int64
 	gen, usage, replicas                             float64
 	tokenData, hasUncached                           bool
+	lora                                             *loadmon.LoRA // nil: none reported (costlora.go)
 }
 
 func reportOf(r *loadmon.Report) report {
 	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
 		inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
-		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens, lora: r.LoRA}
 }
 
 // costCand is one candidate during a decision.
@@ -248,6 +256,8 @@ type workerCost struct {
 	// intervals that measured it.
 	rate  float64
 	rated int
+	// adapters are the LoRA adapters this replica sent the worker since that report.
+	adapters []string
 }
 
 // scorer is the filter and score steps of the pipeline, and the per-worker memory they need.
@@ -540,6 +550,7 @@ func (s *scorer) roll(st *workerCost, polled time.Time, queued float64) {
 		st.rated++
 	}
 	st.polled, st.queued, st.sentTok = polled, queued, 0
+	st.adapters = st.adapters[:0]
 }
 
 // commit records that c's worker was sent a prompt of which uncached tokens miss its cache.
@@ -663,7 +674,7 @@ func (t Terms) String() string {
 		v    float64
 		prec int
 	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
-		{" b=", t.Behind, 2}, {" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3}} {
+		{" b=", t.Behind, 2}, {" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" l=", t.Adapter, 3}, {" cost=", t.Cost, 3}} {
 		b = append(b, f.name...)
 		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)
 	}

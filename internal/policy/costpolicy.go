@@ -225,6 +225,7 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	if len(av) == 0 {
 		return nil
 	}
+	p.sc.adapterTerms(av, req.Adapter)
 	if toks != nil {
 		if key, ok := p.eventsCached(av, req, toks); ok {
 			return p.finish(av, req, key, commit, coPreciseHit)
@@ -401,6 +402,7 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 	if commit {
 		p.dec.add(branch)
 		p.sc.commit(c, c.t.Prompt-c.t.Cached)
+		p.sc.sentAdapter(c, req.Adapter)
 		if p.src == fromEvents && req.Text != "" && branch >= coPreciseHit {
 			p.tree.Insert(req.Text, c.w.ID) // keep the fallback's tree as warm as the default's
 		}

@@ -32,6 +32,9 @@ type Request struct {
 	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
 	// policy how much prefill the request carries past it.
 	PromptBytes int
+	// Adapter is the LoRA adapter the request names as its model ("" the base model, or no
+	// worker lists the model with a parent): the cost's adapter term L prices it (costlora.go).
+	Adapter string
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.

@@ -27,7 +27,10 @@ type View struct {
 
 // Pool is the set of workers serving one model, split by role. Immutable.
 type Pool struct {
-	Model   string
+	Model string
+	// Parent is the base model when some worker lists Model as a LoRA adapter of it ("" for a
+	// base model).
+	Parent  string
 	Regular []*Worker
 	Prefill []*Worker
 	Decode  []*Worker
@@ -129,6 +132,9 @@ func buildView(ws []*Worker) *View {
 			if p == nil {
 				p = &Pool{Model: m}
 				v.byModel[m] = p
+			}
+			if pa := w.Spec.Parents[m]; pa != "" && p.Parent == "" {
+				p.Parent = pa
 			}
 			switch w.Spec.Type {
 			case Prefill:
