@@ -86,6 +86,10 @@ type Config struct {
 	// Flow is flow control: the per-model queue, priorities, tenants and their limits
 	// (flow.go); the zero value is off, and requests go to a worker on arrival.
 	Flow FlowConfig
+	// PDProtocol is the prefill/decode protocol of disaggregated pools whose prefill worker has
+	// no pd_protocol label: PDSGLang, PDVLLM, or PDAuto ("" too: by the prefill worker's
+	// runtime). See disagg_vllm.go.
+	PDProtocol string
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -175,6 +175,9 @@ func (s *Server) serve(ctx context.Context, w http.ResponseWriter, kind apiKind,
 		model = req.adapter
 	}
 	out := newWriter(w, kind, model, ids, req)
+	if req.prefillRole() {
+		out.extra = map[string]any{"kv_transfer_params": s.transferParams(&req)}
+	}
 	sent := make([]int, n)
 	ended := make([]bool, n)
 	var u usage
@@ -213,7 +216,7 @@ func (s *Server) serve(ctx context.Context, w http.ResponseWriter, kind apiKind,
 				ended[i], left = true, left-1
 				out.ended(i, tokens)
 				if i == 0 { // the prompt is counted once, as OpenAI does
-					u.PromptTokens, u.CachedTokens = prompt, cached
+					u.PromptTokens, u.CachedTokens = req.pdUsage(s.blockSize(), prompt, cached)
 				}
 				u.CompletionTokens += tokens
 			}

@@ -208,8 +208,9 @@ func (s *Server) drive() {
 func (s *Server) submit(r request, maxTokens int, notify chan struct{}) (uint64, *waiter, error) {
 	id := s.nextID.Add(1)
 	w := &waiter{notify: notify}
+	text, toks, _ := r.enginePrompt(s.blockSize())
 	s.mu.Lock()
-	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: r.tokens, Text: r.prompt, MaxTokens: maxTokens, Adapter: r.adapter})
+	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: toks, Text: text, MaxTokens: maxTokens, Adapter: r.adapter})
 	if err == nil {
 		s.waiters[id] = w
 	}
