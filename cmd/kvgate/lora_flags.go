@@ -4,6 +4,7 @@ import (
 	"flag"
 
 	"github.com/kvgate/kvgate/internal/bench"
+	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/policy"
 )
 
@@ -36,4 +37,15 @@ func (f *benchFlags) withAdapters(w bench.Workload, err error) (bench.Workload, 
 		return nil, err
 	}
 	return bench.WithAdapters(w, f.lora.adapters, f.lora.zipf, f.seed)
+}
+
+// addPDProtocolFlag defines --pd-protocol, the prefill/decode protocol of disaggregated pools
+// whose prefill worker carries no pd_protocol label.
+func addPDProtocolFlag(fs *flag.FlagSet, g *gateway.Config) {
+	g.PDProtocol = gateway.PDAuto
+	fs.Func("pd-protocol", "prefill/decode protocol of disaggregated pools: auto (by the prefill worker's runtime: vllm for vLLM, else sglang), sglang (bootstrap host/port/room) or vllm (kv_transfer_params, two steps); a worker's pd_protocol label overrides it (default auto)", func(v string) error {
+		p, err := gateway.ParsePDProtocol(v)
+		g.PDProtocol = p
+		return err
+	})
 }

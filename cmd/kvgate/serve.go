@@ -159,6 +159,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	addFlowFlags(fs, &g.Flow)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
+	addPDProtocolFlag(fs, g)
 	return fs
 }
 
