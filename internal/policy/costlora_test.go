@@ -72,3 +72,21 @@ func TestLoRACostValidate(t *testing.T) {
 		}
 	}
 }
+
+// precise_prefix does not credit an adapter's request with the blocks the events report: those
+// are the base model's as far as the index can tell; the adapter's own tree places it.
+func TestPreciseSkipsEventsForAdapters(t *testing.T) {
+	ws := cahWorkers(t, 2)
+	kv := &fakeKV{held: map[string]int{ws[0].ID: 1 << 20}}
+	p := newCostPolicy(t, "precise_prefix", kv, idReports{})
+	base := &Request{Text: "a prompt the engine holds", PromptBytes: 400}
+	Choose(context.Background(), p, ws, base)
+	if base.Decision.Branch != BranchPreciseHit {
+		t.Fatalf("base request branch %q, want %q", base.Decision.Branch, BranchPreciseHit)
+	}
+	ad := &Request{Text: "another prompt the events say the engine holds", PromptBytes: 400, Adapter: "x"}
+	Choose(context.Background(), p, ws, ad)
+	if ad.Decision.Branch == BranchPreciseHit || ad.Decision.Chosen.Cached > 0 {
+		t.Errorf("adapter request credited with the events' blocks: %q, %v", ad.Decision.Branch, ad.Decision.Chosen)
+	}
+}

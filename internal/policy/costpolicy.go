@@ -215,7 +215,9 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	}
 	var toks []uint32
 	branch := -1
-	if p.src == fromEvents {
+	if p.src == fromEvents && req.Adapter == "" {
+		// An adapter's blocks are not matched by the events yet (costlora.go): its pool's tree
+		// places it, rather than the base model's blocks an engine's topic might not tell apart.
 		toks, branch = p.tokenize(ctx, candidates, req)
 	}
 	buf := getCands(len(candidates))
