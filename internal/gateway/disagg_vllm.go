@@ -148,23 +148,12 @@ func (s *Server) prefillNIXL(r *http.Request, path string, members map[string]js
 	return answer.Params
 }
 
-// pdPicker is the regular path's picker for one side of a pair: the first attempt sees every
-// candidate, a retry those not yet tried while any is available.
+// pdPicker is the regular path's picker for one side of a pair: policy.Choose leaves out the
+// workers already tried while another is available.
 func (s *Server) pdPicker(r *http.Request, pol policy.Policy, candidates []*worker.Worker, model string, preq *policy.Request) proxy.Picker {
 	return func(tried []*worker.Worker) *worker.Worker {
-		c := candidates
-		if len(tried) > 0 {
-			rest := make([]*worker.Worker, 0, len(candidates))
-			for _, w := range candidates {
-				if !containsWorker(tried, w) && w.Available() {
-					rest = append(rest, w)
-				}
-			}
-			if len(rest) > 0 {
-				c = rest
-			}
-		}
-		w := policy.Choose(r.Context(), pol, c, preq)
+		preq.Tried = tried
+		w := policy.Choose(r.Context(), pol, candidates, preq)
 		if w != nil {
 			s.metrics.selected(pol.Name(), model, w)
 		}

@@ -79,7 +79,10 @@ func (s *scorer) adapterCost(c *costCand, adapter string) float64 {
 	if !c.fresh || l == nil {
 		return 0
 	}
-	sent := c.st.adapters
+	var sent []string
+	if c.st.adaptersAt.Equal(c.r.polled) {
+		sent = c.st.adapters // sent since this report, not an older one
+	}
 	if l.Serves(adapter) || slices.Contains(sent, adapter) {
 		return 0
 	}
@@ -107,7 +110,14 @@ func (s *scorer) sentAdapter(c *costCand, adapter string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.ws[c.w.ID]
-	if st == nil || slices.Contains(st.adapters, adapter) || len(st.adapters) >= maxSentAdapters {
+	if st == nil {
+		return // forgotten meanwhile
+	}
+	if !st.adaptersAt.Equal(c.r.polled) {
+		// A newer report says what runs there now; the list starts again from it.
+		st.adapters, st.adaptersAt = st.adapters[:0], c.r.polled
+	}
+	if slices.Contains(st.adapters, adapter) || len(st.adapters) >= maxSentAdapters {
 		return
 	}
 	st.adapters = append(st.adapters, adapter)
