@@ -174,12 +174,7 @@ func (s *Server) handleLoadLora(w http.ResponseWriter, r *http.Request) {
 		Name string `json:"lora_name"`
 		Path string `json:"lora_path"`
 	}
-	body, ok := readBody(w, r)
-	if !ok {
-		return
-	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "", "", "malformed JSON body")
+	if !readJSON(w, r, &b) {
 		return
 	}
 	m := LoraModule{Name: b.Name, Path: b.Path}
@@ -201,12 +196,7 @@ func (s *Server) handleUnloadLora(w http.ResponseWriter, r *http.Request) {
 	var b struct {
 		Name string `json:"lora_name"`
 	}
-	body, ok := readBody(w, r)
-	if !ok {
-		return
-	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "", "", "malformed JSON body")
+	if !readJSON(w, r, &b) {
 		return
 	}
 	if !s.loras.remove(b.Name) {
@@ -218,6 +208,20 @@ func (s *Server) handleUnloadLora(w http.ResponseWriter, r *http.Request) {
 	s.mu.Unlock()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	fmt.Fprintf(w, "Success: LoRA adapter '%s' removed successfully.", b.Name)
+}
+
+// readJSON reads a bounded JSON body into v; on failure it answers the client (400 or 413) and
+// reports false.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, ok := readBody(w, r)
+	if !ok {
+		return false
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "", "", "malformed JSON body")
+		return false
+	}
+	return true
 }
 
 // writeLoraMetric appends vLLM's vllm:lora_requests_info: a gauge whose labels list the
