@@ -39,9 +39,16 @@ func (f *benchFlags) withAdapters(w bench.Workload, err error) (bench.Workload, 
 	return bench.WithAdapters(w, f.lora.adapters, f.lora.zipf, f.seed)
 }
 
-// addPDProtocolFlag defines --pd-protocol, the prefill/decode protocol of disaggregated pools
-// whose prefill worker carries no pd_protocol label.
-func addPDProtocolFlag(fs *flag.FlagSet, g *gateway.Config) {
+// addLoraPDFlags defines --pd-protocol, the prefill/decode protocol of disaggregated pools whose
+// prefill worker carries no pd_protocol label, and the flags of adapter load-on-demand.
+func addLoraPDFlags(fs *flag.FlagSet, g *gateway.Config) {
+	fs.BoolVar(&g.LoRA.OnDemand, "lora-load-on-demand", false, "load a LoRA adapter no worker lists, when --lora-sources allows it, on the least-cost worker of the base model with a free adapter slot (POST /v1/load_lora_adapter)")
+	fs.Func("lora-sources", "the adapters --lora-load-on-demand may load and where from, comma-separated NAME=SOURCE (the engine's lora_path); no other adapter is ever loaded", func(v string) error {
+		m, err := gateway.ParseLoRASources(v)
+		g.LoRA.Sources = m
+		return err
+	})
+	fs.IntVar(&g.LoRA.MaxLoads, "lora-max-loads", 2, "adapter loads on demand in flight at once, gateway-wide; past it a request that needs one is answered 503")
 	g.PDProtocol = gateway.PDAuto
 	fs.Func("pd-protocol", "prefill/decode protocol of disaggregated pools: auto (by the prefill worker's runtime: vllm for vLLM, else sglang), sglang (bootstrap host/port/room) or vllm (kv_transfer_params, two steps); a worker's pd_protocol label overrides it (default auto)", func(v string) error {
 		p, err := gateway.ParsePDProtocol(v)

@@ -159,7 +159,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	addFlowFlags(fs, &g.Flow)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
-	addPDProtocolFlag(fs, g)
+	addLoraPDFlags(fs, g)
 	return fs
 }
 

@@ -88,6 +88,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	}
 	view := s.reg.View()
 	pool, status, msg := resolvePool(view, p.Model)
+	if pool == nil && status == http.StatusNotFound && s.cfg.LoRA.OnDemand {
+		pool, status, msg = s.loadOnDemand(r.Context(), p.Model) // loraload.go
+	}
 	if pool == nil {
 		writeError(w, status, codeFor(status), msg)
 		return status, "", nil

@@ -171,3 +171,44 @@ func TestLLMDTokenize(t *testing.T) {
 		t.Fatalf("tokens %v, %v", toks, err)
 	}
 }
+
+// Load-on-demand against vLLM's simulator: an allowed adapter no engine lists is loaded on one
+// through its /v1/load_lora_adapter, then served.
+func TestLLMDLoraLoadOnDemand(t *testing.T) {
+	e1 := testutil.StartLLMDSim(t, "base", "--zmq-endpoint", "", "--max-loras", "2")
+	e2 := testutil.StartLLMDSim(t, "base", "--zmq-endpoint", "", "--max-loras", "2")
+	reg := worker.NewRegistry()
+	mon := loadmon.New(reg, loadmon.Config{Interval: time.Hour})
+	pcfg := policy.DefaultConfig()
+	pcfg.Loads = mon
+	router, err := policy.NewRouter("cache_aware_hash", pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		LoRA: LoRAConfig{OnDemand: true, Sources: map[string]string{"x": "/adapters/x"}}}, reg, router, mon)
+	for _, e := range []*testutil.LLMDSim{e1, e2} {
+		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: e.URL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mon.PollOnce(context.Background())
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	c := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	for i := range 3 {
+		if got := streamChat(t, c, "x", strings.Repeat("adapter on demand ", i+1)); got.Model != "x" {
+			t.Fatalf("answer from model %q", got.Model)
+		}
+	}
+	n := 0
+	for _, e := range []*testutil.LLMDSim{e1, e2} {
+		if listsModel(t, e.URL, "x") {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the adapter is listed by %d engines, want 1", n)
+	}
+}

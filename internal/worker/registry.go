@@ -127,13 +127,13 @@ func (r *Registry) Remove(id string) (*Worker, error) {
 func buildView(ws []*Worker) *View {
 	v := &View{All: slices.Clone(ws), byModel: map[string]*Pool{}}
 	for _, w := range ws {
-		for _, m := range w.Spec.Models {
+		for _, m := range w.Models() {
 			p := v.byModel[m]
 			if p == nil {
 				p = &Pool{Model: m}
 				v.byModel[m] = p
 			}
-			if pa := w.Spec.Parents[m]; pa != "" && p.Parent == "" {
+			if pa := w.Parent(m); pa != "" && p.Parent == "" {
 				p.Parent = pa
 			}
 			switch w.Spec.Type {

@@ -126,6 +126,8 @@ type Worker struct {
 	warming   atomic.Bool
 	// runtime is the runtime learned after registration when Spec.Runtime is empty.
 	runtime atomic.Pointer[string]
+	// learned is the models learned after registration (learned.go).
+	learned learnedModels
 
 	// Breaker is the worker's circuit breaker.
 	Breaker Breaker
