@@ -26,8 +26,9 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// llmdGateway is a gateway with a load monitor in front of engines registered as regs.
-func llmdGateway(t *testing.T, regs ...AddWorkerRequest) (*Server, *loadmon.Monitor, openai.Client) {
+// llmdGateway is a gateway of lora (load-on-demand) with a load monitor in front of engines
+// registered as regs.
+func llmdGateway(t *testing.T, lora LoRAConfig, regs ...AddWorkerRequest) (*Server, *loadmon.Monitor, openai.Client) {
 	t.Helper()
 	reg := worker.NewRegistry()
 	mon := loadmon.New(reg, loadmon.Config{Interval: time.Hour})
@@ -38,7 +39,7 @@ func llmdGateway(t *testing.T, regs ...AddWorkerRequest) (*Server, *loadmon.Moni
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { router.Close() })
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), LoRA: lora,
 		Proxy: proxy.Config{Retry: proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}}},
 		reg, router, mon)
 	for _, a := range regs {
@@ -77,7 +78,7 @@ func TestLLMDLoRARouting(t *testing.T) {
 		"--lora-modules", `{"name":"a","path":"/a"}`, `{"name":"b","path":"/b"}`)
 	onlyB := testutil.StartLLMDSim(t, "base", "--zmq-endpoint", "", "--max-loras", "2",
 		"--lora-modules", `{"name":"b","path":"/b"}`)
-	s, mon, c := llmdGateway(t, AddWorkerRequest{URL: both.URL}, AddWorkerRequest{URL: onlyB.URL})
+	s, mon, c := llmdGateway(t, LoRAConfig{}, AddWorkerRequest{URL: both.URL}, AddWorkerRequest{URL: onlyB.URL})
 	v := s.reg.View()
 	if p := v.Pool("a"); p == nil || p.Parent != "base" || len(p.Regular) != 1 {
 		t.Fatalf("pool a from the engines' /v1/models: %+v", p)
@@ -108,7 +109,7 @@ func TestLLMDDisaggregated(t *testing.T) {
 	p1 := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--kv-cache-transfer-latency", "5ms")
 	p2 := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--kv-cache-transfer-latency", "5ms")
 	d := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--kv-cache-transfer-latency", "5ms")
-	s, _, c := llmdGateway(t, AddWorkerRequest{URL: p1.URL, WorkerType: "prefill"},
+	s, _, c := llmdGateway(t, LoRAConfig{}, AddWorkerRequest{URL: p1.URL, WorkerType: "prefill"},
 		AddWorkerRequest{URL: p2.URL, WorkerType: "prefill"}, AddWorkerRequest{URL: d.URL, WorkerType: "decode"})
 	if got := s.pdProtocol(s.reg.View().Pool("m")); got != PDVLLM {
 		t.Fatalf("protocol %q, want vllm (the engines say owned_by vllm)", got)
@@ -177,26 +178,8 @@ func TestLLMDTokenize(t *testing.T) {
 func TestLLMDLoraLoadOnDemand(t *testing.T) {
 	e1 := testutil.StartLLMDSim(t, "base", "--zmq-endpoint", "", "--max-loras", "2")
 	e2 := testutil.StartLLMDSim(t, "base", "--zmq-endpoint", "", "--max-loras", "2")
-	reg := worker.NewRegistry()
-	mon := loadmon.New(reg, loadmon.Config{Interval: time.Hour})
-	pcfg := policy.DefaultConfig()
-	pcfg.Loads = mon
-	router, err := policy.NewRouter("cache_aware_hash", pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		LoRA: LoRAConfig{OnDemand: true, Sources: map[string]string{"x": "/adapters/x"}}}, reg, router, mon)
-	for _, e := range []*testutil.LLMDSim{e1, e2} {
-		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: e.URL}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mon.PollOnce(context.Background())
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	c := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+	_, _, c := llmdGateway(t, LoRAConfig{OnDemand: true, Sources: map[string]string{"x": "/adapters/x"}},
+		AddWorkerRequest{URL: e1.URL}, AddWorkerRequest{URL: e2.URL})
 	for i := range 3 {
 		if got := streamChat(t, c, "x", strings.Repeat("adapter on demand ", i+1)); got.Model != "x" {
 			t.Fatalf("answer from model %q", got.Model)
