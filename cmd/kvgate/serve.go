@@ -160,6 +160,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	addFlowFlags(fs, &g.Flow)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
+	addLoraPDFlags(fs, g)
 	return fs
 }
 

@@ -88,6 +88,12 @@ type Config struct {
 	// Flow is flow control: the per-model queue, priorities, tenants and their limits
 	// (flow.go); the zero value is off, and requests go to a worker on arrival.
 	Flow FlowConfig
+	// LoRA configures loading adapters on demand (loraload.go); the zero value is off.
+	LoRA LoRAConfig
+	// PDProtocol is the prefill/decode protocol of disaggregated pools whose prefill worker has
+	// no pd_protocol label: PDSGLang, PDVLLM, or PDAuto ("" too: by the prefill worker's
+	// runtime). See disagg_vllm.go.
+	PDProtocol string
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -118,7 +124,9 @@ type Server struct {
 	metrics *Metrics
 	log     *slog.Logger
 	loads   LoadSource
-	client  *http.Client
+	// loraLoads bounds and deduplicates the adapter loads on demand (loraload.go).
+	loraLoads *loraLoader
+	client    *http.Client
 
 	inflight  atomic.Int64
 	apiKeys   keySet
@@ -207,6 +215,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
+	s.loraLoads = newLoraLoader(cfg.LoRA)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout, CheckRedirect: worker.CheckRedirect}
 	router.OnChange(s.policyChanged)
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events

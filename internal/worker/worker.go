@@ -86,6 +86,9 @@ type Spec struct {
 	URL string `json:"url"`
 	// Models are the model ids the worker serves; empty means "learn from /v1/models".
 	Models []string `json:"models,omitempty"`
+	// Parents maps each model of Models that is a LoRA adapter to its base model, as the
+	// worker's /v1/models lists it ("parent"); nil when none is.
+	Parents map[string]string `json:"parents,omitempty"`
 	// Type is the worker's role; zero is Regular.
 	Type Type `json:"-"`
 	// BootstrapPort is the prefill worker's KV bootstrap port; nil when not configured.
@@ -127,6 +130,8 @@ type Worker struct {
 	echo atomic.Uint32
 	// alive ends when the worker next fails its health checks (alive.go).
 	alive atomic.Pointer[aliveCtx]
+	// learned is the models learned after registration (learned.go).
+	learned learnedModels
 
 	// Breaker is the worker's circuit breaker.
 	Breaker Breaker
