@@ -263,10 +263,13 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 			}
 		}
 	}
+	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
+		return nil, coNoEvents
+	}
 	if via == nil || !p.kv.Covers(req.Model, ids) {
 		return nil, coNoEvents
 	}
-	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.Text)
+	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())
 	if err != nil || len(toks) == 0 {
 		return nil, coTokenizer
 	}
@@ -284,7 +287,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32) (uint64,
 		ids = append(ids, av[i].w.ID)
 		out = append(out, 0)
 	}
-	if !p.kv.Match(req.Model, toks, ids, out) {
+	if !p.matchEvents(req, toks, ids, out) {
 		return 0, false
 	}
 	// A chat request's whole messages were tokenized; other prompts only their routing text,
@@ -303,7 +306,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32) (uint64,
 	}
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)
-	return tokenPlacementKey(toks, out), true
+	return affinityKey(req, tokenPlacementKey(toks, out)), true
 }
 
 // treeCached fills Ĉ from the prefix tree and decides inside the tree's descent, so the text is
@@ -329,7 +332,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 			}
 			known = max(known, c.Cached)
 		}
-		key := hashString(placementKey(req.Text, m.Shared))
+		key := affinityKey(req, hashString(placementKey(req.Text, m.Shared)))
 		p.creditOwner(av, key, known)
 		chosen = p.finish(av, req, key, commit, -1)
 		if !commit {
