@@ -157,6 +157,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	addSecurityFlags(fs, o)
 	addWarmFlags(fs, &g.Warm)
 	addFlowFlags(fs, &g.Flow)
+	addAPIFlags(fs, g)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
 	return fs
