@@ -105,4 +105,3 @@ type responseStore interface {
 }
 
 var _ responseStore = (*responseAffinity)(nil)
-
