@@ -122,6 +122,9 @@ type Request struct {
 	// MaxTokens is the number of output tokens to generate; it must be at least 1 (the model
 	// never stops early).
 	MaxTokens int
+	// Salt is the prompt's cache salt (vLLM's cache_salt), "" for none: mixed into every block's
+	// key (salt.go), so that prompts of different salts share no cached block.
+	Salt string
 }
 
 // Errors returned by Submit.
@@ -158,6 +161,7 @@ type req struct {
 	cached    int
 	pinned    []blockID
 	toks      []uint32 // the prompt's tokens, kept only while a CacheObserver is set
+	salt      string   // the prompt's cache salt, "" for none
 	priv      int      // private blocks held
 	uncached  int      // this request's share of Load().WaitingUncachedTokens while waiting
 
@@ -265,6 +269,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	} else {
 		keys = blockKeysText(keys, r.Text, bs)
 	}
+	saltKeys(keys, r.Salt)
 	toks := q.toks[:0]
 	if e.cache.obs != nil {
 		if r.Tokens != nil {
@@ -274,7 +279,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		}
 	}
 	*q = req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
-		pinned: q.pinned[:0], toks: toks, slot: -1}
+		pinned: q.pinned[:0], toks: toks, slot: -1, salt: r.Salt}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()

@@ -319,13 +319,13 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 	var chosen *worker.Worker
 	p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
 		if i := idx.get(av, tenant); i >= 0 {
-			av[i].t.Cached = float64(chars)
+			av[i].t.Cached = float64(req.promptChars(chars))
 		}
 	}, func(m *radix.Match) string {
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
 		for i := range av {
 			c := &av[i].t
-			full := int(c.Cached) >= m.Total
+			full := int(c.Cached) >= req.promptChars(m.Total)
 			c.Cached = c.Cached / p.sc.cfg.BytesPerToken
 			if full && c.Cached > 0 {
 				c.Cached += p.sc.cfg.FollowShare * rest

@@ -38,6 +38,16 @@ func SaltedText(text string, salt uint64) string {
 	return string(b[:]) + text
 }
 
+// promptChars is how many characters of req's prompt a tree match of chars characters of its
+// routing text covers: the salt's mark is no part of the prompt, and a match that ends inside it
+// (the marks of two salts share their opening) covers none of it.
+func (req *Request) promptChars(chars int) int {
+	if !req.Salted {
+		return chars
+	}
+	return max(chars-SaltMarkLen, 0)
+}
+
 // promptText is the request's routing text without its salt's mark: the prompt itself, which a
 // tokenizer sees.
 func (req *Request) promptText() string {

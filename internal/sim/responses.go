@@ -56,6 +56,7 @@ type responsesBody struct {
 	Stream             bool            `json:"stream"`
 	PreviousResponseID *string         `json:"previous_response_id"`
 	Store              *bool           `json:"store"`
+	CacheSalt          string          `json:"cache_salt"`
 }
 
 // conversations are the responses this server gave: id → the conversation's text through that
@@ -182,7 +183,7 @@ func (s *Server) parseResponses(body []byte) (request, error) {
 	if prompt.Len() == 0 {
 		return request{}, badRequest("input is empty")
 	}
-	return request{model: b.Model, prompt: prompt.String(), maxTokens: maxTokens, stream: b.Stream, responses: t}, nil
+	return request{model: b.Model, prompt: prompt.String(), maxTokens: maxTokens, stream: b.Stream, responses: t, salt: b.CacheSalt}, nil
 }
 
 // responsesInput is the text of a Responses "input".
@@ -261,17 +262,9 @@ func outputText(text string) map[string]any {
 // emit sends one Responses stream event of type typ with fields.
 func (o *writer) emit(typ string, fields map[string]any) error {
 	t := o.req.responses
-	fields["type"], fields["sequence_number"] = typ, t.seq
+	fields["sequence_number"] = t.seq
 	t.seq++
-	o.begin()
-	b, err := json.Marshal(fields)
-	if err != nil {
-		return err
-	}
-	if _, err := fmt.Fprintf(o.w, "event: %s\ndata: %s\n\n", typ, b); err != nil {
-		return err
-	}
-	return o.rc.Flush()
+	return o.emitNamed(typ, fields)
 }
 
 // responsesOpen sends the stream's opening events once.

@@ -36,6 +36,8 @@ type Server struct {
 	// pub publishes the engine's KV-cache events, batch gathering them; nil when off.
 	pub   *kvevents.Publisher
 	batch kvevents.Batch
+	// storedSalt is the salt of the prompt whose first block is stored next (events.go).
+	storedSalt string
 
 	wake      chan struct{} // work arrived: the driver recomputes its next wake-up
 	stop      chan struct{} // closed by Close
@@ -204,7 +206,7 @@ func (s *Server) submit(r request, maxTokens int, notify chan struct{}) (uint64,
 	id := s.nextID.Add(1)
 	w := &waiter{notify: notify}
 	s.mu.Lock()
-	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: r.tokens, Text: r.prompt, MaxTokens: maxTokens})
+	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: r.tokens, Text: r.prompt, MaxTokens: maxTokens, Salt: r.salt})
 	if err == nil {
 		s.waiters[id] = w
 	}
