@@ -18,7 +18,7 @@ func (o *saltObs) BlockStored(_ time.Duration, _, _ uint64, hasParent bool, _ []
 	}
 }
 func (o *saltObs) BlockRemoved(time.Duration, uint64) {}
-func (o *saltObs) CacheCleared(time.Duration)          {}
+func (o *saltObs) CacheCleared(time.Duration)         {}
 
 // TestSaltedPromptsShareNoCache: the same prompt (all of it cached but the last token, when it is) under another salt, or none, is not a cache hit;
 // under its own salt it is; and an observer is told the salt of a salted prompt's first block.
