@@ -6,6 +6,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/kvgate/kvgate/internal/jsonscan"
 )
@@ -21,7 +22,7 @@ import (
 //
 // What is Anthropic's own is the client's side of errors and keys. Every error the gateway
 // answers on these routes — its own (no worker, a bad body, a refusal), a worker's 5xx it
-// replaces, a worker's error in the OpenAI shape — reaches the client in Anthropic's shape,
+// replaces, a worker's error in the OpenAI shape or in plain text — reaches the client in Anthropic's shape,
 // {"type":"error","error":{"type","message"}}, with the status the gateway chose
 // (anthropicErrorType names the type); an error a worker already gives in that shape passes
 // unchanged. Anthropic's clients send their key as x-api-key: on these routes it counts as the
@@ -35,6 +36,8 @@ const (
 	// anthropicErrorMax bounds the error answer held to be reshaped, in bytes: the gateway's
 	// and the engines' errors are a few hundred bytes; a larger one passes unchanged.
 	anthropicErrorMax = 64 << 10
+	// anthropicMessageMax bounds the message made of an error body that is not JSON, in bytes.
+	anthropicMessageMax = 512
 )
 
 // messagesRoutes registers the Messages API's routes on mux.
@@ -84,8 +87,7 @@ func anthropicAPI(next http.Handler) http.Handler {
 	})
 }
 
-// anthropicWriter holds an error answer (a status of 400 or more with a JSON body) until the
-// handler returns, to reshape it into Anthropic's error shape; every other answer, streams
+// anthropicWriter holds an error answer (a status of 400 or more) until the handler returns, to reshape it into Anthropic's error shape; every other answer, streams
 // included, passes through unchanged as it is written.
 type anthropicWriter struct {
 	http.ResponseWriter
@@ -103,7 +105,7 @@ func (a *anthropicWriter) WriteHeader(code int) {
 		return
 	}
 	a.status = code
-	if code >= 400 && isJSONType(a.Header().Get("Content-Type")) {
+	if code >= 400 {
 		a.held = true
 		return
 	}
@@ -154,24 +156,36 @@ func (a *anthropicWriter) finish() {
 		return
 	}
 	body := a.body
-	if out, ok := anthropicError(a.status, body); ok {
+	if out, ok := anthropicError(a.status, body, isJSONType(a.Header().Get("Content-Type"))); ok {
 		body = out
-		a.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		h := a.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		h.Del("Content-Encoding")
 	}
 	a.release(body)
 }
 
-// anthropicError reshapes an OpenAI-shaped error body ({"error":{"message",...}}) into
-// Anthropic's, ok false when body is not one (already Anthropic's, or anything else).
-func anthropicError(status int, body []byte) ([]byte, bool) {
+// anthropicError reshapes an error body into Anthropic's: an OpenAI-shaped one
+// ({"error":{"message",...}}) keeps its message; any other but Anthropic's own (a worker's plain
+// text, HTML) becomes the message, cut to anthropicMessageMax bytes of valid UTF-8. ok is false
+// for a body already in Anthropic's shape, or a JSON body of another shape, which pass unchanged.
+func anthropicError(status int, body []byte, isJSON bool) ([]byte, bool) {
 	var in struct {
 		Type  *string `json:"type"`
 		Error *struct {
 			Message *string `json:"message"`
 		} `json:"error"`
 	}
-	if json.Unmarshal(body, &in) != nil || in.Type != nil || in.Error == nil || in.Error.Message == nil {
+	var msg string
+	switch err := json.Unmarshal(body, &in); {
+	case err == nil && in.Type == nil && in.Error != nil && in.Error.Message != nil:
+		msg = *in.Error.Message
+	case err == nil || isJSON:
 		return nil, false
+	default:
+		text := strings.ToValidUTF8(string(body[:min(len(body), anthropicMessageMax)]), "")
+		msg = strings.TrimSpace(http.StatusText(status) + ": " + strings.TrimSpace(text))
 	}
 	type errObj struct {
 		Type    string `json:"type"`
@@ -180,7 +194,7 @@ func anthropicError(status int, body []byte) ([]byte, bool) {
 	out, err := json.Marshal(struct {
 		Type  string `json:"type"`
 		Error errObj `json:"error"`
-	}{"error", errObj{anthropicErrorType(status), *in.Error.Message}})
+	}{"error", errObj{anthropicErrorType(status), msg}})
 	if err != nil {
 		return nil, false
 	}
