@@ -138,7 +138,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	costFlags(fs, &p.Cost, "")
 	fs.IntVar(&p.PrefixHash.PrefixChars, "prefix-chars", p.PrefixHash.PrefixChars, "prefix_hash: leading characters hashed")
 	fs.Float64Var(&p.PrefixHash.LoadFactor, "prefix-hash-load-factor", p.PrefixHash.LoadFactor, "prefix_hash: load over mean at which a key moves on")
-	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (x-kvgate-routing-key, x-session-id or x-user-id header, else the body's user) on one worker until it saturates, around any policy")
+	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (its key: x-kvgate-routing-key, a --session-headers header, the body's prompt_cache_key or conversation, x-user-id, the body's user) on one worker until it saturates, around any policy")
 	fs.DurationVar(&p.Sticky.TTL, "sticky-session-ttl", p.Sticky.TTL, "sticky sessions: how long a silent session stays bound")
 	fs.IntVar(&p.Sticky.MaxSessions, "sticky-max-sessions", p.Sticky.MaxSessions, "sticky sessions: sessions kept per model (least recently used dropped past it)")
 	fs.StringVar(&p.Sticky.Placement, "sticky-placement", policy.PlaceHash, "sticky sessions: where a new session goes: hash (rendezvous order of its key; replicas agree) or policy (the routing policy's choice)")

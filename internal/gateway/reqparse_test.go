@@ -369,3 +369,29 @@ func checkAffinity(t *testing.T, body []byte, got *Affinity) {
 		t.Fatalf("%q: affinity %+v, want %+v", body, *got, want)
 	}
 }
+
+// BenchmarkParseBody: the one pass over a chat body of 8 KiB of messages, plain and with the
+// affinity members (cache_salt digested, prompt_cache_key kept), and a Messages body: the
+// affinity members' cost is read as the ratio of the second to the first.
+func BenchmarkParseBody(b *testing.B) {
+	msgs := `"messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 200) + `"},{"role":"user","content":"` + strings.Repeat("question ", 300) + `"}]`
+	for _, tc := range []struct {
+		name string
+		kind routeKind
+		body string
+	}{
+		{"chat", kindChat, `{"model":"m","stream":true,"max_tokens":64,` + msgs + `}`},
+		{"chat+affinity", kindChat, `{"model":"m","stream":true,"max_tokens":64,"cache_salt":"tenant-0042-secret","prompt_cache_key":"conv-7f3a",` + msgs + `}`},
+		{"messages", kindMessages, `{"model":"m","stream":true,"max_tokens":64,"system":"` + strings.Repeat("You are a careful assistant. ", 200) + `",` + msgs + `}`},
+	} {
+		body := []byte(tc.body)
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := parseBody(body, nil, tc.kind, 8192); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
