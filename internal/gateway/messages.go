@@ -94,6 +94,7 @@ type anthropicWriter struct {
 	status int
 	held   bool // an error answer is being held
 	body   []byte
+	stream bool // the answer is an event stream
 }
 
 func (a *anthropicWriter) WriteHeader(code int) {
@@ -109,6 +110,7 @@ func (a *anthropicWriter) WriteHeader(code int) {
 		a.held = true
 		return
 	}
+	a.stream = strings.HasPrefix(a.Header().Get("Content-Type"), "text/event-stream")
 	a.ResponseWriter.WriteHeader(code)
 }
 
@@ -117,6 +119,14 @@ func (a *anthropicWriter) Write(b []byte) (int, error) {
 		a.WriteHeader(http.StatusOK)
 	}
 	if !a.held {
+		if a.stream {
+			if out, ok := anthropicStreamError(b); ok {
+				if _, err := a.ResponseWriter.Write(out); err != nil {
+					return 0, err
+				}
+				return len(b), nil
+			}
+		}
 		return a.ResponseWriter.Write(b)
 	}
 	if len(a.body)+len(b) <= anthropicErrorMax {
@@ -199,6 +209,46 @@ func anthropicError(status int, body []byte, isJSON bool) ([]byte, bool) {
 		return nil, false
 	}
 	return append(out, '\n'), true
+}
+
+// anthropicStreamError rewrites one write that is, whole, an OpenAI-shaped SSE error event
+// (what the gateway writes to end a stream that broke, and what an engine may send) followed
+// or not by "data: [DONE]", into Anthropic's error event: "event: error" with
+// {"type":"error","error":{"type","message"}}. ok is false for anything else, which passes.
+func anthropicStreamError(b []byte) ([]byte, bool) {
+	const prefix, done = "data: {\"error\":", "data: [DONE]\n\n"
+	lead := len(b) - len(bytes.TrimLeft(b, "\r\n"))
+	ev := b[lead:]
+	if len(b) > anthropicErrorMax || !bytes.HasPrefix(ev, []byte(prefix)) {
+		return nil, false
+	}
+	ev = bytes.TrimSuffix(ev, []byte(done))
+	data, rest, ok := bytes.Cut(ev[len("data: "):], []byte("\n\n"))
+	if !ok || len(bytes.TrimSpace(rest)) > 0 {
+		return nil, false
+	}
+	var in struct {
+		Error *struct {
+			Message *string `json:"message"`
+			Code    any     `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &in) != nil || in.Error == nil || in.Error.Message == nil {
+		return nil, false
+	}
+	typ := "api_error"
+	if in.Error.Code == "gateway_shutting_down" {
+		typ = "overloaded_error"
+	}
+	out, err := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": *in.Error.Message}})
+	if err != nil {
+		return nil, false
+	}
+	buf := make([]byte, 0, lead+len(out)+len("event: error\ndata: \n\n"))
+	buf = append(buf, b[:lead]...)
+	buf = append(buf, "event: error\ndata: "...)
+	buf = append(append(buf, out...), "\n\n"...)
+	return buf, true
 }
 
 // anthropicErrorType is the Anthropic error type of an HTTP status.

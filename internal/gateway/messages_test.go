@@ -251,3 +251,55 @@ func TestMessagesThroughLLMDSim(t *testing.T) {
 	}
 	checkMessagesEngine(t, g, "llmd-model", false) // it serves no /v1/messages/count_tokens
 }
+
+// A Messages stream that breaks after it started ends with Anthropic's error event (event:
+// error, {"type":"error","error":{...}}), not the OpenAI-shaped one other routes get; the events
+// before it are relayed unchanged.
+func TestMessagesBrokenStreamEndsWithAnthropicError(t *testing.T) {
+	f := newFakeWorker(t, "m")
+	first := strings.SplitAfter(anthropicStream, "\n\n")[0]
+	f.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, first)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the worker dies mid-stream
+	})
+	g := newTestGateway(t, Config{}, "round_robin", f)
+	resp := g.post(t, messagesPath, `{"model":"m","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	got := readAll(resp.Body)
+	resp.Body.Close()
+	if !strings.HasPrefix(got, first) {
+		t.Fatalf("the stream's start was not relayed: %q", got)
+	}
+	tail := strings.TrimLeft(strings.TrimPrefix(got, first), "\n")
+	if !strings.HasPrefix(tail, "event: error\ndata: ") || strings.Contains(tail, "[DONE]") {
+		t.Fatalf("the stream ended with %q, want Anthropic's error event", tail)
+	}
+	var e struct {
+		Type  string `json:"type"`
+		Error struct{ Type, Message string }
+	}
+	data := strings.TrimSpace(strings.TrimPrefix(tail, "event: error\ndata: "))
+	if json.Unmarshal([]byte(data), &e) != nil || e.Type != "error" || e.Error.Type != "api_error" || e.Error.Message == "" {
+		t.Fatalf("error event data %q", data)
+	}
+}
+
+// FuzzAnthropicStreamError: the rewrite of a stream write never panics, and what it writes is
+// one Anthropic error event whose data is valid JSON.
+func FuzzAnthropicStreamError(f *testing.F) {
+	f.Add([]byte("data: {\"error\":{\"message\":\"m\",\"type\":\"server_error\",\"param\":null,\"code\":\"c\"}}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("\n\ndata: {\"error\":{\"message\":\"m\"}}\n\n"))
+	f.Add([]byte("event: content_block_delta\ndata: {}\n\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		out, ok := anthropicStreamError(b)
+		if !ok {
+			return
+		}
+		ev := strings.TrimLeft(string(out), "\r\n")
+		data, found := strings.CutPrefix(ev, "event: error\ndata: ")
+		if !found || !strings.HasSuffix(data, "\n\n") || !json.Valid([]byte(strings.TrimSuffix(data, "\n\n"))) {
+			t.Fatalf("%q rewritten to %q", b, out)
+		}
+	})
+}
