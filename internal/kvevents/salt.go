@@ -32,60 +32,44 @@ func saltSeed(seed, salt uint64) uint64 { return mix(seed, salt) }
 // extraKeys reads a BlockStored's "extra_keys" and returns the string keys of its first block
 // (nil when there are none); the other blocks' keys are skipped.
 func (d *decoder) extraKeys() ([]string, error) {
+	var keys []string
+	block := 0
+	err := d.elements(func(c byte) error {
+		if block++; block > 1 || !isArray(c) {
+			return d.skip(1)
+		}
+		return d.elements(func(c byte) error {
+			if !isStr(c) {
+				return d.skip(2)
+			}
+			s, err := d.str()
+			keys = append(keys, s)
+			return err
+		})
+	})
+	return keys, err
+}
+
+// elements reads an array (nil: an empty one), calling fn with the first byte of each element;
+// fn consumes the element.
+func (d *decoder) elements(fn func(c byte) error) error {
 	if null, err := d.isNil(); null || err != nil {
-		return nil, err
+		return err
 	}
 	n, err := d.arrayLen()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var keys []string
-	for i := range n {
-		if i > 0 {
-			if err := d.skip(1); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if null, err := d.isNil(); null || err != nil {
-			if err != nil {
-				return nil, err
-			}
-			continue
-		}
+	for range n {
 		c, err := d.peek()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if !isArray(c) {
-			if err := d.skip(1); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		m, err := d.arrayLen()
-		if err != nil {
-			return nil, err
-		}
-		for range m {
-			c, err := d.peek()
-			if err != nil {
-				return nil, err
-			}
-			if !isStr(c) {
-				if err := d.skip(2); err != nil {
-					return nil, err
-				}
-				continue
-			}
-			s, err := d.str()
-			if err != nil {
-				return nil, err
-			}
-			keys = append(keys, s)
+		if err := fn(c); err != nil {
+			return err
 		}
 	}
-	return keys, nil
+	return nil
 }
 
 // saltOf sets e's salt from the string extra keys of its first block: every key but the first
