@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"github.com/kvgate/kvgate/internal/netaddr"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -95,6 +97,16 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 		return nil, err
 	}
 	u, _ := worker.ParseURL(spec.URL)
+	if h := netaddr.Parse(u.Hostname()); h.IP.IsValid() && h.IP.Zone() == "" && h.String() != u.Hostname() {
+		// An address in a legacy spelling (10.1, 0x0a000001) is dialed as the address the checks
+		// below read, never handed to a resolver that could read it as a name.
+		if p := u.Port(); p != "" {
+			u.Host = h.String() + ":" + p
+		} else {
+			u.Host = h.String()
+		}
+		spec.URL = u.String()
+	}
 	if !s.allowed.allows(u.Hostname()) {
 		return nil, regErr(http.StatusForbidden, "workers at %s may not be registered (see --allowed-worker-hosts)", u.Hostname())
 	}
@@ -270,7 +282,7 @@ func checkLabels(labels map[string]string) error {
 			return fmt.Errorf("label %s: values must be valid UTF-8 of at most %d bytes", k, maxLabelValueLen)
 		}
 	}
-	return nil
+	return checkConnReuseLabel(labels)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -42,8 +42,10 @@ type Config struct {
 	// Limits bounds what one client request may cost.
 	Limits Limits
 	// MaxPayloadSize is the largest request body in bytes, after decompression (413 above).
-	// Default 256 MiB.
+	// Default DefaultMaxPayloadSize (32 MiB).
 	MaxPayloadSize int64
+	// BodyBudget bounds the request bodies held in memory, all together (bodybudget.go).
+	BodyBudget BodyBudget
 	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192.
 	RoutingPrefixBytes int
 	// Tracer, when set, traces every request (OpenTelemetry): a span per request, per routing
@@ -96,7 +98,7 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		MaxPayloadSize:     256 << 20,
+		MaxPayloadSize:     DefaultMaxPayloadSize,
 		RoutingPrefixBytes: 8192,
 		ProbeTimeout:       5 * time.Second,
 		RegisterRetry:      500 * time.Millisecond,
@@ -198,6 +200,8 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	s.audit, _ = newAuditAccess(&cfg, s.adminKeys) // validated above
 	s.auditIDs = newAuditIDs(cfg.AuditIDKey)
 	s.metrics = newMetrics(reg, router, loads)
+	s.bodies.memory = newBodyBudget(cfg.BodyBudget)
+	s.metrics.hostile.watchBodies(s.metrics.reg, s.bodies.memory)
 	s.flow, s.flowOn = newFlowGate(s, cfg.Flow, cfg.APIKeys), cfg.Flow.Enabled
 	s.flow.metrics.register(s.metrics.reg, s.flow)
 	cfg.Proxy.Observer = s.metrics

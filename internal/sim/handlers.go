@@ -40,6 +40,12 @@ func (s *Server) routes() {
 // ServeHTTP serves the simulated server's routes, with the injected faults that apply to all of
 // them (hang, slow start).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every answer names the request it answers, as vLLM does with --enable-request-id-headers:
+	// a gateway binds answers to requests by it. An id is echoed only when it is short and
+	// printable, so no header can be injected through it.
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= maxEchoedID && printableID(id) {
+		w.Header().Set("X-Request-Id", id)
+	}
 	f := s.faults.Load()
 	if f.Hang {
 		select {
@@ -239,3 +245,16 @@ func generatedText(id uint64, from, to int) string {
 
 var words = [...]string{"the ", "and ", "for ", "you ", "not ", "are ", "but ", "all ",
 	"any ", "can ", "had ", "was ", "one ", "our ", "out ", "day "}
+
+// maxEchoedID bounds the request id the simulator echoes, in bytes.
+const maxEchoedID = 128
+
+// printableID reports whether id is visible ASCII only.
+func printableID(id string) bool {
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

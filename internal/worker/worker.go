@@ -123,6 +123,10 @@ type Worker struct {
 	warming   atomic.Bool
 	// runtime is the runtime learned after registration when Spec.Runtime is empty.
 	runtime atomic.Pointer[string]
+	// echo is what the worker was seen to echo of a request's id (Echo bits, echo.go).
+	echo atomic.Uint32
+	// alive ends when the worker next fails its health checks (alive.go).
+	alive atomic.Pointer[aliveCtx]
 
 	// Breaker is the worker's circuit breaker.
 	Breaker Breaker
@@ -263,7 +267,11 @@ func (w *Worker) Health() Health { return Health(w.health.Load()) }
 
 // SetHealth stores h and reports whether it changed.
 func (w *Worker) SetHealth(h Health) (changed bool) {
-	return Health(w.health.Swap(int32(h))) != h
+	changed = Health(w.health.Swap(int32(h))) != h
+	if changed && h == NotReady {
+		w.failedHealth()
+	}
+	return changed
 }
 
 // Draining reports whether w takes no new requests.
