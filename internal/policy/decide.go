@@ -154,10 +154,13 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 			}
 		}
 	}
+	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
+		return nil, coNoEvents
+	}
 	if via == nil || !p.kv.Covers(req.Model, ids) {
 		return nil, coNoEvents
 	}
-	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.Text)
+	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())
 	if err != nil || len(toks) == 0 {
 		return nil, coTokenizer
 	}
@@ -356,7 +359,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 		ids = append(ids, av[i].w.ID)
 		out = append(out, 0)
 	}
-	if !p.kv.Match(req.Model, toks, ids, out) {
+	if !p.matchEvents(req, toks, ids, out) {
 		return nil, false
 	}
 	// A chat request's whole messages were tokenized; other prompts only their routing text,
@@ -377,7 +380,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 	}
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)
-	return pick(tokenPlacementKey(toks, out)), true
+	return pick(affinityKey(req, tokenPlacementKey(toks, out))), true
 }
 
 // treeCached is cache_aware_hash's source (and precise_prefix's fallback): Ĉ from this replica's
@@ -392,13 +395,13 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 	var chosen *worker.Worker
 	p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
 		if i := idx.get(av, tenant); i >= 0 {
-			av[i].t.Cached = float64(chars)
+			av[i].t.Cached = float64(req.promptChars(chars))
 		}
 	}, func(m *radix.Match) string {
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
 		for i := range av {
 			c := &av[i].t
-			full := int(c.Cached) >= m.Total
+			full := int(c.Cached) >= req.promptChars(m.Total)
 			c.Cached = p.sc.est.Tokens(int64(c.Cached))
 			if full && c.Cached > 0 {
 				c.Follow = p.sc.cfg.FollowShare * rest
@@ -406,7 +409,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 			}
 			known = max(known, c.Cached)
 		}
-		key := hashString(placementKey(req.Text, m.Shared))
+		key := affinityKey(req, hashString(placementKey(req.Text, m.Shared)))
 		p.creditOwner(av, key, known)
 		chosen = pick(key)
 		if !commit {
