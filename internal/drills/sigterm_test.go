@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -30,12 +29,13 @@ type kvgate struct {
 // once it listens. A cleanup kills it if the test has not ended it.
 func startKvgate(t *testing.T, args ...string) *kvgate {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kvgate")
-	bctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(bctx, "go", "build", "-o", bin, "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput(); err != nil {
-		t.Fatalf("building kvgate: %v\n%s", err, out)
-	}
+	return runKvgate(t, buildKvgate(t), args...)
+}
+
+// runKvgate runs `bin serve args…` on a free port, returning once it listens. A cleanup kills it
+// if the test has not ended it.
+func runKvgate(t *testing.T, bin string, args ...string) *kvgate {
+	t.Helper()
 	k := &kvgate{cmd: exec.Command(bin, append([]string{"serve", "--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "-1"}, args...)...),
 		exited: make(chan error, 1)}
 	stderr, err := k.cmd.StderrPipe()
