@@ -110,6 +110,8 @@ type flight struct {
 	sent    time.Duration
 	eng     int
 	dec     policy.Decision // Predicted made a share of the whole prompt
+	// text is the routing text the policy saw, for learning from the answer.
+	text string
 	// extra is decision time the simulated engine did not see (tokenization), added to the
 	// request's latencies.
 	extra time.Duration
@@ -438,7 +440,7 @@ func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, cla
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, sent: arrived, wait: s.now - arrived, class: class, eng: idx, dec: gw.req.Decision}
+	f := &flight{sess: a, gw: g, sent: arrived, wait: s.now - arrived, class: class, eng: idx, dec: gw.req.Decision, text: gw.req.Text}
 	f.first, f.release = w.Track()
 	if gw.kv != nil {
 		// precise_prefix tokenized the prompt, and pays for that.
@@ -540,6 +542,11 @@ func (s *sim) finish(ev engine.Event) {
 	if o, ok := s.gws[f.gw].pol.(policy.CacheObserver); ok && f.dec.HasPrediction && ev.PromptTokens > 0 {
 		// The gateway compares the same two shares once the answer's usage arrives.
 		o.Observed(f.dec.Predicted, float64(ev.CachedTokens)/float64(ev.PromptTokens))
+	}
+	if l, ok := policy.As[policy.AnswerLearner](s.gws[f.gw].pol); ok && f.dec.HasPrediction && ev.PromptTokens > 0 {
+		// The gateway learns from the same answer (policy.AnswerLearner).
+		req := policy.Request{Text: f.text, Decision: f.dec}
+		l.Learn(&req, policy.Answer{Worker: f.dec.Worker, PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens})
 	}
 	a := f.sess
 	if a.next >= len(a.s.Turns) {

@@ -233,7 +233,9 @@ type costCand struct {
 	// credit is the part of t.Cached that is the rendezvous owner's credit
 	// (Cost.creditOwner), not a prediction of the tree or the events.
 	credit float64
-	t      Terms
+	// basis is what Ĉ (t.Cached) was made of, for learning from the answer (learn.go).
+	basis Basis
+	t     Terms
 }
 
 // workerCost is what a replica remembers of one worker between decisions.

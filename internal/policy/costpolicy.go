@@ -83,6 +83,9 @@ type Cost struct {
 	kv          KVView
 	dec         *counters
 	unpred      unpredicted
+	// follow is the learned F, calib each worker's prediction error (learn.go).
+	follow follower
+	calib  calibration
 	// decideNS sums the time precise decisions took, tokenization and matching included;
 	// decided counts them.
 	decideNS, decided atomic.Int64
@@ -95,6 +98,8 @@ var (
 	_ DecisionReporter = (*Cost)(nil)
 	_ Recorder         = (*Cost)(nil)
 	_ CacheObserver    = (*Cost)(nil)
+	_ AnswerLearner    = (*Cost)(nil)
+	_ Calibrator       = (*Cost)(nil)
 )
 
 func newCost(name string, src source, cfg Config) *Cost {
@@ -133,6 +138,7 @@ func (p *Cost) Forget(workerID string) {
 		p.tree.Remove(workerID)
 	}
 	p.sc.forget(workerID)
+	p.calib.forget(workerID)
 }
 
 // Close stops the tree's eviction loop, if there is one.
@@ -320,12 +326,21 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 		}
 	}, func(m *radix.Match) string {
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
+		class := followOwn
+		if m.Shared >= m.Total {
+			class = followShared
+		}
+		f := p.follow.share(class, p.sc.cfg.FollowShare) // F, learned from the answers
 		for i := range av {
 			c := &av[i].t
 			full := int(c.Cached) >= m.Total
+			b := &av[i].basis
+			*b = Basis{RoutedChars: int(c.Cached), Rest: rest}
 			c.Cached = c.Cached / p.sc.cfg.BytesPerToken
+			b.Routed = c.Cached
 			if full && c.Cached > 0 {
-				c.Cached += p.sc.cfg.FollowShare * rest
+				b.Follow, b.Class = f*rest, class
+				c.Cached += b.Follow
 			}
 			known = max(known, c.Cached)
 		}
@@ -397,6 +412,7 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 		// The prediction audited against what the engine reports is the tree's or the events'
 		// own: the owner's credit is an expectation learned from that audit, kept out of it.
 		d.Predicted, d.HasPrediction, d.WholePrompt = min(c.t.Cached-c.credit, c.t.Prompt)/c.t.Prompt, true, true
+		d.Basis, d.At = c.basis, p.sc.now()
 	}
 	if commit {
 		p.dec.add(branch)

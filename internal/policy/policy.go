@@ -61,6 +61,10 @@ type Decision struct {
 	HasCost bool
 	// Chosen and RunnerUp are the cost terms of the chosen worker and of the runner-up.
 	Chosen, RunnerUp Terms
+	// Basis is what the chosen worker's Ĉ was made of, and At when the decision was made, for
+	// learning from the answer (learn.go); zero for a policy that keeps no tree.
+	Basis Basis
+	At    time.Time
 }
 
 // decide records d on req; req may be nil in tests that call Pick without a view.

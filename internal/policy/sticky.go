@@ -476,6 +476,22 @@ func (p *Sticky) Observed(predicted, reported float64) {
 	}
 }
 
+// Learn tells the wrapped policy, if it learns from the answers (AnswerLearner).
+func (p *Sticky) Learn(req *Request, a Answer) {
+	if l, ok := p.inner.(AnswerLearner); ok {
+		l.Learn(req, a)
+	}
+}
+
+// Calibration asks the wrapped policy, if it keeps each worker's prediction error (Calibrator);
+// nil otherwise.
+func (p *Sticky) Calibration() map[string]float64 {
+	if c, ok := p.inner.(Calibrator); ok {
+		return c.Calibration()
+	}
+	return nil
+}
+
 // BestCost asks the wrapped policy, if it prices its decisions (Coster); ok false otherwise.
 // A session bound to a worker may not get the least cost; this is the fleet's best, which is
 // what admission control needs.
