@@ -117,6 +117,8 @@ type Server struct {
 	log     *slog.Logger
 	loads   LoadSource
 	client  *http.Client
+	// silentWorkers are the workers whose answers report no cached tokens (answers.go).
+	silentWorkers silentWorkers
 
 	inflight  atomic.Int64
 	apiKeys   keySet

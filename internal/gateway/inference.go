@@ -139,6 +139,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	rq.forward = proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}
+	if fb, ref := s.learnFrom(aw, pol, kind, p.Stream, body); !ref {
+		rq.forward.Body, rq.forward.BodyRef = fb, nil // answers.go: the stream is asked for usage
+	}
 	var res proxy.Result
 	if kind == kindResponses {
 		res = s.forwardResponses(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket), candidates, &p, preq, pol.Name(), tr)

@@ -73,6 +73,9 @@ type CostConfig struct {
 	// conversation resends its history, so what follows a fully matched opening was most
 	// likely sent along with it. Default 1.
 	FollowShare float64 `yaml:"follow_share"`
+	// FollowFixed keeps F at FollowShare. Default false: F is learned from what the answers
+	// report cached past the routing text, with FollowShare as its prior (learn.go).
+	FollowFixed bool `yaml:"follow_fixed"`
 	// RateDecay is how much a worker's measured μ (the peak of its backlog's falls) decays per
 	// measured poll interval, in [0,1]. Default 0.01 (an engine that slows to half is seen
 	// to within about 70 busy intervals).

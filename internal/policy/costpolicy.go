@@ -330,7 +330,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 		if m.Shared >= m.Total {
 			class = followShared
 		}
-		f := p.follow.share(class, p.sc.cfg.FollowShare) // F, learned from the answers
+		f := p.followShare(class) // F, learned from the answers
 		for i := range av {
 			c := &av[i].t
 			full := int(c.Cached) >= m.Total

@@ -185,11 +185,19 @@ type Calibrator interface {
 // Calibration returns each worker's moving prediction error (Calibrator).
 func (p *Cost) Calibration() map[string]float64 { return p.calib.snapshot() }
 
+// followShare returns F for a full match of class: the learned one, or the configured one when
+// CostConfig.FollowFixed.
+func (p *Cost) followShare(class int8) float64 {
+	if p.sc.cfg.FollowFixed {
+		return p.sc.cfg.FollowShare
+	}
+	return p.follow.share(class, p.sc.cfg.FollowShare)
+}
+
 // FollowShares returns the learned F for a match held by one worker and for one held by
 // several.
 func (p *Cost) FollowShares() (own, shared float64) {
-	f := p.sc.cfg.FollowShare
-	return p.follow.share(followOwn, f), p.follow.share(followShared, f)
+	return p.followShare(followOwn), p.followShare(followShared)
 }
 
 // Learn compares the answer with the decision's prediction for that worker and corrects what
