@@ -228,3 +228,13 @@ func (v *View) Covers(model string, workers []string) bool {
 func (v *View) Match(model string, toks []uint32, workers []string, out []int) bool {
 	return v.Service.idx.Match(model, toks, workers, out, v.now())
 }
+
+// CoversAny is Index.CoversAny at the current time.
+func (v *View) CoversAny(model string, workers []string) bool {
+	return v.Service.idx.CoversAny(model, workers, v.now())
+}
+
+// MatchEach is Index.MatchEach at the current time.
+func (v *View) MatchEach(model string, toks []uint32, workers []string, out []int) int {
+	return v.Service.idx.MatchEach(model, toks, workers, out, v.now())
+}

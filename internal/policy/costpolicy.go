@@ -235,6 +235,9 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 		if key, ok := p.eventsCached(av, req, toks); ok {
 			return p.finish(av, req, key, commit, coPreciseHit)
 		}
+		if key, ok := p.eventsCachedEach(av, req, toks); ok { // partialkv.go
+			return p.finish(av, req, key, commit, coPreciseHit)
+		}
 		branch = coNoEvents
 	}
 	if branch >= 0 && commit {
@@ -269,7 +272,7 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 			}
 		}
 	}
-	if via == nil || !p.kv.Covers(req.Model, ids) {
+	if via == nil || !p.covers(req.Model, ids) {
 		return nil, coNoEvents
 	}
 	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.Text)
