@@ -412,10 +412,12 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 		d.Branch = p.dec.names[branch]
 	}
 	if p.src != fromNothing && c.t.Prompt > 0 {
-		// The prediction audited against what the engine reports is the tree's or the events'
-		// own: the owner's credit is an expectation learned from that audit, kept out of it.
-		d.Predicted, d.HasPrediction, d.WholePrompt = min(c.t.Cached-c.credit, c.t.Prompt)/c.t.Prompt, true, true
+		// The prediction audited against what the engine reports counts of the owner's credit
+		// only the share of it the answers showed held (learn.go).
+		held := c.credit * p.ownerShare()
+		d.Predicted, d.HasPrediction, d.WholePrompt = min(c.t.Cached-c.credit+held, c.t.Prompt)/c.t.Prompt, true, true
 		d.Basis, d.At = c.basis, p.sc.now()
+		d.Basis.Credit = c.credit
 	}
 	if commit {
 		p.dec.add(branch)

@@ -54,6 +54,9 @@ type Basis struct {
 	// Rest is the prompt past the routing text, in tokens; Follow the part of it taken as
 	// cached (F × Rest, or 0 where the routing text was not wholly held).
 	Rest, Follow float64
+	// Credit is the rendezvous owner's credit in Ĉ (Cost.creditOwner), in tokens; the
+	// prediction counts the learned share of it that the answers showed held.
+	Credit float64
 	// Class is the kind of match F was read for (followShared, followOwn); followNone (zero)
 	// when the routing text was not wholly held, so no F was applied.
 	Class int8
@@ -64,6 +67,9 @@ const (
 	followNone   int8 = 0
 	followOwn    int8 = 1 // the whole routing text held by this worker alone
 	followShared int8 = 2 // the whole routing text held by two or more workers
+	// followOwner is not a kind of match but the rendezvous owner's credit (Cost.creditOwner):
+	// the share of it the answers showed held, learned the same way, for the prediction only.
+	followOwner int8 = 3
 )
 
 // followPriorAnswers is the weight of CostConfig.FollowShare in the learned F, in answers of
@@ -79,13 +85,13 @@ type follower struct {
 	mu sync.Mutex
 	// cached and rest sum, over the answers of each kind (decayed), the tokens past the routing
 	// text reported cached and the tokens past it.
-	cached, rest [3]float64
-	n            [3]int
+	cached, rest [4]float64
+	n            [4]int
 }
 
 // share returns F for class, the prior when nothing was learned. prior is in [0,1].
 func (f *follower) share(class int8, prior float64) float64 {
-	if class <= followNone || class > followShared {
+	if class <= followNone || class > followOwner {
 		return prior
 	}
 	f.mu.Lock()
@@ -102,7 +108,7 @@ func (f *follower) share(class int8, prior float64) float64 {
 // add records one answer of class: rest tokens past the routing text, of which cached were
 // reported cached.
 func (f *follower) add(class int8, cached, rest float64) {
-	if class <= followNone || class > followShared || !(rest > 0) {
+	if class <= followNone || class > followOwner || !(rest > 0) {
 		return
 	}
 	cached = min(max(cached, 0), rest)
@@ -194,6 +200,10 @@ func (p *Cost) followShare(class int8) float64 {
 	return p.follow.share(class, p.sc.cfg.FollowShare)
 }
 
+// ownerShare returns the share of the owner's credit that the answers showed held: 0 (the
+// prediction without the credit) until answers show otherwise.
+func (p *Cost) ownerShare() float64 { return p.follow.share(followOwner, 0) }
+
 // FollowShares returns the learned F for a match held by one worker and for one held by
 // several.
 func (p *Cost) FollowShares() (own, shared float64) {
@@ -214,7 +224,11 @@ func (p *Cost) Learn(req *Request, a Answer) {
 	// The answer's tokens and the decision's estimate of them differ (bytes per token, a chat
 	// template): each part of the prediction is compared as a share of the prompt.
 	scale := float64(a.PromptTokens) / max(d.Chosen.Prompt, 1)
-	if b.Class != followNone {
+	switch {
+	case b.Credit > 0:
+		// What the engine held past the tree's own prediction is the owner's credit's to explain.
+		p.follow.add(followOwner, reported-(b.Routed+b.Follow)*scale, b.Credit*scale)
+	case b.Class != followNone:
 		p.follow.add(b.Class, reported-b.Routed*scale, b.Rest*scale)
 	}
 	if p.prefixTree != nil && req.Text != "" && b.Routed > 0 {
