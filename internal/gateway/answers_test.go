@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,13 +9,13 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // calibrated returns kvgate_prefix_prediction_bias's series: worker → value.
@@ -133,28 +132,10 @@ func TestGenerateAnswersAreLearned(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestSilentWorkersAreNamedOnce: a worker whose answers carry no cached_tokens is named in the
 // log once, however many answers it gives.
 func TestSilentWorkersAreNamedOnce(t *testing.T) {
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	pc := policy.DefaultConfig()
 	g, ws := newAuditGateway(t, Config{}, "cache_aware_hash", pc, 1)
 	g.log = slog.New(slog.NewTextHandler(&logs, nil))

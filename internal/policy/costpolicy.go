@@ -235,9 +235,6 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 		if key, ok := p.eventsCached(av, req, toks); ok {
 			return p.finish(av, req, key, commit, coPreciseHit)
 		}
-		if key, ok := p.eventsCachedEach(av, req, toks); ok { // partialkv.go
-			return p.finish(av, req, key, commit, coPreciseHit)
-		}
 		branch = coNoEvents
 	}
 	if branch >= 0 && commit {
@@ -293,8 +290,11 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32) (uint64,
 		ids = append(ids, av[i].w.ID)
 		out = append(out, 0)
 	}
+	partial := false
 	if !p.kv.Match(req.Model, toks, ids, out) {
-		return 0, false
+		if partial = p.matchEach(req.Model, toks, ids, out); !partial { // partialkv.go
+			return 0, false
+		}
 	}
 	// A chat request's whole messages were tokenized; other prompts only their routing text,
 	// whose tail past it is counted in bytes.
@@ -309,6 +309,9 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32) (uint64,
 		if out[i] >= len(toks) {
 			av[i].t.Cached += p.sc.cfg.FollowShare * rest
 		}
+	}
+	if partial {
+		p.treeFill(av, req, out)
 	}
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)

@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"time"
-
 	"github.com/kvgate/kvgate/internal/radix"
 )
 
@@ -28,47 +26,30 @@ func (p *Cost) covers(model string, ids []string) bool {
 	return ok && pv.CoversAny(model, ids)
 }
 
-// eventsCachedEach is eventsCached for a fleet the events answer for only in part: each worker
-// they cannot answer for gets Ĉ from the prefix tree (what this replica sent it, and what its
-// answers corrected), the others from their events. ok false when the view is not a
-// PartialKVView or answers for none.
-func (p *Cost) eventsCachedEach(av []costCand, req *Request, toks []uint32) (uint64, bool) {
+// matchEach is PartialKVView.MatchEach when the view is one: ok when it answered for some of
+// ids, out[i] −1 for the others.
+func (p *Cost) matchEach(model string, toks []uint32, ids []string, out []int) bool {
 	pv, ok := p.kv.(PartialKVView)
-	if !ok {
-		return 0, false
-	}
-	start := time.Now()
-	var idBuf [64]string
-	var outBuf [64]int
-	ids, out := idBuf[:0], outBuf[:0]
-	for i := range av {
-		ids = append(ids, av[i].w.ID)
-		out = append(out, 0)
-	}
-	if pv.MatchEach(req.Model, toks, ids, out) == 0 {
-		return 0, false
-	}
-	tree := map[string]int{} // characters of the routing text the tree places on each unanswered worker
+	return ok && pv.MatchEach(model, toks, ids, out) > 0
+}
+
+// treeFill gives each candidate the events could not answer for (out[i] < 0) its Ĉ from the
+// prefix tree: what this replica sent it, as its answers corrected it, with F of what follows
+// a wholly held routing text. Every candidate's Prompt is set. It leaves out[i] at 0 for those,
+// for the placement key.
+func (p *Cost) treeFill(av []costCand, req *Request, out []int) {
+	tree := map[string]int{} // characters of the routing text the tree places on each worker
 	total := 0
 	if req.Text != "" {
 		_, total = p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
 			tree[tenant] = chars
 		}, func(*radix.Match) string { return "" })
 	}
-	prompt := float64(len(toks))
-	rest := 0.0
-	if !req.Chat {
-		rest = max(float64(req.PromptBytes-len(req.Text)), 0) / p.sc.cfg.BytesPerToken
-	}
 	for i := range av {
-		av[i].t.Prompt = prompt + rest
 		if out[i] >= 0 {
-			av[i].t.Cached = float64(out[i])
-			if out[i] >= len(toks) {
-				av[i].t.Cached += p.sc.cfg.FollowShare * rest
-			}
 			continue
 		}
+		out[i] = 0
 		chars := tree[av[i].w.ID]
 		c := min(float64(chars)/p.sc.cfg.BytesPerToken, av[i].t.Prompt)
 		if total > 0 && chars >= total {
@@ -76,10 +57,4 @@ func (p *Cost) eventsCachedEach(av []costCand, req *Request, toks []uint32) (uin
 		}
 		av[i].t.Cached = c
 	}
-	for i := range out {
-		out[i] = max(out[i], 0)
-	}
-	p.decideNS.Add(int64(time.Since(start)))
-	p.decided.Add(1)
-	return tokenPlacementKey(toks, out), true
 }
