@@ -76,6 +76,11 @@ type CostConfig struct {
 	// FollowFixed keeps F at FollowShare. Default false: F is learned from what the answers
 	// report cached past the routing text, with FollowShare as its prior (learn.go).
 	FollowFixed bool `yaml:"follow_fixed"`
+	// FollowRouteLearned prices Ĉ with the learned F. Default false: Ĉ counts FollowShare of
+	// what follows a wholly held routing text, as before, and only the prediction (the audit,
+	// the calibration) uses the learned F; measured in docs/routing.md §8.1, the learned F in the
+	// cost gives up hits an overloaded fleet needs.
+	FollowRouteLearned bool `yaml:"follow_route_learned"`
 	// RateDecay is how much a worker's measured μ (the peak of its backlog's falls) decays per
 	// measured poll interval, in [0,1]. Default 0.01 (an engine that slows to half is seen
 	// to within about 70 busy intervals).

@@ -345,8 +345,11 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 			c.Cached = c.Cached / p.sc.cfg.BytesPerToken
 			b.Routed = c.Cached
 			if full && c.Cached > 0 {
-				b.Follow, b.Class = f*rest, class
-				c.Cached += b.Follow
+				b.Follow, b.RouteFollow, b.Class = f*rest, f*rest, class
+				if !p.sc.cfg.FollowRouteLearned {
+					b.RouteFollow = p.sc.cfg.FollowShare * rest
+				}
+				c.Cached += b.RouteFollow
 			}
 			known = max(known, c.Cached)
 		}
@@ -417,8 +420,8 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 	if p.src != fromNothing && c.t.Prompt > 0 {
 		// The prediction audited against what the engine reports counts of the owner's credit
 		// only the share of it the answers showed held (learn.go).
-		held := c.credit * p.ownerShare()
-		d.Predicted, d.HasPrediction, d.WholePrompt = min(c.t.Cached-c.credit+held, c.t.Prompt)/c.t.Prompt, true, true
+		expected := c.t.Cached - c.credit + p.ownerHeld(c.credit) - c.basis.RouteFollow + c.basis.Follow
+		d.Predicted, d.HasPrediction, d.WholePrompt = min(max(expected, 0), c.t.Prompt)/c.t.Prompt, true, true
 		d.Basis, d.At = c.basis, p.sc.now()
 		d.Basis.Credit = c.credit
 	}

@@ -9,7 +9,8 @@ import (
 
 // TestLearnsTheFollowShareFromAnswers: the prompt runs far past the routing text, whose whole the
 // tree holds; the engines keep reporting only the routing text cached. The prediction starts at
-// the prior (everything past it cached) and learns what the answers say.
+// the prior (everything past it cached) and learns what the answers say; the cost keeps
+// pricing the prior.
 func TestLearnsTheFollowShareFromAnswers(t *testing.T) {
 	ws := cahWorkers(t, 4)
 	p := newCostPolicy(t, "cache_aware_hash", nil, cahLoads{})
@@ -34,6 +35,9 @@ func TestLearnsTheFollowShareFromAnswers(t *testing.T) {
 	}
 	if got := req.Decision.Predicted; math.Abs(got-want) > 0.05 {
 		t.Errorf("prediction after 300 answers %.3f, want %.3f ± 0.05", got, want)
+	}
+	if c := req.Decision.Chosen; c.Cached < c.Prompt {
+		t.Errorf("Ĉ %.0f of %.0f: the cost prices the prior F (1) unless FollowRouteLearned", c.Cached, c.Prompt)
 	}
 	own, shared := p.FollowShares()
 	if own > 0.05 || shared != 1 {
