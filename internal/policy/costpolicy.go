@@ -345,7 +345,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 			c.Cached = c.Cached / p.sc.cfg.BytesPerToken
 			b.Routed = c.Cached
 			if full && c.Cached > 0 {
-				b.Follow, b.RouteFollow, b.Class = f*rest, f*rest, class
+				b.Follow, b.RouteFollow, b.Class = p.expectedFollow(class, f)*rest, f*rest, class
 				if !p.sc.cfg.FollowRouteLearned {
 					b.RouteFollow = p.sc.cfg.FollowShare * rest
 				}

@@ -83,3 +83,25 @@ func TestLearnCorrectsTheTree(t *testing.T) {
 		t.Errorf("sizes %v → %v", before, after)
 	}
 }
+
+// TestFollowMedianOfBimodalTails: tails cached whole or not at all are predicted by the
+// weighted median (the least absolute error), not the mean, which no answer is near.
+func TestFollowMedianOfBimodalTails(t *testing.T) {
+	var f follower
+	for i := range 100 {
+		cached := 0.0
+		if i%5 < 3 {
+			cached = 1000 // 60 % of the tails wholly cached
+		}
+		f.add(followOwn, cached, 1000, 2000)
+	}
+	if m, ok := f.median(followOwn); !ok || m != 1 {
+		t.Errorf("median %v %v, want 1", m, ok)
+	}
+	if mean := f.share(followOwn, 1); math.Abs(mean-0.6) > 0.05 {
+		t.Errorf("mean share %.3f, want about 0.6", mean)
+	}
+	if _, ok := f.median(followShared); ok {
+		t.Error("a class without answers has a median")
+	}
+}
