@@ -51,7 +51,7 @@ func (p *Cost) treeFill(av []costCand, req *Request, out []int) {
 		}
 		out[i] = 0
 		chars := tree[av[i].w.ID]
-		c := min(float64(chars)/p.sc.cfg.BytesPerToken, av[i].t.Prompt)
+		c := min(p.sc.est.Tokens(int64(chars)), av[i].t.Prompt)
 		if total > 0 && chars >= total {
 			c += p.followShare(followOwn) * (av[i].t.Prompt - c) // F of what follows the routing text
 		}

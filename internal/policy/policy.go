@@ -32,6 +32,13 @@ type Request struct {
 	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
 	// policy how much prefill the request carries past it.
 	PromptBytes int
+	// Tried are the workers earlier attempts of this request went to: Choose leaves them out
+	// while another available candidate remains (FilterTried). Nil on a first attempt.
+	Tried []*worker.Worker
+	// Startable, when set, returns the candidates flow control judges can start the request now
+	// (all of them when every one can, or none can): Choose leaves the others out of a first
+	// attempt (FilterCannotStart). Nil without a queue.
+	Startable func(candidates []*worker.Worker) []*worker.Worker
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.
@@ -65,6 +72,9 @@ type Decision struct {
 	// learning from the answer (learn.go); zero for a policy that keeps no tree.
 	Basis Basis
 	At    time.Time
+	// Filtered counts the candidates each filter reason (Filter*, by index) left out of the
+	// decision.
+	Filtered [NumFilters]int32
 }
 
 // decide records d on req; req may be nil in tests that call Pick without a view.
@@ -152,7 +162,7 @@ var _ Loads = LocalLoads{}
 // decision record always describes the last pick.
 func Choose(ctx context.Context, p Policy, candidates []*worker.Worker, req *Request) *worker.Worker {
 	req.Decision = Decision{}
-	w := p.Pick(ctx, candidates, req)
+	w := p.Pick(ctx, filterRequest(candidates, req), req)
 	if w != nil {
 		req.Decision.Worker = w.ID
 	}
