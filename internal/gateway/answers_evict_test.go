@@ -13,7 +13,6 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
-	"github.com/kvgate/kvgate/internal/worker"
 )
 
 // TestAnEvictionShownByAnAnswerCorrectsTheTree: a `kvgate sim` engine with a small cache was
@@ -26,26 +25,11 @@ func TestAnEvictionShownByAnAnswerCorrectsTheTree(t *testing.T) {
 	t.Cleanup(eng.Close)
 	es := httptest.NewServer(eng)
 	t.Cleanup(es.Close)
-	pc := policy.DefaultConfig()
-	pc.NoBackground = true
-	router, err := policy.NewRouter("cache_aware_hash", pc)
-	if err != nil {
+	g, _ := newAuditGateway(t, Config{AuditHeaders: true}, "cache_aware_hash", policy.DefaultConfig(), 0)
+	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: es.URL}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { router.Close() })
-	cfg := Config{AuditHeaders: true}
-	bearer := auditClient(&cfg)
-	s := New(cfg, worker.NewRegistry(), router, nil)
-	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: es.URL}); err != nil {
-		t.Fatal(err)
-	}
-	g := &testGateway{Server: s, done: make(chan string, 64), bearer: bearer}
-	h := s.Handler()
-	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() { g.done <- r.URL.Path }()
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(g.srv.Close)
+	bearer := g.bearer
 
 	complete := func(url, prompt string, hdr ...string) (predicted float64, cached, tokens int) {
 		t.Helper()
