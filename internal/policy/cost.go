@@ -260,13 +260,15 @@ type report struct {
 	polled                                           time.Time
 	uncachedTokens, waiting, running, inflightAtPoll int64
 	gen, usage, replicas                             float64
-	tokenData, hasUncached                           bool
+	// rate is the engine's prefill rate read from its counters (Report.PrefillRate), 0 unknown.
+	rate                   float64
+	tokenData, hasUncached bool
 }
 
 func reportOf(r *loadmon.Report) report {
 	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
 		inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
-		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens, rate: r.PrefillRate}
 }
 
 // costCand is one candidate during a decision.

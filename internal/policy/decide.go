@@ -300,6 +300,9 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	}
 	if r.polled.After(st.est.Polled()) {
 		st.est.Observe(r.polled, q, r.running, r.waiting, &s.est)
+		if r.rate > 0 {
+			st.est.ObserveRate(r.rate, &s.est) // the engine's own counters (loadmon/prefillrate.go)
+		}
 	}
 	t.Rate = st.est.Rate(&s.est)
 	if st.est.Follows(r.polled) {

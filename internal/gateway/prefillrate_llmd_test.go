@@ -1,0 +1,84 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/testutil"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// TestPrefillRateFromLLMDSimCounters: llm-d-inference-sim (skipped where absent) prefills at
+// 1 ms a token and reports only vLLM's Prometheus metrics; after one round of load the gateway
+// reads its prefill rate from them within 20 % of 1,000 tokens/s, and the next decision's
+// x-kvgate-cost prices it (mu=…), not the 8,000 tokens/s default.
+func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
+	eng := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--mode", "random", "--seed", "7",
+		"--max-num-seqs", "8", "--max-model-len", "16384", "--latency-calculator", "per-token",
+		"--prefill-overhead", "5ms", "--prefill-time-per-token", "1ms", "--inter-token-latency", "1ms")
+	reg := worker.NewRegistry()
+	mon := loadmon.New(reg, loadmon.Config{Interval: time.Hour, Mode: loadmon.ModeScaled})
+	pc := policy.DefaultConfig()
+	pc.NoBackground, pc.Loads = true, mon
+	router, err := policy.NewRouter("cache_aware_hash", pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	cfg := Config{AuditHeaders: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	bearer := auditClient(&cfg)
+	s := New(cfg, reg, router, mon)
+	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: eng.URL}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	mon.PollOnce(context.Background())
+
+	post := func(i int) http.Header {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":%q}]}`,
+			fmt.Sprintf("prompt %d ", i)+strings.Repeat("some words to prefill ", 60))
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+bearer)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.Header
+	}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() { post(i) })
+	}
+	wg.Wait()
+	mon.PollOnce(context.Background())
+	r, ok := mon.Report(reg.View().All[0])
+	if !ok || r.PrefillRate < 800 || r.PrefillRate > 1200 {
+		t.Fatalf("prefill rate %.0f (report %v), want 1,000 ± 20 %%:\n%+v", r.PrefillRate, ok, r)
+	}
+	cost := post(99).Get(headerCost)
+	i := strings.Index(cost, "mu=")
+	if i < 0 {
+		t.Fatalf("x-kvgate-cost %q has no mu", cost)
+	}
+	f := strings.Fields(cost[i+3:])
+	mu, _ := strconv.ParseFloat(f[0], 64)
+	if mu < 800 || mu > 1200 {
+		t.Fatalf("the decision priced mu=%v (%q), want the engine's 1,000 ± 20 %%", mu, cost)
+	}
+}
