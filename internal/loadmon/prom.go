@@ -18,19 +18,19 @@ const (
 type promField uint8
 
 const (
-	fNone       promField = iota
-	fRunning              // vllm:num_requests_running, sglang num_running_reqs
-	fWaiting              // vllm:num_requests_waiting, sglang num_queue_reqs
-	fUsage                // vllm:kv_cache_usage_perc, sglang token_usage
-	fUsageOld             // vllm:gpu_cache_usage_perc (vLLM before kv_cache_usage_perc)
-	fHits                 // vllm:prefix_cache_hits_total
-	fQueries              // vllm:prefix_cache_queries_total
-	fThroughput           // sglang gen_throughput
-	fHitRate              // sglang cache_hit_rate
-	fUsedTokens           // sglang num_used_tokens
-	fGenTokens            // vllm:generation_tokens_total
-	fPromptTokens         // vllm:prompt_tokens_total
-	fPrefillSecs          // vllm:request_prefill_time_seconds_sum
+	fNone         promField = iota
+	fRunning                // vllm:num_requests_running, sglang num_running_reqs
+	fWaiting                // vllm:num_requests_waiting, sglang num_queue_reqs
+	fUsage                  // vllm:kv_cache_usage_perc, sglang token_usage
+	fUsageOld               // vllm:gpu_cache_usage_perc (vLLM before kv_cache_usage_perc)
+	fHits                   // vllm:prefix_cache_hits_total
+	fQueries                // vllm:prefix_cache_queries_total
+	fThroughput             // sglang gen_throughput
+	fHitRate                // sglang cache_hit_rate
+	fUsedTokens             // sglang num_used_tokens
+	fGenTokens              // vllm:generation_tokens_total
+	fPromptTokens           // vllm:prompt_tokens_total
+	fPrefillSecs            // vllm:request_prefill_time_seconds_sum
 	nPromFields
 )
 
