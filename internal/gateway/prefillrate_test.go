@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -80,5 +82,46 @@ func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 	mu, _ := strconv.ParseFloat(f[0], 64)
 	if mu < 800 || mu > 1200 {
 		t.Fatalf("the decision priced mu=%v (%q), want the engine's 1,000 ± 20 %%", mu, cost)
+	}
+}
+
+// TestPrefillRateFromSimVLLMCounters: `kvgate sim --flavor vllm` exports the same counters, so
+// the gateway reads its prefill rate from /metrics (which has no queued uncached tokens) within
+// 20 % of the engine's configured rate.
+func TestPrefillRateFromSimVLLMCounters(t *testing.T) {
+	const rate = 20000 // tokens/s
+	eng := sim.NewServer(sim.Config{Model: "m", Flavor: sim.FlavorVLLM, Engine: engine.Config{PrefillTPS: rate}})
+	t.Cleanup(eng.Close)
+	es := httptest.NewServer(eng)
+	t.Cleanup(es.Close)
+	reg := worker.NewRegistry()
+	mon := loadmon.New(reg, loadmon.Config{Interval: time.Hour, Mode: loadmon.ModeScaled})
+	pc := policy.DefaultConfig()
+	pc.NoBackground, pc.Loads = true, mon
+	router, err := policy.NewRouter("cache_aware_hash", pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg, router, mon)
+	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: es.URL, Runtime: "vllm"}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	mon.PollOnce(context.Background())
+	for i := range 3 {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":%q}`, fmt.Sprintf("prompt %d ", i)+strings.Repeat("x", 16000))
+		resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	mon.PollOnce(context.Background())
+	r, ok := mon.Report(reg.View().All[0])
+	if !ok || r.PrefillRate < 0.8*rate || r.PrefillRate > 1.2*rate {
+		t.Fatalf("prefill rate %.0f (report %v), want %d ± 20 %%:\n%+v", r.PrefillRate, ok, rate, r)
 	}
 }
