@@ -78,6 +78,7 @@ func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 	if i < 0 {
 		t.Fatalf("x-kvgate-cost %q has no mu", cost)
 	}
+	t.Logf("x-kvgate-cost: %s; report prefill_rate %.0f", cost, r.PrefillRate)
 	f := strings.Fields(cost[i+3:])
 	mu, _ := strconv.ParseFloat(f[0], 64)
 	if mu < 800 || mu > 1200 {
