@@ -129,21 +129,8 @@ func (c CostConfig) withDefaults() CostConfig {
 	if c == (CostConfig{}) {
 		return d
 	}
-	if c.PrefillRate == 0 {
-		c.PrefillRate = d.PrefillRate
-	}
-	if c.BytesPerToken == 0 {
-		c.BytesPerToken = d.BytesPerToken
-	}
-	if c.RateDecay == 0 {
-		c.RateDecay = d.RateDecay
-	}
-	if c.RateSamples == 0 {
-		c.RateSamples = d.RateSamples
-	}
-	if c.RateCap == 0 {
-		c.RateCap = d.RateCap
-	}
+	e := c.Estimate() // the engine estimate's constants take its defaults
+	c.PrefillRate, c.BytesPerToken, c.RateDecay, c.RateSamples, c.RateCap = e.PrefillRate, e.BytesPerToken, e.RateDecay, e.RateSamples, e.RateCap
 	if c.MinDecodeRate == 0 {
 		c.MinDecodeRate = d.MinDecodeRate
 	}
@@ -159,23 +146,16 @@ func (c CostConfig) withDefaults() CostConfig {
 // validate reports the first invalid cost constant. Each bound keeps a hostile or mistyped value
 // from making the cost meaningless (a zero or negative rate, a negative ε).
 func (c CostConfig) validate() error {
+	if err := c.Estimate().Validate(); err != nil {
+		return err // prefill_rate, bytes_per_token, rate_decay, rate_samples, rate_cap
+	}
 	switch {
-	case !(c.PrefillRate >= 0) || c.PrefillRate > 1e9:
-		return errors.New("prefill_rate must be in [0, 1e9] tokens/s")
-	case !(c.BytesPerToken >= 0) || c.BytesPerToken > 64:
-		return errors.New("bytes_per_token must be in [0, 64]")
 	case !(c.TieSeconds >= 0) || c.TieSeconds > 60:
 		return errors.New("tie_seconds must be in [0, 60]")
 	case !(c.TieShare >= 0) || c.TieShare > 1:
 		return errors.New("tie_share must be in [0, 1]")
 	case !(c.FollowShare >= 0) || c.FollowShare > 1:
 		return errors.New("follow_share must be in [0, 1]")
-	case !(c.RateDecay >= 0) || c.RateDecay > 1:
-		return errors.New("rate_decay must be in [0, 1]")
-	case c.RateSamples < 0 || c.RateSamples > 1000:
-		return errors.New("rate_samples must be in [0, 1000]")
-	case c.RateCap != 0 && !(c.RateCap >= 1) || c.RateCap > 1e6:
-		return errors.New("rate_cap must be in [1, 1e6]")
 	case !(c.DelayShare >= 0) || c.DelayShare > 10:
 		return errors.New("delay_share must be in [0, 10]")
 	case !(c.MaxTokenUsage >= 0) || c.MaxTokenUsage > 1:
