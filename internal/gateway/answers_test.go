@@ -18,6 +18,25 @@ import (
 	"github.com/kvgate/kvgate/internal/testutil"
 )
 
+// streamWithoutUsage streams params through c with the official SDK and fails t if any chunk
+// has no choices[0] or carries usage (the client did not ask for it), or if the stream failed or
+// was empty; engine is what to show when it did.
+func streamWithoutUsage(t *testing.T, c openai.Client, params openai.ChatCompletionNewParams, engine string) {
+	t.Helper()
+	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
+	chunks := 0
+	for stream.Next() {
+		ch := stream.Current()
+		chunks++
+		if len(ch.Choices) == 0 || ch.Usage.PromptTokens != 0 {
+			t.Errorf("chunk %d: %d choices, usage %+v: the client did not ask for usage", chunks, len(ch.Choices), ch.Usage)
+		}
+	}
+	if err := stream.Err(); err != nil || chunks == 0 {
+		t.Fatalf("SDK stream: %d chunks, err %v\n%s", chunks, err, engine)
+	}
+}
+
 // calibrated returns kvgate_prefix_prediction_bias's series: worker → value.
 func calibrated(t *testing.T, s *Server) map[string]float64 {
 	t.Helper()
@@ -53,18 +72,7 @@ func TestStreamsAreAskedForUsageTheClientDoesNotSee(t *testing.T) {
 		Model:    "m",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(question)},
 	}
-	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
-	chunks := 0
-	for stream.Next() {
-		ch := stream.Current()
-		chunks++
-		if len(ch.Choices) == 0 || ch.Usage.PromptTokens != 0 {
-			t.Errorf("chunk %d: %d choices, usage %+v: the client did not ask for usage", chunks, len(ch.Choices), ch.Usage)
-		}
-	}
-	if err := stream.Err(); err != nil || chunks == 0 {
-		t.Fatalf("SDK stream: %d chunks, err %v", chunks, err)
-	}
+	streamWithoutUsage(t, c, params, "")
 	g.waitDone(t, 1)
 
 	// A plain reader: every data line but [DONE] has a choices[0].
@@ -100,7 +108,7 @@ func TestStreamsAreAskedForUsageTheClientDoesNotSee(t *testing.T) {
 
 	// A client that asks for usage gets its usage chunk.
 	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-	stream = c.Chat.Completions.NewStreaming(context.Background(), params)
+	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
 	var usage openai.CompletionUsage
 	for stream.Next() {
 		if ch := stream.Current(); ch.Usage.PromptTokens > 0 {
