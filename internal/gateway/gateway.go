@@ -42,8 +42,10 @@ type Config struct {
 	// Limits bounds what one client request may cost.
 	Limits Limits
 	// MaxPayloadSize is the largest request body in bytes, after decompression (413 above).
-	// Default 256 MiB.
+	// Default DefaultMaxPayloadSize (32 MiB).
 	MaxPayloadSize int64
+	// BodyBudget bounds the request bodies held in memory, all together (bodybudget.go).
+	BodyBudget BodyBudget
 	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192.
 	RoutingPrefixBytes int
 	// Tracer, when set, traces every request (OpenTelemetry): a span per request, per routing
@@ -86,6 +88,12 @@ type Config struct {
 	// Flow is flow control: the per-model queue, priorities, tenants and their limits
 	// (flow.go); the zero value is off, and requests go to a worker on arrival.
 	Flow FlowConfig
+	// LoRA configures loading adapters on demand (loraload.go); the zero value is off.
+	LoRA LoRAConfig
+	// PDProtocol is the prefill/decode protocol of disaggregated pools whose prefill worker has
+	// no pd_protocol label: PDSGLang, PDVLLM, or PDAuto ("" too: by the prefill worker's
+	// runtime). See disagg_vllm.go.
+	PDProtocol string
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -93,7 +101,7 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		MaxPayloadSize:     256 << 20,
+		MaxPayloadSize:     DefaultMaxPayloadSize,
 		RoutingPrefixBytes: 8192,
 		ProbeTimeout:       5 * time.Second,
 		RegisterRetry:      500 * time.Millisecond,
@@ -116,7 +124,9 @@ type Server struct {
 	metrics *Metrics
 	log     *slog.Logger
 	loads   LoadSource
-	client  *http.Client
+	// loraLoads bounds and deduplicates the adapter loads on demand (loraload.go).
+	loraLoads *loraLoader
+	client    *http.Client
 	// silentWorkers are the workers whose answers report no cached tokens (answers.go).
 	silentWorkers silentWorkers
 
@@ -191,6 +201,8 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	s.audit, _ = newAuditAccess(&cfg, s.adminKeys) // validated above
 	s.auditIDs = newAuditIDs(cfg.AuditIDKey)
 	s.metrics = newMetrics(reg, router, loads)
+	s.bodies.memory = newBodyBudget(cfg.BodyBudget)
+	s.metrics.hostile.watchBodies(s.metrics.reg, s.bodies.memory)
 	s.flow, s.flowOn = newFlowGate(s, cfg.Flow, cfg.APIKeys), cfg.Flow.Enabled
 	s.flow.metrics.register(s.metrics.reg, s.flow)
 	cfg.Proxy.Observer = s.metrics
@@ -205,6 +217,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
+	s.loraLoads = newLoraLoader(cfg.LoRA)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout, CheckRedirect: worker.CheckRedirect}
 	router.OnChange(s.policyChanged)
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events

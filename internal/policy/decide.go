@@ -91,7 +91,9 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	// tokenizer leaves the loads no staler), then the loads.
 	var toks []uint32
 	branch := -1
-	if p.src == fromEvents {
+	if p.src == fromEvents && req.Adapter == "" {
+		// An adapter's blocks are not matched by the events yet (costlora.go): its pool's tree
+		// places it, rather than the base model's blocks an engine's topic might not tell apart.
 		toks, branch = p.tokenize(ctx, candidates, req)
 	}
 	buf := getCands(len(candidates))
@@ -101,6 +103,7 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	if len(av) == 0 {
 		return nil
 	}
+	p.sc.adapterTerms(av, req.Adapter) // L, the adapter term (costlora.go)
 	// 3. Score (Ĉ from the first source that answers for every candidate) and 4. pick.
 	pick := func(key uint64) *worker.Worker { return p.finish(av, req, key, commit, branch) }
 	if toks != nil {
@@ -507,6 +510,7 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 		p.dec.add(counted)
 		p.countFiltered(&req.Decision)
 		p.sc.commit(c, c.t.Prompt-c.t.Cached)
+		p.sc.sentAdapter(c, req.Adapter)
 		if precise {
 			p.tree.Insert(req.Text, c.w.ID) // keep the fallback's tree as warm as the default's
 		}

@@ -32,6 +32,9 @@ type Request struct {
 	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
 	// policy how much prefill the request carries past it.
 	PromptBytes int
+	// Adapter is the LoRA adapter the request names as its model ("" the base model, or no
+	// worker lists the model with a parent): the cost's adapter term L prices it (costlora.go).
+	Adapter string
 	// Tried are the workers earlier attempts of this request went to: Choose leaves them out
 	// while another available candidate remains (FilterTried). Nil on a first attempt.
 	Tried []*worker.Worker

@@ -98,6 +98,7 @@ func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	s.syncLocked()
 	l := s.eng.Load()
+	lora := s.eng.Lora()
 	hist := s.ttft
 	hist.counts = append([]uint64(nil), s.ttft.counts...)
 	prefillSeconds, prefilled := s.prefillSeconds, s.prefilled
@@ -124,6 +125,9 @@ func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprintf(&sb, "# HELP %s Histogram of time spent in PREFILL phase for request.\n# TYPE %s histogram\n", name, name)
 			fmt.Fprintf(&sb, "%s_bucket{%s,le=\"+Inf\"} %d\n%s_sum{%s} %s\n%s_count{%s} %d\n",
 				name, labels, prefilled, name, labels, formatFloat(prefillSeconds), name, labels, prefilled)
+		}
+		if lora.MaxLoras > 0 || len(s.cfg.LoraModules) > 0 {
+			writeLoraMetric(&sb, lora, time.Now())
 		}
 	} else {
 		metric(p+"num_running_reqs", "gauge", "The number of running requests.", float64(l.Running))

@@ -34,6 +34,10 @@ type request struct {
 	includeUsage bool
 	// n is the number of choices asked for (chat and completions); 0 means 1.
 	n int
+	// adapter is the LoRA adapter the model names ("" the base model; lora.go).
+	adapter string
+	// kv is the request's kv_transfer_params (pd.go); nil when it has none.
+	kv *kvTransfer
 	// responses is a Responses API turn's own state (responses.go); nil for the other routes.
 	responses *responsesTurn
 }
@@ -56,6 +60,7 @@ type chatBody struct {
 	Stream              bool            `json:"stream"`
 	N                   *int            `json:"n"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
+	KVTransfer          *kvTransfer     `json:"kv_transfer_params"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Text                *string         `json:"text"`
 	InputIDs            []int64         `json:"input_ids"`
@@ -83,7 +88,7 @@ func parseRequest(kind apiKind, body []byte) (request, error) {
 	if dec.More() {
 		return request{}, badRequest("malformed JSON body: trailing data")
 	}
-	r := request{model: b.Model, stream: b.Stream}
+	r := request{model: b.Model, stream: b.Stream, kv: b.KVTransfer}
 	if b.StreamOptions != nil {
 		r.includeUsage = b.StreamOptions.IncludeUsage
 	}

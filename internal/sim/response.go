@@ -38,6 +38,8 @@ type writer struct {
 	created int64
 	started bool
 	text    []byte // generate streams cumulative text
+	// extra are members added to a whole answer (a prefill's kv_transfer_params, pd.go).
+	extra map[string]any
 }
 
 func newWriter(w http.ResponseWriter, kind apiKind, model string, ids []uint64, req request) *writer {
@@ -153,6 +155,14 @@ func (o *writer) ended(i, completion int) {
 	}
 }
 
+// withExtra adds o.extra's members (a prefill's kv_transfer_params, pd.go) to a whole answer.
+func (o *writer) withExtra(body map[string]any) map[string]any {
+	for k, v := range o.extra {
+		body[k] = v
+	}
+	return body
+}
+
 // finish writes the end of the answer: the usage chunk and [DONE] when streaming, the whole body
 // with every choice otherwise.
 func (o *writer) finish(u usage) {
@@ -189,15 +199,15 @@ func (o *writer) finish(u usage) {
 	}
 	switch o.kind {
 	case chatAPI:
-		writeJSON(o.w, map[string]any{
+		writeJSON(o.w, o.withExtra(map[string]any{
 			"id": o.objectID(), "object": "chat.completion", "created": o.created, "model": o.model,
 			"choices": choices, "usage": u,
-		})
+		}))
 	case completionAPI:
-		writeJSON(o.w, map[string]any{
+		writeJSON(o.w, o.withExtra(map[string]any{
 			"id": o.objectID(), "object": "text_completion", "created": o.created, "model": o.model,
 			"choices": choices, "usage": u,
-		})
+		}))
 	default:
 		writeJSON(o.w, o.generateBody(generatedText(o.id, 0, u.CompletionTokens), u.CompletionTokens, u, true))
 	}

@@ -25,6 +25,8 @@ type Server struct {
 	faults atomic.Pointer[faultState]
 	// convs are the Responses API responses this server gave, for follow-up turns.
 	convs conversations
+	// loras are the LoRA adapters served (lora.go).
+	loras adapters
 
 	// mu guards the engine and everything the driver shares with the handlers.
 	mu      sync.Mutex
@@ -100,6 +102,9 @@ func NewServer(cfg Config) *Server {
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+	}
+	for _, m := range cfg.LoraModules {
+		_ = s.loras.add(m) // validated, and unique by Validate's caller (ParseLoraModules)
 	}
 	s.SetFaults(cfg.Faults)
 	s.routes()
@@ -213,8 +218,9 @@ func (s *Server) drive() {
 func (s *Server) submit(r request, maxTokens int, notify chan struct{}) (uint64, *waiter, error) {
 	id := s.nextID.Add(1)
 	w := &waiter{notify: notify}
+	text, toks, _ := r.enginePrompt(s.blockSize())
 	s.mu.Lock()
-	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: r.tokens, Text: r.prompt, MaxTokens: maxTokens})
+	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: toks, Text: text, MaxTokens: maxTokens, Adapter: r.adapter})
 	if err == nil {
 		s.waiters[id] = w
 	}
