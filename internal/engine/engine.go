@@ -126,6 +126,9 @@ type Request struct {
 	// blocks are the adapter's own, and with Config.MaxLoras set it needs an adapter slot
 	// (lora.go).
 	Adapter string
+	// Salt is the prompt's cache salt (vLLM's cache_salt), "" for none: mixed into every block's
+	// key (salt.go), so that prompts of different salts share no cached block.
+	Salt string
 }
 
 // Errors returned by Submit.
@@ -162,6 +165,7 @@ type req struct {
 	cached    int
 	pinned    []blockID
 	toks      []uint32 // the prompt's tokens, kept only while a CacheObserver is set
+	salt      string   // the prompt's cache salt, "" for none
 	priv      int      // private blocks held
 	uncached  int      // this request's share of Load().WaitingUncachedTokens while waiting
 
@@ -279,6 +283,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		keys = blockKeysText(keys, r.Text, bs)
 	}
 	loraKeys(keys, r.Adapter)
+	saltKeys(keys, r.Salt)
 	toks := q.toks[:0]
 	if e.cache.obs != nil {
 		if r.Tokens != nil {
@@ -289,7 +294,7 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	}
 	*q = req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
 		pinned: q.pinned[:0], toks: toks, slot: -1,
-		adapter: r.Adapter, loraSlot: -1}
+		adapter: r.Adapter, loraSlot: -1, salt: r.Salt}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()

@@ -24,7 +24,8 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	if s.pdProtocol(pool) == PDVLLM {
 		return s.serveNIXL(w, r, path, body, p, pool)
 	}
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, p), PromptBytes: len(body)}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, PromptBytes: len(body), Salt: p.Salt, Salted: p.Salted}
+	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	ppol, err1 := s.router.For(pool.Model, worker.Prefill)
 	dpol, err2 := s.router.For(pool.Model, worker.Decode)
 	if err1 != nil || err2 != nil {

@@ -94,6 +94,9 @@ type Config struct {
 	// no pd_protocol label: PDSGLang, PDVLLM, or PDAuto ("" too: by the prefill worker's
 	// runtime). See disagg_vllm.go.
 	PDProtocol string
+	// SessionHeaders are the request headers, after X-Kvgate-Routing-Key, whose value is a
+	// request's session and affinity key (session.go, sessionKeys). Empty: DefaultSessionHeaders.
+	SessionHeaders []string
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -151,6 +154,8 @@ type Server struct {
 	warm *warmer
 	// responses remembers which worker answered each response id.
 	responses *responseAffinity
+	// sessionHeaders are Config.SessionHeaders, defaulted.
+	sessionHeaders []string
 	// audit says which requests get the audit headers; auditIDs makes their worker ids opaque.
 	audit    auditAccess
 	auditIDs auditIDs
@@ -186,6 +191,9 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 		panic("gateway: " + err.Error())
 	}
 	allowed, _ := parseHostRules(cfg.AllowedWorkerHosts)
+	if len(cfg.SessionHeaders) == 0 {
+		cfg.SessionHeaders = DefaultSessionHeaders
+	}
 	d := DefaultConfig()
 	cfg.MaxPayloadSize = cmp.Or(max(cfg.MaxPayloadSize, 0), d.MaxPayloadSize)
 	cfg.RoutingPrefixBytes = cmp.Or(max(cfg.RoutingPrefixBytes, 0), d.RoutingPrefixBytes)
@@ -194,7 +202,8 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger,
 		apiKeys: newKeySet(apiKeySecrets(cfg.APIKeys)...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
-		hopID: newHopID(), probing: map[string]bool{}, responses: newResponseAffinity(cfg.Responses, time.Now)}
+		hopID: newHopID(), probing: map[string]bool{}, responses: newResponseAffinity(cfg.Responses, time.Now),
+		sessionHeaders: cfg.SessionHeaders}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -267,14 +276,4 @@ func printable(s string) bool {
 		}
 	}
 	return true
-}
-
-// routingKey is the session identity for consistent hashing.
-func routingKey(h http.Header) string {
-	for _, k := range []string{"X-Kvgate-Routing-Key", "X-Session-Id", "X-User-Id"} {
-		if v := h.Get(k); v != "" {
-			return v
-		}
-	}
-	return ""
 }

@@ -165,6 +165,9 @@ func (x *Index) apply(h *holder, e *Event) {
 	switch e.Kind {
 	case BlockStored:
 		key := seedFor(e.LoRA, e.HasLoRA)
+		if e.Salted {
+			key = saltSeed(key, e.Salt)
+		}
 		if e.HasParent {
 			k, ok := h.blocks[e.Parent]
 			if !ok {
@@ -402,7 +405,7 @@ func (x *Index) holdersOf(dst []*holder, model, worker string, now time.Time) (_
 // walk of the prompt per size), so that one stream's odd block size — an engine configured
 // differently, or a malformed stream — changes nothing for the others. now is the current time.
 func (x *Index) Match(model string, toks []uint32, workers []string, out []int, now time.Time) bool {
-	return x.match(model, toks, workers, out, now, false) == len(workers)
+	return x.match(model, keySeed, toks, workers, out, now, false) == len(workers)
 }
 
 // CoversAny reports whether MatchEach can answer for at least one of workers now.
@@ -421,11 +424,19 @@ func (x *Index) CoversAny(model string, workers []string, now time.Time) bool {
 // answer for (no event stream yet, or one being resynchronized), and the others are matched as
 // Match does. It returns how many workers it answered for.
 func (x *Index) MatchEach(model string, toks []uint32, workers []string, out []int, now time.Time) int {
-	return x.match(model, toks, workers, out, now, true)
+	return x.match(model, keySeed, toks, workers, out, now, true)
 }
 
-// match is Match (each false: stop at the first worker it cannot answer for) and MatchEach.
-func (x *Index) match(model string, toks []uint32, workers []string, out []int, now time.Time, each bool) int {
+// MatchSalted is Match for a prompt with a cache salt of digest salt (SaltDigest): it meets only
+// the blocks stored under that salt.
+func (x *Index) MatchSalted(model string, salt uint64, toks []uint32, workers []string, out []int, now time.Time) bool {
+	return x.match(model, saltSeed(keySeed, salt), toks, workers, out, now, false) == len(workers)
+}
+
+// match is Match, MatchSalted (seed: the blocks' key seed) and MatchEach. It returns how many
+// workers it answered for; each false stops at the first it cannot answer
+// for (Match), each true marks that one −1 and goes on (MatchEach).
+func (x *Index) match(model string, seed uint64, toks []uint32, workers []string, out []int, now time.Time, each bool) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	var hbuf [16]*holder
@@ -458,14 +469,14 @@ func (x *Index) match(model string, toks []uint32, workers []string, out []int, 
 		alive = make([]bool, 0, len(hs))
 	}
 	for _, bs := range sizes {
-		x.walk(bs, toks, hs, owner, out, alive)
+		x.walk(bs, seed, toks, hs, owner, out, alive)
 	}
 	return answered
 }
 
 // walk extends out with the blocks of bs tokens that the holders of that block size hold from
 // the start of toks. Callers hold mu.
-func (x *Index) walk(bs int, toks []uint32, hs []*holder, owner, out []int, alive []bool) {
+func (x *Index) walk(bs int, seed uint64, toks []uint32, hs []*holder, owner, out []int, alive []bool) {
 	alive = alive[:0]
 	left := 0
 	for _, h := range hs {
@@ -474,7 +485,7 @@ func (x *Index) walk(bs int, toks []uint32, hs []*holder, owner, out []int, aliv
 			left++
 		}
 	}
-	key := uint64(keySeed)
+	key := seed
 	for b := 0; (b+1)*bs <= len(toks) && left > 0; b++ {
 		key = chainBlock(key, toks[b*bs:(b+1)*bs])
 		slots := x.byKey[key]

@@ -223,3 +223,8 @@ func (v *View) CoversAny(model string, workers []string) bool {
 func (v *View) MatchEach(model string, toks []uint32, workers []string, out []int) int {
 	return v.Service.idx.MatchEach(model, toks, workers, out, v.now())
 }
+
+// MatchSalted is Index.MatchSalted at the current time (policy.SaltedMatcher).
+func (v *View) MatchSalted(model string, salt uint64, toks []uint32, workers []string, out []int) bool {
+	return v.Service.idx.MatchSalted(model, salt, toks, workers, out, v.now())
+}

@@ -154,10 +154,13 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 			}
 		}
 	}
-	if via == nil || !p.covers(req.Model, ids) { // partialkv.go: some engines may not have published
+	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
 		return nil, coNoEvents
 	}
-	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.Text)
+	if via == nil || !p.covers(req.Model, ids, req.Salted) { // partialkv.go: some engines may not have published
+		return nil, coNoEvents
+	}
+	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())
 	if err != nil || len(toks) == 0 {
 		return nil, coTokenizer
 	}
@@ -360,8 +363,9 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 		out = append(out, 0)
 	}
 	partial := false
-	if !p.kv.Match(req.Model, toks, ids, out) {
-		if partial = p.matchEach(req.Model, toks, ids, out); !partial { // partialkv.go
+	if !p.matchEvents(req, toks, ids, out) {
+		// Salted prompts match only whole-fleet answers: the per-worker path meets unsalted blocks.
+		if partial = !req.Salted && p.matchEach(req.Model, toks, ids, out); !partial { // partialkv.go
 			return nil, false
 		}
 	}
@@ -386,7 +390,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 	}
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)
-	return pick(tokenPlacementKey(toks, out)), true
+	return pick(affinityKey(req, tokenPlacementKey(toks, out))), true
 }
 
 // treeCached is cache_aware_hash's source (and precise_prefix's fallback): Ĉ from this replica's
@@ -401,7 +405,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 	var chosen *worker.Worker
 	p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
 		if i := idx.get(av, tenant); i >= 0 {
-			av[i].t.Cached = float64(chars)
+			av[i].t.Cached = float64(req.promptChars(chars))
 		}
 	}, func(m *radix.Match) string {
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
@@ -412,7 +416,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 		f := p.followShare(class) // F, learned from the answers (learn.go)
 		for i := range av {
 			c := &av[i].t
-			full := int(c.Cached) >= m.Total
+			full := int(c.Cached) >= req.promptChars(m.Total)
 			b := &av[i].basis
 			*b = Basis{RoutedChars: int(c.Cached), Rest: rest}
 			c.Cached = p.sc.est.Tokens(int64(c.Cached))
@@ -427,7 +431,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 			}
 			known = max(known, c.Cached)
 		}
-		key := hashString(placementKey(req.Text, m.Shared))
+		key := affinityKey(req, hashString(placementKey(req.Text, m.Shared)))
 		p.creditOwner(av, key, known)
 		chosen = pick(key)
 		if !commit {

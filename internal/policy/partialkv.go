@@ -17,13 +17,13 @@ type PartialKVView interface {
 }
 
 // covers reports whether the events can answer for the workers ids: for all of them, or, with
-// a PartialKVView, for some.
-func (p *Cost) covers(model string, ids []string) bool {
+// a PartialKVView and a prompt without a cache salt, for some.
+func (p *Cost) covers(model string, ids []string, salted bool) bool {
 	if p.kv.Covers(model, ids) {
 		return true
 	}
 	pv, ok := p.kv.(PartialKVView)
-	return ok && pv.CoversAny(model, ids)
+	return ok && !salted && pv.CoversAny(model, ids)
 }
 
 // matchEach is PartialKVView.MatchEach when the view is one: ok when it answered for some of

@@ -187,6 +187,8 @@ type Picker func(tried []*worker.Worker) *worker.Worker
 
 // Request is one client request to forward.
 type Request struct {
+	// Method is the upstream request's method; "" is POST, every inference route's.
+	Method string
 	// Path is the upstream path with the client's query, e.g. "/v1/chat/completions?x=1".
 	Path string
 	// Header is the client's header; hop-by-hop fields are not forwarded.
@@ -433,6 +435,9 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		a.setFailure(KindTransport, worker.Abandoned)
 		a.end()
 		return nil, false
+	}
+	if req.Method != "" {
+		u.Method = req.Method
 	}
 	u.Close = !reuse
 	copyRequestHeader(u.Header, req.Header)

@@ -20,6 +20,8 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/completions", s.inference(completionAPI))
 	m.HandleFunc("POST /generate", s.inference(generateAPI))
 	m.HandleFunc("POST /v1/responses", s.handleResponses)
+	s.storedRoutes(m)
+	s.messagesRoutes(m)
 	m.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
 	m.HandleFunc("GET /v1/models", s.handleModels)
 	m.HandleFunc("GET /health", s.handleHealth)

@@ -16,6 +16,7 @@ const (
 	completionAPI
 	generateAPI
 	responsesAPI
+	messagesAPI
 )
 
 // request is what the simulator needs from an inference request body.
@@ -40,6 +41,10 @@ type request struct {
 	kv *kvTransfer
 	// responses is a Responses API turn's own state (responses.go); nil for the other routes.
 	responses *responsesTurn
+	// salt is the body's cache_salt ("" for none): the engine keys the prompt's blocks by it.
+	salt string
+	// messages is a Messages API request's own state (messages.go); nil for the other routes.
+	messages *messagesTurn
 }
 
 // maxChoices bounds n, as OpenAI's API does (128).
@@ -64,6 +69,7 @@ type chatBody struct {
 	Prompt              json.RawMessage `json:"prompt"`
 	Text                *string         `json:"text"`
 	InputIDs            []int64         `json:"input_ids"`
+	CacheSalt           *string         `json:"cache_salt"`
 	SamplingParams      *struct {
 		MaxNewTokens *int `json:"max_new_tokens"`
 	} `json:"sampling_params"`
@@ -89,6 +95,9 @@ func parseRequest(kind apiKind, body []byte) (request, error) {
 		return request{}, badRequest("malformed JSON body: trailing data")
 	}
 	r := request{model: b.Model, stream: b.Stream, kv: b.KVTransfer}
+	if b.CacheSalt != nil {
+		r.salt = *b.CacheSalt
+	}
 	if b.StreamOptions != nil {
 		r.includeUsage = b.StreamOptions.IncludeUsage
 	}

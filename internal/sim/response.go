@@ -109,8 +109,11 @@ func (o *writer) chunk(c choiceDelta) chunk {
 
 // tokens streams output tokens [from, to) of choice i.
 func (o *writer) tokens(i, from, to int) error {
-	if o.kind == responsesAPI {
+	switch o.kind {
+	case responsesAPI:
 		return o.responsesTokens(from, to)
+	case messagesAPI:
+		return o.messagesTokens(from, to)
 	}
 	text := generatedText(o.ids[i], from, to)
 	switch o.kind {
@@ -142,7 +145,7 @@ func (o *writer) generateBody(text string, completion int, u usage, done bool) m
 // its final chunk (generate's final body comes with finish).
 func (o *writer) ended(i, completion int) {
 	o.lengths[i] = completion
-	if !o.req.stream || o.kind == responsesAPI {
+	if !o.req.stream || o.kind == responsesAPI || o.kind == messagesAPI {
 		return
 	}
 	length := "length"
@@ -167,8 +170,12 @@ func (o *writer) withExtra(body map[string]any) map[string]any {
 // with every choice otherwise.
 func (o *writer) finish(u usage) {
 	u = u.filled()
-	if o.kind == responsesAPI {
+	switch o.kind {
+	case responsesAPI:
 		o.responsesFinish(u)
+		return
+	case messagesAPI:
+		o.messagesFinish(u)
 		return
 	}
 	length := "length"

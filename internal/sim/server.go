@@ -42,6 +42,8 @@ type Server struct {
 	// pub publishes the engine's KV-cache events, batch gathering them; nil when off.
 	pub   *kvevents.Publisher
 	batch kvevents.Batch
+	// storedSalt is the salt of the prompt whose first block is stored next (events.go).
+	storedSalt string
 
 	wake      chan struct{} // work arrived: the driver recomputes its next wake-up
 	stop      chan struct{} // closed by Close
@@ -220,7 +222,7 @@ func (s *Server) submit(r request, maxTokens int, notify chan struct{}) (uint64,
 	w := &waiter{notify: notify}
 	text, toks, _ := r.enginePrompt(s.blockSize())
 	s.mu.Lock()
-	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: toks, Text: text, MaxTokens: maxTokens, Adapter: r.adapter})
+	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: toks, Text: text, MaxTokens: maxTokens, Adapter: r.adapter, Salt: r.salt})
 	if err == nil {
 		s.waiters[id] = w
 	}
