@@ -315,9 +315,12 @@ func (a *auditWriter) promptShare() float64 {
 // flight, sized for a stream's two windows.
 var auditBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2*auditTailMax); return &b }}
 
-// finish observes the prediction of a request relayed whole (ok) and recycles the buffer.
+// finish observes the prediction of a request relayed whole (ok), or of a stream the worker
+// finished, and recycles the buffer.
 func (a *auditWriter) finish(m *Metrics, model string, ok bool) {
-	if ok {
+	// A stream whose worker sent its end ([DONE]) was answered whole even when the client hung up
+	// before the relay finished (SDKs close the body at [DONE]): its usage is as good to learn from.
+	if ok || a.sse && a.status == http.StatusOK && bytes.Contains(a.keep, []byte("data: [DONE]")) {
 		a.observe(m, model)
 	}
 	if a.keep != nil && cap(a.keep) <= 4*auditTailMax {
