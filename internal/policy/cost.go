@@ -134,14 +134,15 @@ func (c CostConfig) withDefaults() CostConfig {
 	}
 	e := c.Estimate() // the engine estimate's constants take its defaults
 	c.PrefillRate, c.BytesPerToken, c.RateDecay, c.RateSamples, c.RateCap = e.PrefillRate, e.BytesPerToken, e.RateDecay, e.RateSamples, e.RateCap
-	if c.MinDecodeRate == 0 {
-		c.MinDecodeRate = d.MinDecodeRate
-	}
-	if c.MeanWindow == 0 {
-		c.MeanWindow = d.MeanWindow
-	}
-	if c.MaxTokenUsage == 0 {
-		c.MaxTokenUsage = d.MaxTokenUsage
+	for _, f := range [...]struct {
+		v *float64
+		d float64
+	}{
+		{&c.MinDecodeRate, d.MinDecodeRate}, {&c.MeanWindow, d.MeanWindow}, {&c.MaxTokenUsage, d.MaxTokenUsage},
+	} {
+		if *f.v == 0 {
+			*f.v = f.d
+		}
 	}
 	c.LoRA = c.LoRA.withDefaults()
 	return c
