@@ -159,9 +159,12 @@ type Terms struct {
 	Worker string
 	// Queued is Q, the reported queued uncached prefill, in tokens.
 	Queued float64
-	// Sent is S, the uncached prefill this replica sent since the report (scaled by the
-	// replica estimate), in tokens.
+	// Sent is S, the uncached prefill sent since the report, in tokens: this replica's scaled
+	// by the replica estimate, or, with the replica sync plane active, this replica's plus what
+	// its peers sent (PeerSent of it).
 	Sent float64
+	// PeerSent is the part of Sent that peers sent (replica sync), in tokens; 0 without sync.
+	PeerSent float64
 	// Prompt is P, the prompt, in tokens.
 	Prompt float64
 	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens.
@@ -233,7 +236,10 @@ type costCand struct {
 	// credit is the part of t.Cached that is the rendezvous owner's credit
 	// (Cost.creditOwner), not a prediction of the tree or the events.
 	credit float64
-	t      Terms
+	// peerTok and peerReq are what the peers sent w since its report (Peers.SentSince), when
+	// the sync plane is active; r.replicas is then 1.
+	peerTok, peerReq float64
+	t                Terms
 }
 
 // workerCost is what a replica remembers of one worker between decisions.
@@ -255,6 +261,8 @@ type scorer struct {
 	cfg   CostConfig
 	loads Loads
 	now   func() time.Time
+	// peers is the replica sync plane, nil without one.
+	peers Peers
 
 	mu sync.Mutex
 	ws map[string]*workerCost
@@ -265,8 +273,8 @@ type scorer struct {
 	meanUncached float64
 }
 
-func newScorer(cfg CostConfig, loads Loads, now func() time.Time) *scorer {
-	return &scorer{cfg: cfg.withDefaults(), loads: loads, now: now, ws: map[string]*workerCost{}}
+func newScorer(cfg CostConfig, loads Loads, now func() time.Time, peers Peers) *scorer {
+	return &scorer{cfg: cfg.withDefaults(), loads: loads, now: now, peers: peers, ws: map[string]*workerCost{}}
 }
 
 // promptTokens is P for a request that is not tokenized: the whole prompt's bytes (the routing
@@ -315,6 +323,15 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 		av = append(av, c)
 	}
 	av = s.capped(av)
+	if s.peers != nil && s.peers.Active() {
+		for i := range av {
+			if c := &av[i]; c.fresh {
+				// The peers' sends are counted, not estimated: no replica scaling, no owner credit.
+				c.peerTok, c.peerReq = s.peers.SentSince(c.w.ID, c.r.polled)
+				c.r.replicas = 1
+			}
+		}
+	}
 	// The fleet's mean generation throughput per engine, for D (see terms), never below one
 	// token a second per running request: no engine decodes slower, and a throughput that says
 	// so is a moving average still catching up with its batch (after a start or a burst).
@@ -467,17 +484,20 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	if r.polled.Equal(st.polled) {
 		t.Sent = st.sentTok * rep
 	}
+	t.Sent += c.peerTok
+	t.PeerSent = c.peerTok
 	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
 	// the report's, corrected by what this replica sent and saw finish since, times the
 	// replica estimate. What finished since the report is no longer in the batch.
 	local := c.w.Inflight()
-	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)) - float64(r.running+r.waiting)
+	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)+c.peerReq) - float64(r.running+r.waiting)
 	// The engine has been prefilling since the poll: what it had queued then, and then what
 	// was sent it since, is that much less now (a report up to a poll interval old would
 	// otherwise push work off an engine that has long finished it).
 	done := t.Rate * max(now.Sub(r.polled).Seconds(), 0)
 	t.Queued = max(q-done, 0)
 	t.Sent = max(t.Sent-max(done-q, 0), 0)
+	t.PeerSent = min(t.PeerSent, t.Sent)
 	if gen > 0 {
 		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
 		// the fleet generates): the batch joined, with what was sent since the report, over the
@@ -650,7 +670,8 @@ func finite(x float64) float64 {
 	return x
 }
 
-// String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
+// String renders the terms for an audit header or a log line: the worker id, Q, S, S's part
+// from peers (sp), P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
 // (3 decimals). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
@@ -662,7 +683,7 @@ func (t Terms) String() string {
 		name string
 		v    float64
 		prec int
-	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
+	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" sp=", t.PeerSent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
 		{" b=", t.Behind, 2}, {" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3}} {
 		b = append(b, f.name...)
 		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)

@@ -200,7 +200,7 @@ func checkEquivalence(t *testing.T, ws []*worker.Worker, cfg CostConfig, loads L
 	advance func(time.Duration), poll func()) {
 	t.Helper()
 	poll()
-	got, want := newScorer(cfg, loads, now), newScorer(cfg, loads, now)
+	got, want := newScorer(cfg, loads, now, nil), newScorer(cfg, loads, now, nil)
 	g := rand.New(rand.NewPCG(20, 7))
 	pool := ws
 	var releases []func()

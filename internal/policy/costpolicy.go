@@ -99,7 +99,7 @@ var (
 
 func newCost(name string, src source, cfg Config) *Cost {
 	c := cfg.withDefaults()
-	p := &Cost{name: name, src: src, sc: newScorer(c.Cost, c.Loads, c.Now), kv: c.KV,
+	p := &Cost{name: name, src: src, sc: newScorer(c.Cost, c.Loads, c.Now, c.Peers), kv: c.KV,
 		dec: newCounters(BranchCacheHit, BranchCacheMiss, BranchSpill)}
 	if src != fromNothing {
 		p.prefixTree = newPrefixTree(c)
@@ -319,6 +319,9 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Work
 			av[i].t.Cached = float64(chars)
 		}
 	}, func(m *radix.Match) string {
+		if p.sc.peers != nil && p.sc.peers.Active() {
+			peerPlaced(p.sc.peers, av, req, m.Total)
+		}
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
 		for i := range av {
 			c := &av[i].t
@@ -401,6 +404,9 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 	if commit {
 		p.dec.add(branch)
 		p.sc.commit(c, c.t.Prompt-c.t.Cached)
+		if p.sc.peers != nil {
+			p.sc.peers.Decided(req.Model, c.w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+		}
 		if p.src == fromEvents && req.Text != "" && branch >= coPreciseHit {
 			p.tree.Insert(req.Text, c.w.ID) // keep the fallback's tree as warm as the default's
 		}
@@ -447,6 +453,9 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 		req.Decision.Predicted, req.Decision.HasPrediction, req.Decision.WholePrompt = c.t.Cached/c.t.Prompt, true, true
 	}
 	p.sc.commit(c, c.t.Prompt-c.t.Cached)
+	if p.sc.peers != nil {
+		p.sc.peers.Decided(req.Model, w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+	}
 }
 
 // unpredicted is a moving average of the share of the prompt that the engines reported cached

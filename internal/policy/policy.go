@@ -32,6 +32,9 @@ type Request struct {
 	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
 	// policy how much prefill the request carries past it.
 	PromptBytes int
+	// ID is the request's id as the gateway logs it, "" when unknown: the replica sync plane
+	// names the decision by it.
+	ID string
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.

@@ -1,0 +1,53 @@
+package policy
+
+import "time"
+
+// Peers is the cost's narrow hook into the replica sync plane (package replicasync implements
+// it): what the other gateway replicas sent and placed, and where this replica tells them its
+// own decisions. With Peers nil, or not Active, the cost estimates the others as it always did
+// (this replica's sends times the report's replica estimate, the rendezvous owner's credit);
+// while Active it counts them instead:
+//
+//	S_w = own sends since the report + SentSince(w, report time)   (no replica scaling)
+//	Ĉ_w = max(own tree's prefix, Placed's prefix)                   (no owner credit)
+//
+// The engine estimate that owns S may call SentSince itself once it exists; the contract is
+// only these four methods.
+type Peers interface {
+	// Active reports whether the peers' views are current (the bus is up).
+	Active() bool
+	// SentSince returns what peers sent worker since t (this replica's clock, at receipt): the
+	// uncached tokens, and the requests (their sends less their finishes).
+	SentSince(worker string, t time.Time) (tokens, requests float64)
+	// Placed writes to out[i] the bytes of text's leading prefix that a peer placed on
+	// workers[i] for model (len(text): this very text), 0 where none did.
+	Placed(model, text string, workers []string, out []int)
+	// Decided tells the peers that this replica sent worker model's prompt with routing text,
+	// uncached tokens of it missing the worker's cache (reqID may be "").
+	Decided(model, worker, text, reqID string, uncached float64)
+}
+
+// peerPlaced raises Ĉ of every candidate (in characters of the tree's match, m.Total of them in
+// the text, before the conversion to tokens) to what a peer placed there.
+func peerPlaced(peers Peers, av []costCand, req *Request, total int) {
+	var idBuf [64]string
+	var outBuf [64]int
+	ids, out := idBuf[:0], outBuf[:0]
+	for i := range av {
+		ids = append(ids, av[i].w.ID)
+		out = append(out, 0)
+	}
+	peers.Placed(req.Model, req.Text, ids, out)
+	for i := range av {
+		c := out[i]
+		switch {
+		case c <= 0:
+			continue
+		case c >= len(req.Text):
+			c = total // all of it, in the tree's characters
+		case total != len(req.Text):
+			c = c * total / len(req.Text) // bytes into characters, near enough
+		}
+		av[i].t.Cached = max(av[i].t.Cached, float64(c))
+	}
+}
