@@ -63,6 +63,10 @@ func (n *Node) Apply(msg []byte) error {
 	}
 	n.stats.Applied.Add(1)
 	n.stats.Records.Add(uint64(count))
+	n.heardPeer.Store(true)
+	if n.applied != nil {
+		n.applied()
+	}
 	return nil
 }
 

@@ -18,6 +18,11 @@ type Node struct {
 	id    uint64
 	up    atomic.Bool
 	stats Stats
+	// heardPeer is set once any peer's batch was applied.
+	heardPeer atomic.Bool
+	// notify, when set before use (Plane), is called after every record is added; applied
+	// (tests) after every batch applied.
+	notify, applied func()
 
 	omu     sync.Mutex
 	seq     uint64
@@ -94,9 +99,19 @@ func (n *Node) Stats() *Stats { return &n.stats }
 // connection). While it is down, Active is false: the routing reads nothing from peers.
 func (n *Node) SetUp(up bool) { n.up.Store(up) }
 
-// Active reports whether the routing should read the peers' views: the bus is up. Alone on a
-// live bus it is true too (no peer sent anything: S is this replica's own).
-func (n *Node) Active() bool { return n.up.Load() }
+// Active reports whether the routing should read the peers' views: the bus is up, and some peer
+// is heard or none ever was (alone on a live bus S is this replica's own). A replica that heard
+// peers and then none (partitioned from them, or they all left) is not Active: it routes on
+// estimates again, as without sync, until a peer is heard.
+func (n *Node) Active() bool {
+	if !n.up.Load() {
+		return false
+	}
+	if !n.heardPeer.Load() {
+		return true
+	}
+	return n.Peers() > 0
+}
 
 // hashID is a request id's keyed hash (0 for none).
 func (n *Node) hashID(id string) uint64 {
@@ -121,6 +136,9 @@ func (n *Node) Decided(model, worker, text, reqID string, uncached float64) {
 	n.out = AppendDecision(n.out, model, worker, rid, u, hashes)
 	n.records++
 	n.omu.Unlock()
+	if n.notify != nil {
+		n.notify()
+	}
 }
 
 // Finished records that a request this replica sent worker ended (answered, failed or
@@ -132,6 +150,9 @@ func (n *Node) Finished(model, worker, reqID string) {
 	n.out = AppendFinish(n.out, model, worker, rid)
 	n.records++
 	n.omu.Unlock()
+	if n.notify != nil {
+		n.notify()
+	}
 }
 
 // Bound records that key (a response id, NSResponse, or a session key, NSSession) of model is
@@ -143,6 +164,9 @@ func (n *Node) Bound(ns byte, key, model, worker string) {
 	n.out = AppendAffinity(n.out, ns, k, model, worker)
 	n.records++
 	n.omu.Unlock()
+	if n.notify != nil {
+		n.notify()
+	}
 }
 
 func (n *Node) keyHash(ns byte, key string) uint64 {
@@ -216,4 +240,22 @@ func (n *Node) Flush(publish func([]byte) error) error {
 	clear(n.ready[copy(n.ready, n.ready[done:]):])
 	n.ready = n.ready[:len(n.ready)-done]
 	return err
+}
+
+// Discard drops every record not yet published (Plane: what was recorded while the bus was
+// down).
+func (n *Node) Discard() {
+	n.omu.Lock()
+	defer n.omu.Unlock()
+	for _, b := range n.ready {
+		n.free = append(n.free, b[:0])
+	}
+	n.stats.Dropped.Add(uint64(len(n.ready)))
+	clear(n.ready)
+	n.ready = n.ready[:0]
+	if n.out != nil {
+		n.free = append(n.free, n.out[:0])
+		n.out, n.records = nil, 0
+		n.stats.Dropped.Add(1)
+	}
 }
