@@ -115,6 +115,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	preq := &rq.policy
 	*preq = policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p), Chat: kind == kindChat, Body: body, PromptBytes: len(body)}
 	id := requestID(r)
+	preq.ID = id
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
 	var ids *auditIDs
@@ -146,6 +147,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		res = s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket))
 	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	s.finishedOn(pool.Model, res.Worker, id)
 	s.calibrate(&preq.Decision, &res, p.Stream)
 	if s.cfg.AccessLogSample > 0 {
 		o.usage, o.hasUsage = aw.usage() // before finish recycles what it kept

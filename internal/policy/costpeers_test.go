@@ -120,3 +120,4 @@ func peersOrNil(n *replicasync.Node) Peers {
 }
 
 var testNoPeers = false
+var _ SessionShare = (*replicasync.Node)(nil)

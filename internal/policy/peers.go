@@ -51,3 +51,25 @@ func peerPlaced(peers Peers, av []costCand, req *Request, total int) {
 		av[i].t.Cached = max(av[i].t.Cached, float64(c))
 	}
 }
+
+// OwnSent returns the uncached tokens this replica sent the worker with id since its last
+// report (unscaled: S's own part before the replica estimate), 0 for a worker it never sent
+// to. It is what /get_loads shows beside the peers' part.
+func (p *Cost) OwnSent(id string) float64 {
+	p.sc.mu.Lock()
+	defer p.sc.mu.Unlock()
+	if st := p.sc.ws[id]; st != nil {
+		return st.sentTok
+	}
+	return 0
+}
+
+// SessionShare is implemented by a Peers that also shares sticky-session bindings
+// (replicasync.Node): a session whose earlier turns reached another replica keeps its worker
+// through this one.
+type SessionShare interface {
+	// BindSession tells the peers that session key is bound to worker.
+	BindSession(key, worker string)
+	// SessionWorker returns the worker a peer bound session key to.
+	SessionWorker(key string) (worker string, ok bool)
+}

@@ -252,3 +252,9 @@ func (n *Node) Affinity(ns byte, key string) (worker string, ok bool) {
 	}
 	return "", false
 }
+
+// BindSession shares a sticky-session binding (policy.SessionShare).
+func (n *Node) BindSession(key, worker string) { n.Bound(NSSession, key, "", worker) }
+
+// SessionWorker returns the worker a peer bound a sticky session to (policy.SessionShare).
+func (n *Node) SessionWorker(key string) (string, bool) { return n.Affinity(NSSession, key) }
