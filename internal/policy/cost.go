@@ -324,13 +324,7 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 	}
 	av = s.capped(av)
 	if s.peers != nil && s.peers.Active() {
-		for i := range av {
-			if c := &av[i]; c.fresh {
-				// The peers' sends are counted, not estimated: no replica scaling, no owner credit.
-				c.peerTok, c.peerReq = s.peers.SentSince(c.w.ID, c.r.polled)
-				c.r.replicas = 1
-			}
-		}
+		peerSent(s.peers, av)
 	}
 	// The fleet's mean generation throughput per engine, for D (see terms), never below one
 	// token a second per running request: no engine decodes slower, and a throughput that says

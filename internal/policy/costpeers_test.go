@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -121,3 +122,59 @@ func peersOrNil(n *replicasync.Node) Peers {
 
 var testNoPeers = false
 var _ SessionShare = (*replicasync.Node)(nil)
+
+// BenchmarkDecisionWithPeers times a default-policy decision on 64 workers without replica sync
+// and with it (a Node holding 3 peers' last 3,000 decisions, the decision published and its
+// batch flushed), in the same run: the sync's cost on the decision path (target: within 10 %).
+//
+//	go test -run XXX -bench DecisionWithPeers ./internal/policy/
+func BenchmarkDecisionWithPeers(b *testing.B) {
+	r := rand.New(rand.NewPCG(14, 14))
+	pool := benchPool(r, 8<<20)
+	texts := make([]string, 2048)
+	for i := range texts {
+		off := r.IntN(len(pool) - 6144)
+		texts[i] = pool[:2048] + pool[off:off+6144]
+	}
+	ws, mon := monitoredFleet(b, 64)
+	for _, sync := range []bool{false, true} {
+		b.Run(map[bool]string{false: "off", true: "on"}[sync], func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.NoBackground, cfg.Loads = true, mon
+			var node *replicasync.Node
+			if sync {
+				var err error
+				node, err = replicasync.NewNode(replicasync.Config{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for k := range 3 {
+					peer, _ := replicasync.NewNode(replicasync.Config{})
+					for i := range 1000 {
+						peer.Decided("m", ws[(i+k)%len(ws)].ID, texts[(i*3+k)%len(texts)], "", 1000)
+					}
+					_ = peer.Flush(func(m []byte) error { return node.Apply(m) })
+				}
+				cfg.Peers = node
+			}
+			p := NewCacheAwareHash(cfg)
+			defer p.Close()
+			for i := range texts {
+				Choose(context.Background(), p, ws, &Request{Model: "m", Text: texts[i], PromptBytes: 40000})
+			}
+			req := &Request{}
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				*req = Request{Model: "m", Text: texts[i%len(texts)], PromptBytes: 40000}
+				if Choose(context.Background(), p, ws, req) == nil {
+					b.Fatal("no pick")
+				}
+				if node != nil && i%16 == 0 {
+					_ = node.Flush(func([]byte) error { return nil })
+				}
+				i++
+			}
+		})
+	}
+}

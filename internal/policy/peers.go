@@ -1,6 +1,43 @@
 package policy
 
-import "time"
+import (
+	"sync"
+	"time"
+)
+
+// peerScratch holds the buffers of one decision's calls into Peers (slices passed through an
+// interface escape, so they are pooled rather than on the stack).
+type peerScratch struct {
+	ids   []string
+	since []time.Time
+	tok   []float64
+	req   []float64
+	at    []int
+	out   []int
+}
+
+var peerPool = sync.Pool{New: func() any { return new(peerScratch) }}
+
+// peerSent fills peerTok and peerReq of every fresh candidate from peers (one lock of the sync
+// plane for all), and sets its replica estimate to 1: the peers' sends are counted, not
+// estimated (no replica scaling, no owner credit).
+func peerSent(peers Peers, av []costCand) {
+	sc := peerPool.Get().(*peerScratch)
+	defer peerPool.Put(sc)
+	sc.ids, sc.since, sc.at = sc.ids[:0], sc.since[:0], sc.at[:0]
+	for i := range av {
+		if c := &av[i]; c.fresh {
+			sc.ids, sc.since, sc.at = append(sc.ids, c.w.ID), append(sc.since, c.r.polled), append(sc.at, i)
+		}
+	}
+	sc.tok, sc.req = sized(sc.tok, len(sc.ids)), sized(sc.req, len(sc.ids))
+	peers.SentSinceAll(sc.ids, sc.since, sc.tok, sc.req)
+	for j, i := range sc.at {
+		c := &av[i]
+		c.peerTok, c.peerReq, c.r.replicas = sc.tok[j], sc.req[j], 1
+	}
+	clear(sc.ids) // hold no id
+}
 
 // Peers is the cost's narrow hook into the replica sync plane (package replicasync implements
 // it): what the other gateway replicas sent and placed, and where this replica tells them its
@@ -16,9 +53,10 @@ import "time"
 type Peers interface {
 	// Active reports whether the peers' views are current (the bus is up).
 	Active() bool
-	// SentSince returns what peers sent worker since t (this replica's clock, at receipt): the
-	// uncached tokens, and the requests (their sends less their finishes).
-	SentSince(worker string, t time.Time) (tokens, requests float64)
+	// SentSinceAll writes to tokens[i] and requests[i] what peers sent workers[i] since
+	// since[i] (this replica's clock, at receipt): the uncached tokens, and the requests (their
+	// sends less their finishes). The slices are equally long.
+	SentSinceAll(workers []string, since []time.Time, tokens, requests []float64)
 	// Placed writes to out[i] the bytes of text's leading prefix that a peer placed on
 	// workers[i] for model (len(text): this very text), 0 where none did.
 	Placed(model, text string, workers []string, out []int)
@@ -30,14 +68,16 @@ type Peers interface {
 // peerPlaced raises Ĉ of every candidate (in characters of the tree's match, m.Total of them in
 // the text, before the conversion to tokens) to what a peer placed there.
 func peerPlaced(peers Peers, av []costCand, req *Request, total int) {
-	var idBuf [64]string
-	var outBuf [64]int
-	ids, out := idBuf[:0], outBuf[:0]
+	sc := peerPool.Get().(*peerScratch)
+	defer peerPool.Put(sc)
+	ids := sc.ids[:0]
 	for i := range av {
 		ids = append(ids, av[i].w.ID)
-		out = append(out, 0)
 	}
+	sc.ids, sc.out = ids, sized(sc.out, len(av))
+	out := sc.out
 	peers.Placed(req.Model, req.Text, ids, out)
+	defer clear(ids)
 	for i := range av {
 		c := out[i]
 		switch {

@@ -18,8 +18,11 @@ type Node struct {
 	id    uint64
 	up    atomic.Bool
 	stats Stats
-	// heardPeer is set once any peer's batch was applied.
+	// heardPeer is set once any peer's batch was applied; activeAt (Unix ns) and activeVal
+	// cache Active's count of live peers.
 	heardPeer atomic.Bool
+	activeAt  atomic.Int64
+	activeVal atomic.Bool
 	// notify, when set before use (Plane), is called after every record is added; applied
 	// (tests) after every batch applied.
 	notify, applied func()
@@ -110,8 +113,19 @@ func (n *Node) Active() bool {
 	if !n.heardPeer.Load() {
 		return true
 	}
-	return n.Peers() > 0
+	// Counting live peers walks the peer table: decisions read a count at most activeEvery old.
+	now := n.cfg.Now().UnixNano()
+	if at := n.activeAt.Load(); now-at < int64(activeEvery) && now >= at {
+		return n.activeVal.Load()
+	}
+	live := n.Peers() > 0
+	n.activeVal.Store(live)
+	n.activeAt.Store(now)
+	return live
 }
+
+// activeEvery is how long Active reuses its count of live peers.
+const activeEvery = 50 * time.Millisecond
 
 // hashID is a request id's keyed hash (0 for none).
 func (n *Node) hashID(id string) uint64 {

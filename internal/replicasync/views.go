@@ -145,6 +145,23 @@ func (n *Node) SentSince(worker string, t time.Time) (tokens, requests float64) 
 	return min(l.sends.since(at), n.cfg.MaxPeerSent), float64(len64(l.sends, at)) - l.fins.since(at)
 }
 
+// SentSinceAll is SentSince for many workers under one lock: tokens[i] and requests[i] are what
+// peers sent workers[i] since since[i]; the four slices are equally long.
+func (n *Node) SentSinceAll(workers []string, since []time.Time, tokens, requests []float64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k, id := range workers {
+		tokens[k], requests[k] = 0, 0
+		i, ok := n.workers[id]
+		if !ok {
+			continue
+		}
+		l, at := n.logs[i], since[k].UnixNano()
+		tokens[k] = min(l.sends.since(at), n.cfg.MaxPeerSent)
+		requests[k] = float64(len64(l.sends, at)) - l.fins.since(at)
+	}
+}
+
 // len64 is the number of sends after at (each send adds one entry).
 func len64(r cumRing, at int64) int {
 	n := len(r.at)
