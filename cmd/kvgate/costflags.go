@@ -17,4 +17,10 @@ func costFlags(fs *flag.FlagSet, c *policy.CostConfig, prefix string) {
 	fs.Float64Var(&c.DelayShare, "cost-delay-share", c.DelayShare, prefix+"cost: weight of the requests queued behind a prompt's prefill, each of which it delays, in [0,10] (0: each request's own wait only)")
 	fs.Float64Var(&c.MaxTokenUsage, "cost-max-token-usage", c.MaxTokenUsage, prefix+"cost: a worker reporting KV usage above this is no candidate while another is under it (1 = off)")
 	fs.Int64Var(&c.MaxWaiting, "cost-max-waiting", c.MaxWaiting, prefix+"cost: a worker reporting more waiting requests than this is no candidate while another is under it (0 = off)")
+	// The engine estimate's constants (loadmon.Estimate), which flow control reads too.
+	fs.Float64Var(&c.RateDecay, "cost-rate-decay", c.RateDecay, prefix+"cost: how much a worker's measured prefill rate decays per measured poll interval, in [0,1]")
+	fs.IntVar(&c.RateSamples, "cost-rate-samples", c.RateSamples, prefix+"cost: busy poll intervals that must measure a worker's prefill rate before it replaces --prefill-rate, in [0,1000]")
+	fs.Float64Var(&c.RateCap, "cost-rate-cap", c.RateCap, prefix+"cost: one interval's measured prefill rate is at most this many times --prefill-rate, in [1,1e6]")
+	fs.Float64Var(&c.MinDecodeRate, "cost-min-decode-rate", c.MinDecodeRate, prefix+"cost: floor of the fleet's generation throughput in the decode term, tokens/s per running request")
+	fs.Float64Var(&c.MeanWindow, "cost-mean-window", c.MeanWindow, prefix+"cost: sent prompts over which the mean uncached prompt (the unit of the queued-behind term) moves, in [1,1e6]")
 }

@@ -195,9 +195,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	if err := o.pol.Validate(); err != nil {
 		return nil, err
 	}
-	if r := o.pol.Cost.PrefillRate; r > 0 {
-		o.gw.Flow.Saturation.PrefillRate = r // the queue's predicted waits use the cost's start rate
-	}
+	// The queue judges each engine with the cost's estimate constants: one prefill rate, one
+	// bytes-to-tokens rule.
+	o.gw.Flow.Saturation.Estimate = o.pol.Cost.Estimate()
 	if err := o.kv.validate(); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/flow"
+	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -20,7 +21,7 @@ import (
 // finishes a request, when a poll brings fresh reports, and on arrival. The zero value is off:
 // every request goes to an engine on arrival.
 //
-// Each replica keeps a flow.Engine estimate of every engine, as the gateway does: told of every
+// Each replica keeps a loadmon.Estimate of every engine, as the gateway does: told of every
 // request it sends and sees finish, so that KV usage and queued prefill are current between
 // polls. The pool takes no more, as in the gateway, while the cost-based policy (policy.Coster)
 // predicts a wait at the bound on its best engine.
@@ -112,8 +113,10 @@ func (m *FlowModel) classOf(id int) int {
 
 // flowSim is the flow model's state in one run.
 type flowSim struct {
-	s       *sim
-	m       FlowModel
+	s *sim
+	m FlowModel
+	// sat is the saturation judgement, its estimate's constants the routing cost's.
+	sat     flow.Saturation
 	classes []FlowClass
 	gws     []*gwFlow
 	colls   []bench.Collector
@@ -136,7 +139,7 @@ type flowSim struct {
 type gwFlow struct {
 	q *flow.Queue
 	// eng is the replica's estimate of each engine between polls, as the gateway keeps it.
-	eng []flow.Engine
+	eng []loadmon.Estimate
 	// open are the candidates that could start a request at the last judgement: a dispatched
 	// request picks among them, as in the gateway.
 	open     []*worker.Worker
@@ -183,6 +186,9 @@ type held struct {
 func newFlowSim(s *sim) *flowSim {
 	m := s.cfg.Flow
 	fs := &flowSim{s: s, m: m, classes: m.Classes, shed: map[flow.Reason]int{}, idealSeen: map[uint64]struct{}{}}
+	fs.sat = m.Saturation
+	fs.sat.Estimate = s.cfg.PolicyConfig.Cost.Estimate()
+	fs.sat = fs.sat.WithDefaults()
 	if len(fs.classes) == 0 {
 		fs.classes = []FlowClass{{Share: 1}}
 	}
@@ -194,7 +200,7 @@ func newFlowSim(s *sim) *flowSim {
 	fs.shareTok = make([]float64, len(fs.classes))
 	for range s.gws {
 		n := len(s.engines)
-		fs.gws = append(fs.gws, &gwFlow{q: flow.NewQueue(m.Config), eng: make([]flow.Engine, n), queuedBy: make([]int, len(fs.classes))})
+		fs.gws = append(fs.gws, &gwFlow{q: flow.NewQueue(m.Config), eng: make([]loadmon.Estimate, n), queuedBy: make([]int, len(fs.classes))})
 	}
 	return fs
 }
@@ -211,7 +217,7 @@ func (fs *flowSim) enqueue(a *active, g int, t *bench.Turn) {
 	h := &held{a: a, g: g, turn: t, arrived: fs.s.now, class: c}
 	text := t.Text()
 	fs.idealArrival(text)
-	e := &flow.Entry{Tenant: cl.Tenant, Weight: cl.Weight, Priority: cl.Priority, Cost: float64(len(text)) / 4, Bytes: int64(len(text)), Owner: h}
+	e := &flow.Entry{Tenant: cl.Tenant, Weight: cl.Weight, Priority: cl.Priority, Cost: fs.sat.Estimate.Tokens(int64(len(text))), Bytes: int64(len(text)), Owner: h}
 	if fs.m.OnArrival {
 		fs.s.submit(a, g, t, fs.s.now, c)
 		return
@@ -351,17 +357,19 @@ func (fs *flowSim) kicked(g int) {
 
 // sentTo notes a prompt of kv tokens, uncached of them predicted to miss the cache, that
 // replica g submitted to engine i.
-func (fs *flowSim) sentTo(g, i int, kv, uncached float64) { fs.gws[g].eng[i].Sent(kv, uncached) }
+func (fs *flowSim) sentTo(g, i int, kv, uncached float64) {
+	fs.gws[g].eng[i].Sent(loadmon.Own, kv, uncached)
+}
 
 // ended notes the end of a request of kv tokens that replica g submitted to engine i.
-func (fs *flowSim) ended(g, i int, kv float64) { fs.gws[g].eng[i].Finished(kv) }
+func (fs *flowSim) ended(g, i int, kv float64) { fs.gws[g].eng[i].Finished(loadmon.Own, kv) }
 
 // headroom is what replica g's pool takes before every engine saturates, and, when that is
 // nothing, how soon an engine held back only by its predicted wait drains below the bound (0:
 // none is).
 func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 	gw, gf := fs.s.gws[g], fs.gws[g]
-	sat := fs.m.Saturation.WithDefaults()
+	sat := &fs.sat
 	bound := sat.MaxPredictedWait.Seconds()
 	now := epoch.Add(fs.s.now)
 	gf.open = gf.open[:0]
@@ -372,7 +380,7 @@ func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
 		}
 		sig := flow.Signals{Available: w.Available(), Inflight: w.Inflight()}
 		if r, fresh := gw.report(i); fresh {
-			gf.eng[i].Judge(&sig, &r, now, sat.PrefillRate)
+			sat.Judge(&sig, &gf.eng[i], &r, now)
 		}
 		if sat.CanStart(sig) {
 			gf.open = append(gf.open, w)

@@ -4,37 +4,47 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
-// bucket is a token bucket that may go into debt: a request is admitted when the bucket holds
-// what it costs, or is full (so that one prompt larger than the burst is not refused forever),
-// and its whole cost is taken.
+// bucket is a token bucket (golang.org/x/time/rate's) that may go into debt: a request is
+// admitted when the bucket holds what it costs, or is full (so that one prompt larger than the
+// burst is not refused forever), and its whole cost is taken. The rate.Limiter counts in
+// thousandths (bucketScale), so that a fractional cost (prompt tokens estimated from bytes) is
+// taken to a thousandth of a token.
 type bucket struct {
-	rate, burst, level float64
-	last               time.Time
+	lim         *rate.Limiter
+	rate, burst float64 // per second, and the burst, in whole units
 }
 
-func newBucket(rate float64, now time.Time) *bucket {
-	burst := max(rate, 1)
-	return &bucket{rate: rate, burst: burst, level: burst, last: now}
+// bucketScale is the rate.Limiter's units per bucket unit.
+const bucketScale = 1000
+
+func newBucket(r float64, now time.Time) *bucket {
+	burst := max(r, 1)
+	lim := rate.NewLimiter(rate.Limit(r*bucketScale), int(math.Ceil(burst*bucketScale)))
+	lim.AllowN(now, 0) // full at now
+	return &bucket{lim: lim, rate: r, burst: burst}
 }
 
-func (b *bucket) refill(now time.Time) {
-	if dt := now.Sub(b.last).Seconds(); dt > 0 {
-		b.level = min(b.burst, b.level+dt*b.rate)
-	}
-	if now.After(b.last) {
-		b.last = now
-	}
-}
-
-// wait returns how long until n can be taken; 0 when it can be now.
-func (b *bucket) wait(n float64) time.Duration {
+// wait returns how long after now until n can be taken; 0 when it can be now.
+func (b *bucket) wait(n float64, now time.Time) time.Duration {
 	need := min(n, b.burst)
-	if b.level >= need {
+	level := b.lim.TokensAt(now) / bucketScale
+	if level >= need {
 		return 0
 	}
-	return time.Duration(math.Ceil((need - b.level) / b.rate * float64(time.Second)))
+	return time.Duration(math.Ceil((need - level) / b.rate * float64(time.Second)))
+}
+
+// take takes n at now, into debt where the bucket holds less: in reservations of at most the
+// burst, the most a rate.Limiter reserves at once.
+func (b *bucket) take(n float64, now time.Time) {
+	left := int64(math.Round(n * bucketScale))
+	for burst := int64(b.lim.Burst()); left > 0; left -= burst {
+		b.lim.ReserveN(now, int(min(left, burst)))
+	}
 }
 
 // tenantBuckets are one tenant's limits; a nil bucket is no limit.
@@ -88,22 +98,21 @@ func (l *Limiter) Allow(tenant *Tenant, tokens float64, now time.Time) (ok bool,
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if b := tb.requests; b != nil {
-		b.refill(now)
-		if d := b.wait(1); d > 0 {
+		if d := b.wait(1, now); d > 0 {
 			return false, ReasonRateRequests, d
 		}
 	}
 	if b := tb.tokens; b != nil {
-		b.refill(now)
-		if d := b.wait(tokens); d > 0 {
+		if d := b.wait(tokens, now); d > 0 {
 			return false, ReasonRateTokens, d
 		}
 	}
+	// Both pass: take from both, under the lock, so that no other request slips between.
 	if tb.requests != nil {
-		tb.requests.level--
+		tb.requests.take(1, now)
 	}
 	if tb.tokens != nil {
-		tb.tokens.level -= tokens
+		tb.tokens.take(tokens, now)
 	}
 	return true, "", 0
 }

@@ -39,20 +39,33 @@ func TestLimiterRequestsAndTokens(t *testing.T) {
 	}
 }
 
+// TestLimiterRefusalTakesNothing: a request refused by the token limit takes nothing from the
+// request limit, and one refused by the request limit nothing from the token limit.
 func TestLimiterRefusalTakesNothing(t *testing.T) {
-	ts := NewTenants(Config{Tenants: []Tenant{{Name: "a", RequestsPerSecond: 1, TokensPerSecond: 100}}})
+	ts := NewTenants(Config{Tenants: []Tenant{{Name: "a", RequestsPerSecond: 10, TokensPerSecond: 100}}})
 	l := NewLimiter(ts, t0)
 	a := ts.Lookup("a")
 	if ok, _, _ := l.Allow(a, 100, t0); !ok {
 		t.Fatal("first refused")
 	}
-	// Over the token limit: the request bucket must not be charged for the refusal.
-	now := t0.Add(time.Second)
-	if ok, r, _ := l.Allow(a, 1000, now.Add(-500*time.Millisecond)); ok || r != ReasonRateRequests {
-		t.Fatalf("got %v %s", ok, r)
+	// Half a second on, the request bucket is full again (10) and the token bucket holds 50:
+	// a prompt of 80 tokens is over the token limit.
+	now := t0.Add(500 * time.Millisecond)
+	if ok, r, _ := l.Allow(a, 80, now); ok || r != ReasonRateTokens {
+		t.Fatalf("got %v %s, want refused by the token limit", ok, r)
 	}
-	if ok, _, _ := l.Allow(a, 50, now); !ok {
-		t.Fatal("refusal consumed a bucket")
+	// The refusal took no request: all 10 of the burst pass (at no token cost), the 11th not.
+	for i := range 10 {
+		if ok, r, _ := l.Allow(a, 0, now); !ok {
+			t.Fatalf("request %d of the burst refused (%s): the token refusal took a request", i, r)
+		}
+	}
+	if ok, r, _ := l.Allow(a, 0, now); ok || r != ReasonRateRequests {
+		t.Fatalf("11th request: %v %s, want refused by the request limit", ok, r)
+	}
+	// Refused by the request limit: the 50 tokens are still there for the next second's request.
+	if ok, _, _ := l.Allow(a, 50, now.Add(100*time.Millisecond)); !ok {
+		t.Fatal("the request refusal took tokens")
 	}
 }
 
@@ -82,20 +95,6 @@ func TestSaturation(t *testing.T) {
 				t.Errorf("level %g, want %g", got, c.level)
 			}
 		})
-	}
-	var sl Slots
-	sl.Observe(10, 0)
-	if sl.N() != 0 {
-		t.Error("learned slots from a report with nothing waiting")
-	}
-	sl.Observe(6, 2)
-	sl.Observe(3, 0)
-	if sl.N() != 6 {
-		t.Errorf("slots %d, want 6", sl.N())
-	}
-	sl.Observe(9, 0)
-	if sl.N() != 9 {
-		t.Errorf("slots %d, want 9 (a larger batch seen)", sl.N())
 	}
 }
 

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"container/heap"
 	"errors"
 	"time"
 )
@@ -78,7 +79,7 @@ type band struct {
 type Queue struct {
 	cfg       Config
 	bands     []*band // by priority, highest first
-	deadlines []*Entry
+	deadlines deadlineHeap
 	n         int
 	bytes     int64
 	// credit allows a priority inversion by aging when it reaches 1; each dispatch in priority
@@ -334,59 +335,35 @@ func (q *Queue) Each(f func(*Entry) bool) {
 // Config.Timeout.
 func (e *Entry) ShortDeadline() bool { return e.shortBound }
 
-// The deadline heap: a binary min-heap on Deadline, ties in push order not guaranteed.
+// deadlineHeap is the queue's entries as a container/heap min-heap on Deadline (ties in push
+// order not guaranteed); each entry keeps its index for Remove.
+type deadlineHeap []*Entry
 
-func (q *Queue) heapPush(e *Entry) {
-	e.heapIdx = len(q.deadlines)
-	q.deadlines = append(q.deadlines, e)
-	q.up(e.heapIdx)
+func (h deadlineHeap) Len() int           { return len(h) }
+func (h deadlineHeap) Less(i, j int) bool { return h[i].Deadline.Before(h[j].Deadline) }
+func (h deadlineHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
 }
 
-func (q *Queue) heapRemove(i int) {
-	h := q.deadlines
-	n := len(h) - 1
-	if i != n {
-		h[i], h[n] = h[n], h[i]
-		h[i].heapIdx = i
-	}
-	h[n].heapIdx = -1
-	h[n] = nil
-	q.deadlines = h[:n]
-	if i < n {
-		q.down(i)
-		q.up(i)
-	}
+// Push appends x (an *Entry); use heap.Push.
+func (h *deadlineHeap) Push(x any) {
+	e := x.(*Entry)
+	e.heapIdx = len(*h)
+	*h = append(*h, e)
 }
 
-func (q *Queue) up(i int) {
-	h := q.deadlines
-	for i > 0 {
-		p := (i - 1) / 2
-		if !h[i].Deadline.Before(h[p].Deadline) {
-			break
-		}
-		h[i], h[p] = h[p], h[i]
-		h[i].heapIdx, h[p].heapIdx = i, p
-		i = p
-	}
+// Pop removes the last entry; use heap.Pop or heap.Remove.
+func (h *deadlineHeap) Pop() any {
+	old := *h
+	n := len(old) - 1
+	e := old[n]
+	old[n] = nil // hold no entry past the end
+	e.heapIdx = -1
+	*h = old[:n]
+	return e
 }
 
-func (q *Queue) down(i int) {
-	h := q.deadlines
-	n := len(h)
-	for {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < n && h[l].Deadline.Before(h[m].Deadline) {
-			m = l
-		}
-		if r < n && h[r].Deadline.Before(h[m].Deadline) {
-			m = r
-		}
-		if m == i {
-			return
-		}
-		h[i], h[m] = h[m], h[i]
-		h[i].heapIdx, h[m].heapIdx = i, m
-		i = m
-	}
-}
+func (q *Queue) heapPush(e *Entry) { heap.Push(&q.deadlines, e) }
+
+func (q *Queue) heapRemove(i int) { heap.Remove(&q.deadlines, i) }

@@ -2,6 +2,7 @@ package flow
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -153,11 +154,15 @@ func TestQueueExpire(t *testing.T) {
 }
 
 // TestQueueAgainstModel drives random pushes, pops, removes and expiries and checks every
-// entry leaves exactly once, the counts match, and the heap stays a heap.
+// entry leaves exactly once, the counts match, the heap stays a heap, and every pop is in order:
+// from the highest band or the band aging lets win (checkPopOrder), and within its band the oldest
+// entry of its tenant.
 func TestQueueAgainstModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	q := NewQueue(Config{MaxRequests: 64, MaxBytes: 1 << 20, Timeout: time.Second, Aging: 100 * time.Millisecond})
+	aging := 100 * time.Millisecond
+	q := NewQueue(Config{MaxRequests: 64, MaxBytes: 1 << 20, Timeout: time.Second, Aging: aging})
 	in := map[*Entry]bool{}
+	seq := map[*Entry]int{}
 	var bytes int64
 	now := t0
 	for step := 0; step < 20000; step++ {
@@ -167,6 +172,7 @@ func TestQueueAgainstModel(t *testing.T) {
 			e := &Entry{Tenant: fmt.Sprint(rng.IntN(4)), Priority: rng.IntN(5) - 2, Cost: float64(rng.IntN(100)), Bytes: int64(rng.IntN(1000)), Weight: float64(1 + rng.IntN(3))}
 			if q.Push(e, now) == nil {
 				in[e] = true
+				seq[e] = step
 				bytes += e.Bytes
 			}
 		case r < 7:
@@ -174,6 +180,7 @@ func TestQueueAgainstModel(t *testing.T) {
 				if !in[e] {
 					t.Fatal("popped an entry not queued")
 				}
+				checkPopOrder(t, step, e, in, seq, now, aging)
 				delete(in, e)
 				bytes -= e.Bytes
 			}
@@ -203,6 +210,33 @@ func TestQueueAgainstModel(t *testing.T) {
 				t.Fatal("heap broken")
 			}
 		}
+	}
+}
+
+// checkPopOrder fails t unless e, just popped at now from the entries in, came from the highest
+// band queued or from the band of the highest effective priority (its priority plus its oldest
+// entry's wait in units of aging), and was its tenant's oldest entry in that band.
+func checkPopOrder(t *testing.T, step int, e *Entry, in map[*Entry]bool, seq map[*Entry]int, now time.Time, aging time.Duration) {
+	t.Helper()
+	top, oldest := e.Priority, map[int]time.Time{}
+	for x := range in {
+		top = max(top, x.Priority)
+		if o, ok := oldest[x.Priority]; !ok || x.Enqueued.Before(o) {
+			oldest[x.Priority] = x.Enqueued
+		}
+		if x != e && x.Priority == e.Priority && x.Tenant == e.Tenant && seq[x] < seq[e] {
+			t.Fatalf("step %d: popped %s's entry %d before its older entry %d", step, e.Tenant, seq[e], seq[x])
+		}
+	}
+	best, bestEff := top, math.Inf(-1)
+	for p, o := range oldest {
+		eff := float64(p) + float64(now.Sub(o))/float64(aging)
+		if eff > bestEff || eff == bestEff && p > best {
+			best, bestEff = p, eff
+		}
+	}
+	if e.Priority != top && e.Priority != best {
+		t.Fatalf("step %d: popped priority %d; the top band is %d and aging's %d", step, e.Priority, top, best)
 	}
 }
 

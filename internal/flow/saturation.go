@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
 )
 
 // Saturation is the point past which an engine takes no more requests from the queue, judged
@@ -29,10 +31,12 @@ type Saturation struct {
 	// past that at an engine waits there in arrival order, where at the gateway priority and fair
 	// share would order it. Set it to --load-monitor-interval when that changes.
 	MaxPredictedWait time.Duration
-	// PrefillRate is the prefill speed, in prompt tokens per second, an engine is taken to run
-	// at until its reports measure one (Engine): what turns its queued prefill into a predicted
-	// wait. Default 8000 (the gateway sets it from --prefill-rate, the cost's own).
-	PrefillRate float64
+	// Estimate holds the constants of each engine's estimate (loadmon.Estimate): the prefill
+	// rate it is taken to run at until its reports measure one, which turns its queued prefill
+	// into a predicted wait, and the bytes-to-tokens rule of a request's cost. The gateway and
+	// the fleet simulator set it from the routing cost's (policy.CostConfig.Estimate:
+	// --prefill-rate, --bytes-per-token), so that both read one picture of each engine.
+	Estimate loadmon.EstimateConfig
 	// DefaultSlots is the running batch an engine is taken to hold until a report shows it
 	// full (requests waiting), from which on its reported running count is its capacity; it also
 	// bounds the in-flight requests of an engine without a fresh report. Default 256 (SGLang's
@@ -42,7 +46,7 @@ type Saturation struct {
 
 // DefaultSaturation returns the defaults.
 func DefaultSaturation() Saturation {
-	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.8, MaxPredictedWait: time.Second, PrefillRate: 8000, DefaultSlots: 256}
+	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.8, MaxPredictedWait: time.Second, Estimate: loadmon.DefaultEstimateConfig(), DefaultSlots: 256}
 }
 
 // WithDefaults returns s with its zero fields at their defaults (MaxWaiting keeps an explicit 0
@@ -64,9 +68,7 @@ func (s Saturation) WithDefaults() Saturation {
 	if s.DefaultSlots == 0 {
 		s.DefaultSlots = d.DefaultSlots
 	}
-	if s.PrefillRate == 0 {
-		s.PrefillRate = d.PrefillRate
-	}
+	s.Estimate = s.Estimate.WithDefaults()
 	return s
 }
 
@@ -80,8 +82,8 @@ func (s Saturation) Validate() error {
 		return errors.New("flow: the saturation's KV usage must be in (0, 1]")
 	case s.MaxPredictedWait < 0:
 		return errors.New("flow: the saturation's predicted wait must not be negative")
-	case !(s.PrefillRate > 0) || s.PrefillRate > 1e9:
-		return errors.New("flow: the saturation's prefill rate must be in (0, 1e9] tokens/s")
+	case s.Estimate.Validate() != nil:
+		return errors.New("flow: the saturation's estimate: " + s.Estimate.Validate().Error())
 	case s.DefaultSlots < 1:
 		return errors.New("flow: the saturation's default slots must be at least 1")
 	}
@@ -96,19 +98,20 @@ type Signals struct {
 	HasReport bool
 	// Running and Waiting are the requests the report counted.
 	Running, Waiting int64
-	// SentSince is this gateway's in-flight count now minus at the report: what it sent since,
-	// less what finished (negative when more finished).
-	SentSince int64
-	// KVUsage is the KV-cache usage in [0,1]: the report's, corrected by this replica's sends
-	// and finishes since (Engine.Judge).
+	// SentSince is the requests sent the engine since the report less those that finished
+	// (negative when more finished), as the engine's estimate counts them
+	// (loadmon.Estimate.Requests).
+	SentSince float64
+	// KVUsage is the KV-cache usage in [0,1]: the report's, corrected by the sends and finishes
+	// since (loadmon.Estimate.KVUsage).
 	KVUsage float64
 	// Inflight is this gateway's in-flight count for the engine.
 	Inflight int64
-	// Slots is the engine's learned running batch (Slots.Observe); 0 means unknown.
+	// Slots is the engine's learned running batch (loadmon.Estimate.Slots); 0 means unknown.
 	Slots int64
 	// PredictedWait is the predicted wait, in seconds, before a new request's prefill starts on
-	// this engine (its queued prefill over its prefill rate, Engine.Judge); meaningful only
-	// when HasWait.
+	// this engine (loadmon.Estimate.Wait: its queued prefill and what was sent since, over its
+	// prefill rate); meaningful only when HasWait.
 	PredictedWait float64
 	HasWait       bool
 }
@@ -127,7 +130,7 @@ func load(sig *Signals) float64 {
 	if !sig.HasReport {
 		return float64(sig.Inflight)
 	}
-	return float64(max(sig.Running+sig.Waiting+sig.SentSince, sig.Inflight, 0))
+	return max(float64(sig.Running+sig.Waiting)+sig.SentSince, float64(sig.Inflight), 0)
 }
 
 // Headroom returns how many more requests the engine takes before it saturates; 0 when it is
@@ -192,19 +195,14 @@ func (s Saturation) WaitLevel(wait float64) float64 {
 	return min(max(wait/s.MaxPredictedWait.Seconds(), 0), 1)
 }
 
-// Slots learns an engine's running batch from its reports: a report with requests waiting shows
-// the engine full at its running count. The zero value knows nothing.
-type Slots struct{ n int64 }
-
-// Observe learns from one report.
-func (s *Slots) Observe(running, waiting int64) {
-	switch {
-	case waiting > 0 && running > 0:
-		s.n = running
-	case running > s.n && s.n > 0:
-		s.n = running
+// Judge fills sig's report terms from e, the engine's estimate, moved on to its fresh report r as
+// of now; sig.Available and sig.Inflight are the caller's.
+func (s *Saturation) Judge(sig *Signals, e *loadmon.Estimate, r *loadmon.Report, now time.Time) {
+	e.Observe(r.PolledAt, float64(r.WaitingUncachedTokens), r.Running, r.Waiting, &s.Estimate)
+	sig.HasReport, sig.Running, sig.Waiting = true, r.Running, r.Waiting
+	sig.SentSince = e.Requests(r, sig.Inflight) - float64(r.Backlog())
+	sig.Slots, sig.KVUsage = e.Slots(), e.KVUsage(r)
+	if r.HasUncachedTokens {
+		sig.PredictedWait, sig.HasWait = e.Wait(now, r.Replicas, &s.Estimate), true
 	}
 }
-
-// N returns the learned running batch; 0 when unknown.
-func (s *Slots) N() int64 { return s.n }

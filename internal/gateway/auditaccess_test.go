@@ -153,7 +153,7 @@ func TestAuditCostHeadersBlunted(t *testing.T) {
 	h := http.Header{}
 	a.renderDecision(h)
 	chosen, runner := h.Get(headerCost), h.Get(headerCostRunnerUp)
-	if want := "worker=" + ids.of("w1") + " q=0 s=0 p=100 c=40 b=0.50 mu=1000 d=0.010 cost=0.100"; chosen != want {
+	if want := "worker=" + ids.of("w1") + " q=0 s=0 p=100 c=40 b=0.50 mu=1000 d=0.010 cost=0.100 follow=0 credit=0"; chosen != want {
 		t.Errorf("cost header %q, want %q", chosen, want)
 	}
 	if !strings.HasPrefix(runner, "worker="+ids.of("w2")+" ") || strings.Contains(runner, "w2 ") {

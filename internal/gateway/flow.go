@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/flow"
+	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -45,7 +46,7 @@ const (
 // report being published, a worker's health changing, an arrival, and the moment an engine held
 // back only by its queued prefill is predicted to drain below the bound (a timer: prefill drains
 // without an event). The routing decision is made only once a request is granted (late
-// binding). Each worker's saturation is judged on a flow.Engine estimate, told of every request
+// binding). Each worker's saturation is judged on a loadmon.Estimate of it, told of every request
 // this gateway sends it and sees finish, so that it is current between load reports.
 type flowGate struct {
 	s        *Server
@@ -59,7 +60,7 @@ type flowGate struct {
 
 	mu      sync.Mutex
 	models  map[string]*modelFlow
-	engines map[*worker.Worker]*flow.Engine
+	engines map[*worker.Worker]*loadmon.Estimate
 	stopped bool
 	// drainAt is when the dispatcher is to run next for an engine's prefill to have drained
 	// (zero: not armed); wake tells the dispatcher goroutine that it changed.
@@ -106,13 +107,13 @@ type flowTicket struct {
 	sentTo *worker.Worker
 }
 
-// candidates returns what the request's first attempt picks among: the candidates that can
-// start it when the queue admitted it, else all of them.
-func (t *flowTicket) candidates(all []*worker.Worker) []*worker.Worker {
+// startable returns the filter of the request's first attempt (policy.Request.Startable): the
+// candidates that can start it when the queue admitted it; nil (no filter) otherwise.
+func (t *flowTicket) startable() func([]*worker.Worker) []*worker.Worker {
 	if t.mf == nil {
-		return all
+		return nil
 	}
-	return t.g.startable(all)
+	return t.g.startable
 }
 
 // pick releases the pending hold once the request is about to reach a worker.
@@ -138,9 +139,9 @@ func (t *flowTicket) sent(w *worker.Worker, d *policy.Decision) {
 	g := t.g
 	g.mu.Lock()
 	if t.sentTo != nil {
-		g.engine(t.sentTo).Finished(t.kv)
+		g.engine(t.sentTo).Finished(loadmon.Own, t.kv)
 	}
-	g.engine(w).Sent(t.kv, uncached)
+	g.engine(w).Sent(loadmon.Own, t.kv, uncached)
 	g.mu.Unlock()
 	t.sentTo = w
 }
@@ -153,7 +154,7 @@ func (t *flowTicket) done() {
 	t.pick()
 	if t.sentTo != nil {
 		t.g.mu.Lock()
-		t.g.engine(t.sentTo).Finished(t.kv)
+		t.g.engine(t.sentTo).Finished(loadmon.Own, t.kv)
 		t.g.mu.Unlock()
 		t.sentTo = nil
 	}
@@ -172,7 +173,7 @@ func newFlowGate(s *Server, c FlowConfig, apiKeys []string) *flowGate {
 	tenants := flow.NewTenants(cfg)
 	return &flowGate{s: s, cfg: cfg, header: http.CanonicalHeaderKey(c.TenantHeader), now: now, tenants: tenants,
 		limiter: flow.NewLimiter(tenants, now()), identity: newKeyIdentities(apiKeys), metrics: newFlowMetrics(tenants),
-		models: map[string]*modelFlow{}, engines: map[*worker.Worker]*flow.Engine{}, wake: make(chan struct{}, 1)}
+		models: map[string]*modelFlow{}, engines: map[*worker.Worker]*loadmon.Estimate{}, wake: make(chan struct{}, 1)}
 }
 
 // start runs the load-report watcher until stop.
@@ -320,7 +321,7 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 	}
 	fr.priority = prio
 	lbl := flowLabels{model: fr.model, band: prio, tenant: tn.Name}
-	tokens := max(float64(fr.bytes)/4, 1)
+	tokens := max(g.cfg.Saturation.Estimate.Tokens(fr.bytes), 1) // the engine estimate's bytes-to-tokens rule
 	now := g.now()
 	if g.limiter.Active() {
 		if ok, reason, retry := g.limiter.Allow(tn, tokens, now); !ok {

@@ -615,7 +615,7 @@ func TestFlowPicksAnEngineThatCanStart(t *testing.T) {
 func TestFlowDispatchesWhenPrefillDrains(t *testing.T) {
 	f := newFakeWorker(t, "m")
 	g, queued := flowGateway(t, FlowConfig{}, nil, f)
-	g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxPredictedWait: time.Second, PrefillRate: 8000}.WithDefaults()
+	g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxPredictedWait: time.Second, Estimate: loadmon.EstimateConfig{PrefillRate: 8000}}.WithDefaults()
 	loads := &settableLoads{}
 	g.flow.s.loads = loads
 	// 1.1 s of prefill queued at 8,000 tokens/s: past the 1 s bound for another 100 ms.

@@ -5,19 +5,20 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/flow"
+	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
 // The flow gate's saturation judgement: each worker's signals (its fresh report corrected by the
-// gate's flow.Engine estimate), the pool's headroom, the engines a dispatched request may pick,
+// gate's loadmon.Estimate of it), the pool's headroom, the engines a dispatched request may pick,
 // and the pool saturation the metrics export.
 
 // engine returns the gate's estimate of w, creating it; g.mu is held.
-func (g *flowGate) engine(w *worker.Worker) *flow.Engine {
+func (g *flowGate) engine(w *worker.Worker) *loadmon.Estimate {
 	e := g.engines[w]
 	if e == nil {
-		e = &flow.Engine{}
+		e = &loadmon.Estimate{}
 		g.engines[w] = e
 	}
 	return e
@@ -73,7 +74,7 @@ func (g *flowGate) signals(w *worker.Worker, now time.Time) flow.Signals {
 	if !ok {
 		return sig
 	}
-	g.engine(w).Judge(&sig, &r, now, g.cfg.Saturation.PrefillRate)
+	g.cfg.Saturation.Judge(&sig, g.engine(w), &r, now)
 	return sig
 }
 

@@ -180,23 +180,13 @@ func upstreamPath(route string, r *http.Request) string {
 // flow-control hold t (the worker's in-flight count takes it over).
 func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*worker.Worker, req *policy.Request, tr *tracing.Request, t *flowTicket) proxy.Picker {
 	return func(tried []*worker.Worker) *worker.Worker {
-		c := candidates
+		// The request's own filters (tried, cannot start) are policy.Choose's first.
+		req.Tried, req.Startable = tried, nil
 		if len(tried) == 0 {
-			c = t.candidates(candidates) // before the hold moves to a worker
+			req.Startable = t.startable() // before the hold moves to a worker
 		}
 		t.pick()
-		if len(tried) > 0 {
-			rest := make([]*worker.Worker, 0, len(candidates))
-			for _, w := range candidates {
-				if !containsWorker(tried, w) && w.Available() {
-					rest = append(rest, w)
-				}
-			}
-			if len(rest) > 0 {
-				c = rest
-			}
-		}
-		w := policy.Choose(ctx, pol, c, req)
+		w := policy.Choose(ctx, pol, candidates, req)
 		t.sent(w, &req.Decision)
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
@@ -208,15 +198,6 @@ func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*wo
 		}
 		return w
 	}
-}
-
-func containsWorker(ws []*worker.Worker, w *worker.Worker) bool {
-	for _, x := range ws {
-		if x == w {
-			return true
-		}
-	}
-	return false
 }
 
 // finish writes the error for a request that never reached the client, and records metrics.

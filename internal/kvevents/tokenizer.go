@@ -2,7 +2,6 @@ package kvevents
 
 import (
 	"bytes"
-	"container/list"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/lru"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -55,22 +55,16 @@ type Tokenizer struct {
 	cfg  TokenizerConfig
 	seed maphash.Seed
 
-	mu     sync.Mutex
-	lru    *list.List // of *tokEntry, most recent at the front
-	byKey  map[uint64]*list.Element
-	tokens int
+	mu    sync.Mutex
+	cache *lru.Cache[uint64, []uint32] // bounded by CacheTokens, each prompt costing its tokens
 
 	hits, misses, failures uint64
 }
 
-type tokEntry struct {
-	key  uint64
-	toks []uint32
-}
-
 // NewTokenizer returns a Tokenizer.
 func NewTokenizer(cfg TokenizerConfig) *Tokenizer {
-	return &Tokenizer{cfg: cfg.withDefaults(), seed: maphash.MakeSeed(), lru: list.New(), byKey: map[uint64]*list.Element{}}
+	c := cfg.withDefaults()
+	return &Tokenizer{cfg: c, seed: maphash.MakeSeed(), cache: lru.New[uint64, []uint32](c.CacheTokens)}
 }
 
 // TokenizerStats counts cache hits, tokenizations asked of workers and those that failed.
@@ -115,10 +109,8 @@ func (t *Tokenizer) Tokenize(ctx context.Context, via *worker.Worker, model stri
 	}
 	key := h.Sum64()
 	t.mu.Lock()
-	if e, ok := t.byKey[key]; ok {
-		t.lru.MoveToFront(e)
+	if toks, ok := t.cache.Get(key); ok {
 		t.hits++
-		toks := e.Value.(*tokEntry).toks
 		t.mu.Unlock()
 		return toks, nil
 	}
@@ -141,17 +133,10 @@ func (t *Tokenizer) put(key uint64, toks []uint32) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.byKey[key]; ok {
-		return
+	if _, ok := t.cache.Get(key); ok {
+		return // another request tokenized it meanwhile
 	}
-	t.byKey[key] = t.lru.PushFront(&tokEntry{key, toks})
-	t.tokens += len(toks)
-	for t.tokens > t.cfg.CacheTokens {
-		e := t.lru.Back().Value.(*tokEntry)
-		t.lru.Remove(t.lru.Back())
-		delete(t.byKey, e.key)
-		t.tokens -= len(e.toks)
-	}
+	t.cache.Add(key, toks, len(toks))
 }
 
 // errTokenize is the error of a failed tokenization (its cause is wrapped for logs only).

@@ -11,11 +11,12 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// The cost pipeline of the cost-based policies (cache_aware_hash, precise_prefix, least_load):
-// filter → score → pick, for every decision.
+// The cost model of the cost-based policies (cache_aware_hash, precise_prefix, least_load); the
+// decision runs it in pipeline order, gather → filter → score → pick, in decide.go.
 //
-//  1. Filter: the available candidates, less those over a hard cap (CostConfig.MaxTokenUsage,
-//     CostConfig.MaxWaiting) while some candidate is under it.
+//  1. Filter: the candidates not already tried, that flow control says can start the request,
+//     available, and under the hard caps (CostConfig.MaxTokenUsage, CostConfig.MaxWaiting),
+//     each while some candidate remains (decide.go's Filter* reasons).
 //  2. Score: each candidate's expected time to first token, in seconds, with the delay its
 //     prefill adds to the requests that will queue behind it,
 //
@@ -30,15 +31,17 @@ import (
 //     in flight to w × the mean uncached prompt.
 //     P    tokens    the prompt (tokenized, or its bytes ÷ CostConfig.BytesPerToken).
 //     Ĉ_w  tokens    the part of it predicted cached on w: from the prefix tree, from the
-//     engines' KV events, or 0 (least_load); behind R replicas the prompt's rendezvous
-//     owner is credited what no candidate is known to hold (Cost.creditOwner).
+//     engines' KV events, or 0 (least_load), with two recorded parts: Follow, the share of
+//     the prompt past the routing text taken as cached where all of the routing text is
+//     (CostConfig.FollowShare), and Credit, behind R replicas what the prompt's rendezvous
+//     owner is credited of what no candidate is known to hold (Cost.creditOwner).
 //     B_w  requests  the requests that will wait behind this prompt's prefill on w: the
 //     prefill the engine reports queued (Q_w) in prompts of ū, the mean uncached prompt this
 //     replica sends, times CostConfig.DelayShare (scorer.behind). Each of them waits
 //     (P − Ĉ_w) ÷ μ_w longer for it; where no queue is, B is 0 and the cost is the request's
 //     own wait.
-//     μ_w  tokens/s  w's prefill rate, measured from its reports (scorer.roll), starting at
-//     CostConfig.PrefillRate.
+//     μ_w  tokens/s  w's prefill rate, measured from its reports (loadmon.Estimate), starting
+//     at CostConfig.PrefillRate.
 //     D_w  seconds   the decode-side cost of joining w's batch: one decode step of the batch
 //     it joins, the requests at the engine now (the report's, corrected by this replica's
 //     sends and completions since, times the replica estimate) ÷ the fleet's mean
@@ -80,6 +83,9 @@ type CostConfig struct {
 	// RateSamples is how many busy poll intervals must measure a worker's μ before it replaces
 	// PrefillRate. Default 4.
 	RateSamples int `yaml:"rate_samples"`
+	// RateCap bounds one poll interval's measured μ, as a multiple of PrefillRate, so that a
+	// worker reporting nonsense cannot make itself look arbitrarily fast. Default 64.
+	RateCap float64 `yaml:"rate_cap"`
 	// DelayShare weighs the requests queued behind a prompt's prefill (B), in [0, 10]: 1 counts
 	// the time it makes each of them wait as much as its own wait, so the cost is the time to
 	// first token the pick adds to the fleet; 0 is each request's own wait alone (a greedy
@@ -91,12 +97,20 @@ type CostConfig struct {
 	// MaxWaiting is a hard cap: a worker whose fresh report shows more waiting requests than
 	// this is no candidate while some other is under it. Default 0 (off).
 	MaxWaiting int64 `yaml:"max_waiting"`
+	// MinDecodeRate is the floor of D's fleet throughput, in generated tokens per second per
+	// running request: no engine decodes slower, and a reported throughput that says so is a
+	// moving average still catching up with its batch. Default 1.
+	MinDecodeRate float64 `yaml:"min_decode_rate"`
+	// MeanWindow is how many sent prompts the mean uncached prompt ū (B's unit, and Q's where
+	// engines report request counts only) moves over, in requests. Default 64.
+	MeanWindow float64 `yaml:"mean_window"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
-		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, DelayShare: 1, MaxTokenUsage: 1}
+		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, RateCap: 64, DelayShare: 1, MaxTokenUsage: 1,
+		MinDecodeRate: 1, MeanWindow: 64}
 }
 
 // withDefaults fills zero fields; a wholly zero config is the defaults. Otherwise FollowShare,
@@ -107,17 +121,13 @@ func (c CostConfig) withDefaults() CostConfig {
 	if c == (CostConfig{}) {
 		return d
 	}
-	if c.PrefillRate == 0 {
-		c.PrefillRate = d.PrefillRate
+	e := c.Estimate() // the engine estimate's constants take its defaults
+	c.PrefillRate, c.BytesPerToken, c.RateDecay, c.RateSamples, c.RateCap = e.PrefillRate, e.BytesPerToken, e.RateDecay, e.RateSamples, e.RateCap
+	if c.MinDecodeRate == 0 {
+		c.MinDecodeRate = d.MinDecodeRate
 	}
-	if c.BytesPerToken == 0 {
-		c.BytesPerToken = d.BytesPerToken
-	}
-	if c.RateDecay == 0 {
-		c.RateDecay = d.RateDecay
-	}
-	if c.RateSamples == 0 {
-		c.RateSamples = d.RateSamples
+	if c.MeanWindow == 0 {
+		c.MeanWindow = d.MeanWindow
 	}
 	if c.MaxTokenUsage == 0 {
 		c.MaxTokenUsage = d.MaxTokenUsage
@@ -128,29 +138,35 @@ func (c CostConfig) withDefaults() CostConfig {
 // validate reports the first invalid cost constant. Each bound keeps a hostile or mistyped value
 // from making the cost meaningless (a zero or negative rate, a negative ε).
 func (c CostConfig) validate() error {
+	if err := c.Estimate().Validate(); err != nil {
+		return err // prefill_rate, bytes_per_token, rate_decay, rate_samples, rate_cap
+	}
 	switch {
-	case !(c.PrefillRate >= 0) || c.PrefillRate > 1e9:
-		return errors.New("prefill_rate must be in [0, 1e9] tokens/s")
-	case !(c.BytesPerToken >= 0) || c.BytesPerToken > 64:
-		return errors.New("bytes_per_token must be in [0, 64]")
 	case !(c.TieSeconds >= 0) || c.TieSeconds > 60:
 		return errors.New("tie_seconds must be in [0, 60]")
 	case !(c.TieShare >= 0) || c.TieShare > 1:
 		return errors.New("tie_share must be in [0, 1]")
 	case !(c.FollowShare >= 0) || c.FollowShare > 1:
 		return errors.New("follow_share must be in [0, 1]")
-	case !(c.RateDecay >= 0) || c.RateDecay > 1:
-		return errors.New("rate_decay must be in [0, 1]")
-	case c.RateSamples < 0 || c.RateSamples > 1000:
-		return errors.New("rate_samples must be in [0, 1000]")
 	case !(c.DelayShare >= 0) || c.DelayShare > 10:
 		return errors.New("delay_share must be in [0, 10]")
 	case !(c.MaxTokenUsage >= 0) || c.MaxTokenUsage > 1:
 		return errors.New("max_token_usage must be in [0, 1]")
 	case c.MaxWaiting < 0:
 		return errors.New("max_waiting must be >= 0")
+	case !(c.MinDecodeRate >= 0) || c.MinDecodeRate > 1e6:
+		return errors.New("min_decode_rate must be in [0, 1e6] tokens/s per running request")
+	case c.MeanWindow != 0 && !(c.MeanWindow >= 1) || c.MeanWindow > 1e6:
+		return errors.New("mean_window must be in [1, 1e6] requests")
 	}
 	return nil
+}
+
+// Estimate returns the constants of the engine estimate (loadmon.Estimate) the cost reads, which
+// flow control's saturation judgement reads too: one prefill rate, one bytes-to-tokens rule.
+func (c CostConfig) Estimate() loadmon.EstimateConfig {
+	return loadmon.EstimateConfig{PrefillRate: c.PrefillRate, RateDecay: c.RateDecay, RateSamples: c.RateSamples,
+		RateCap: c.RateCap, BytesPerToken: c.BytesPerToken}.WithDefaults()
 }
 
 // Terms is one candidate's cost with every term, as a decision records it.
@@ -167,8 +183,15 @@ type Terms struct {
 	PeerSent float64
 	// Prompt is P, the prompt, in tokens.
 	Prompt float64
-	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens.
+	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens, Follow and
+	// Credit included.
 	Cached float64
+	// Follow is the part of Ĉ past the routing text, taken as cached because the worker holds
+	// all of the routing text (CostConfig.FollowShare), in tokens.
+	Follow float64
+	// Credit is the part of Ĉ that is the prompt's rendezvous owner's credit behind several
+	// replicas (Cost.creditOwner), not a prediction of the tree or the events, in tokens.
+	Credit float64
 	// Behind is B, the requests expected to wait behind this prompt's prefill on the worker,
 	// weighted by CostConfig.DelayShare: each waits (P − Ĉ) ÷ μ longer for it.
 	Behind float64
@@ -233,35 +256,27 @@ type costCand struct {
 	ahead float64
 	// idHash is the worker id's rendezvous hash (idHash).
 	idHash uint64
-	// credit is the part of t.Cached that is the rendezvous owner's credit
-	// (Cost.creditOwner), not a prediction of the tree or the events.
-	credit float64
-	// peerTok and peerReq are what the peers sent w since its report (Peers.SentSince), when
-	// the sync plane is active; r.replicas is then 1.
+	// peerTok and peerReq are what the peers sent w since its report (Peers.SentSinceAll),
+	// when the sync plane is active; r.replicas is then 1.
 	peerTok, peerReq float64
 	t                Terms
 }
 
 // workerCost is what a replica remembers of one worker between decisions.
 type workerCost struct {
-	// polled is the PolledAt of the report that sentTok follows.
-	polled time.Time
-	// queued is that report's Q, in tokens; sentTok what this replica sent since.
-	queued, sentTok float64
+	// est is the replica's picture of the engine (μ, Q, what it sent since the report).
+	est loadmon.Estimate
 	// idHash is the worker id's rendezvous hash (idHash), computed once.
 	idHash uint64
-	// rate is the measured μ in tokens per second, 0 until measured; rated counts the
-	// intervals that measured it.
-	rate  float64
-	rated int
 }
 
 // scorer is the filter and score steps of the pipeline, and the per-worker memory they need.
 type scorer struct {
 	cfg   CostConfig
+	est   loadmon.EstimateConfig // cfg.Estimate()
 	loads Loads
 	now   func() time.Time
-	// peers is the replica sync plane, nil without one.
+	// peers is the replica sync plane, nil without one (peers.go).
 	peers Peers
 
 	mu sync.Mutex
@@ -273,89 +288,15 @@ type scorer struct {
 	meanUncached float64
 }
 
-func newScorer(cfg CostConfig, loads Loads, now func() time.Time, peers Peers) *scorer {
-	return &scorer{cfg: cfg.withDefaults(), loads: loads, now: now, peers: peers, ws: map[string]*workerCost{}}
+func newScorer(cfg CostConfig, loads Loads, now func() time.Time) *scorer {
+	c := cfg.withDefaults()
+	return &scorer{cfg: c, est: c.Estimate(), loads: loads, now: now, ws: map[string]*workerCost{}}
 }
 
 // promptTokens is P for a request that is not tokenized: the whole prompt's bytes (the routing
 // text when the caller does not know more) in tokens.
 func (s *scorer) promptTokens(req *Request) float64 {
-	return float64(max(req.PromptBytes, len(req.Text))) / s.cfg.BytesPerToken
-}
-
-// gather filters candidates (available, under the hard caps) into dst and fills every term but
-// Ĉ, reading one load snapshot under the replica's lock. prompt is P in tokens. pool says that
-// candidates is a decision's candidate list, which the scorer's poolView remembers; a one-off
-// list (Record's single worker) is read directly and leaves the view alone.
-func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt float64, pool, dry bool) []costCand {
-	av := dst[:0]
-	mon, pinned := s.loads.(*loadmon.Monitor)
-	var snap loadmon.Pinned
-	if pinned {
-		snap = mon.Pin()
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var v *poolView
-	if pool {
-		v = s.view(candidates, snap.Snapshot())
-	}
-	for i, w := range candidates {
-		if !w.Available() {
-			continue
-		}
-		c := costCand{w: w, t: Terms{Worker: w.ID, Prompt: prompt}}
-		if v != nil {
-			c.st = v.st[i]
-		}
-		switch {
-		case !pinned:
-			r, fresh := s.loads.Report(w)
-			c.r, c.fresh = reportOf(&r), fresh
-		case v != nil:
-			if v.has[i] && snap.Fresh(v.rep[i].polled) {
-				c.r, c.fresh = v.rep[i], true
-			}
-		default:
-			r, fresh := snap.Report(w)
-			c.r, c.fresh = reportOf(&r), fresh
-		}
-		av = append(av, c)
-	}
-	av = s.capped(av)
-	if s.peers != nil && s.peers.Active() {
-		peerSent(s.peers, av)
-	}
-	// The fleet's mean generation throughput per engine, for D (see terms), never below one
-	// token a second per running request: no engine decodes slower, and a throughput that says
-	// so is a moving average still catching up with its batch (after a start or a burst).
-	var gen, running float64
-	n := 0
-	for i := range av {
-		if av[i].fresh && av[i].r.gen > 0 {
-			gen += av[i].r.gen
-			running += float64(av[i].r.running)
-			n++
-		}
-	}
-	if n > 0 {
-		gen = max(gen, running) / float64(n)
-	}
-	now := s.now()
-	for i := range av {
-		if av[i].st == nil {
-			av[i].st = s.state(av[i].w.ID)
-		}
-		if dry && av[i].fresh && av[i].r.polled.After(av[i].st.polled) {
-			// A price asked without a pick (BestCost) moves a copy on to the new report: the
-			// state, μ's measurement with it, moves only with decisions, so how often anyone
-			// asks cannot change what the picks measure.
-			st := *av[i].st
-			av[i].st = &st
-		}
-		s.terms(&av[i], now, gen)
-	}
-	return av
+	return s.est.Tokens(int64(max(req.PromptBytes, len(req.Text))))
 }
 
 // poolView is what the scorer read for the last decision's candidate list, by position: each
@@ -421,160 +362,6 @@ func (s *scorer) state(id string) *workerCost {
 	return st
 }
 
-// capped drops the candidates over a hard cap, unless that would drop them all.
-func (s *scorer) capped(av []costCand) []costCand {
-	if s.cfg.MaxTokenUsage >= 1 && s.cfg.MaxWaiting == 0 {
-		return av // both caps off
-	}
-	over := func(c *costCand) bool {
-		return c.fresh && (c.r.tokenData && c.r.usage > s.cfg.MaxTokenUsage ||
-			s.cfg.MaxWaiting > 0 && c.r.waiting > s.cfg.MaxWaiting)
-	}
-	n := 0
-	for i := range av {
-		if !over(&av[i]) {
-			n++
-		}
-	}
-	if n == 0 || n == len(av) {
-		return av
-	}
-	k := 0
-	for i := range av {
-		if !over(&av[i]) {
-			av[k] = av[i]
-			k++
-		}
-	}
-	clear(av[k:])
-	return av[:k]
-}
-
-// terms fills Q, S, μ and D of c as of now, gen being the fleet's mean generation throughput
-// per engine (tokens/s; 0 when none reports one); c.st is set, and the caller holds s.mu.
-func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
-	st := c.st
-	c.idHash = st.idHash
-	t := &c.t
-	if !c.fresh {
-		// No report to go by: this replica's own requests in flight are all it knows.
-		t.Sent = float64(c.w.Inflight()) * s.meanUncached
-		c.ahead = float64(c.w.Inflight())
-		t.Rate = s.rateOf(st)
-		s.behind(t)
-		t.price()
-		return
-	}
-	r := &c.r
-	q := float64(r.uncachedTokens)
-	if !r.hasUncached {
-		q = float64(r.waiting) * s.meanUncached
-	}
-	rep := max(r.replicas, 1)
-	if r.polled.After(st.polled) {
-		s.roll(st, r.polled, q)
-	}
-	t.Rate = s.rateOf(st)
-	if r.polled.Equal(st.polled) {
-		t.Sent = st.sentTok * rep
-	}
-	t.Sent += c.peerTok
-	t.PeerSent = c.peerTok
-	// The requests at the engine now, as the global load of loadmon.ModeScaled counts them:
-	// the report's, corrected by what this replica sent and saw finish since, times the
-	// replica estimate. What finished since the report is no longer in the batch.
-	local := c.w.Inflight()
-	c.ahead = max(float64(local), float64(r.running+r.waiting)+rep*float64(local-r.inflightAtPoll)+c.peerReq) - float64(r.running+r.waiting)
-	// The engine has been prefilling since the poll: what it had queued then, and then what
-	// was sent it since, is that much less now (a report up to a poll interval old would
-	// otherwise push work off an engine that has long finished it).
-	done := t.Rate * max(now.Sub(r.polled).Seconds(), 0)
-	t.Queued = max(q-done, 0)
-	t.Sent = max(t.Sent-max(done-q, 0), 0)
-	t.PeerSent = min(t.PeerSent, t.Sent)
-	if gen > 0 {
-		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
-		// the fleet generates): the batch joined, with what was sent since the report, over the
-		// fleet's mean throughput, so an engine with twice the mean batch counts twice the mean
-		// step. The fleet's mean, not the engine's own throughput, because
-		// an engine's is a moving average that lags its batch: after a burst it would make a
-		// busy engine look arbitrarily slow and an idle one free.
-		t.Decode = max(float64(r.running+r.waiting)+c.ahead, 0) / gen
-	}
-	s.behind(t)
-	t.price()
-}
-
-// behind sets B of t (Q set): the requests that will queue behind the prompt while it waits,
-// times DelayShare. An engine with prefill queued is admitting work as fast as it prefills, about
-// μ ÷ ū requests a second (ū the mean uncached prompt this replica sends), and the prompt waits
-// Q ÷ μ seconds before its own prefill starts: Q ÷ ū requests come in behind it meanwhile, and
-// each waits for its prefill. Where only request counts are reported, Q is waiting requests × ū,
-// so B is the waiting requests. Only the queue the engine reports counts, not S: what this
-// replica sent since the report is mostly admitted already on a fleet that is not saturated, and
-// S × the replica estimate counted as a queue made precise_prefix's multi-turn p99 at 8 gateways
-// 156 ms against 110 ms (docs/routing.md §9). B is 0 until this replica has sent a prompt (no
-// mean yet).
-func (s *scorer) behind(t *Terms) {
-	t.Behind = 0
-	if s.meanUncached > 0 {
-		t.Behind = s.cfg.DelayShare * t.Queued / s.meanUncached
-	}
-}
-
-// rateOf is μ of a worker: measured once RateSamples intervals measured it, else the configured
-// start.
-func (s *scorer) rateOf(st *workerCost) float64 {
-	if st.rated >= s.cfg.RateSamples && st.rate > 0 {
-		return st.rate
-	}
-	return s.cfg.PrefillRate
-}
-
-// roll moves st on to a newer report (polled, its Q in tokens) and measures μ over the interval
-// since the previous one. While the engine still has prefill queued at the end of an interval
-// it was prefilling throughout, so the fall of its backlog over the interval is a lower bound on
-// its prefill rate, whatever anyone sent it meanwhile (sends only make the fall smaller), and
-// equals the rate over an interval in which nothing arrived; an interval counts only when it
-// began with more prefill queued than the current estimate drains in it. μ is the decaying peak of those
-// falls (CostConfig.RateDecay per sample), so it approaches each engine's true rate at every
-// replica alike, and an engine that slows down is seen to. Adding what this replica sent since
-// the report would be closer on average but is biased: a send that hits the engine's cache
-// queues less than predicted, so the engines that hold more would look faster and attract
-// more. Samples are bounded to 64 × PrefillRate, so a worker reporting nonsense cannot make
-// itself look arbitrarily fast.
-func (s *scorer) roll(st *workerCost, polled time.Time, queued float64) {
-	// Only an interval that began with at least a whole interval of prefill at the current
-	// estimate says something: a small backlog falls as far as it is long, however fast the
-	// engine is.
-	if dt := polled.Sub(st.polled).Seconds(); !st.polled.IsZero() && dt > 0 && queued > 0 && st.queued > queued &&
-		st.queued >= s.rateOf(st)*dt {
-		fall := min((st.queued-queued)/dt, 64*s.cfg.PrefillRate)
-		st.rate = max(fall, st.rate*(1-s.cfg.RateDecay))
-		st.rated++
-	}
-	st.polled, st.queued, st.sentTok = polled, queued, 0
-}
-
-// commit records that c's worker was sent a prompt of which uncached tokens miss its cache.
-func (s *scorer) commit(c *costCand, uncached float64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	st := s.ws[c.w.ID]
-	if st == nil {
-		return // forgotten meanwhile
-	}
-	if c.fresh && c.r.polled.Equal(st.polled) {
-		st.sentTok += uncached
-	}
-	const window = 64 // requests over which the mean uncached prompt moves
-	if s.meanUncached == 0 {
-		s.meanUncached = uncached
-	} else {
-		s.meanUncached += (uncached - s.meanUncached) / window
-	}
-}
-
 func (s *scorer) forget(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -582,61 +369,6 @@ func (s *scorer) forget(id string) {
 	// Every position is looked up again: none may keep the forgotten state.
 	clear(s.pool.ws)
 	s.pool.snap = nil
-}
-
-// choose is the pick step: it prices every candidate (Ĉ filled in by the caller) and returns the
-// index of the chosen one and of the runner-up (−1 when there is one candidate), and the most
-// of the prompt predicted cached on any candidate (after clamping Ĉ to [0, P]).
-func (s *scorer) choose(av []costCand, key uint64) (best, runner int, most float64) {
-	// One pass prices and ranks: least is the first candidate of least cost, second the first of
-	// least cost among the others, so the runner-up is whichever of the two is not chosen.
-	least, second := 0, -1
-	for i := range av {
-		t := &av[i].t
-		t.Cached = min(max(t.Cached, 0), t.Prompt)
-		t.price()
-		most = max(most, t.Cached)
-		switch {
-		case i == 0:
-		case t.Cost < av[least].t.Cost:
-			least, second = i, least
-		case second < 0 || t.Cost < av[second].t.Cost:
-			second = i
-		}
-	}
-	// The ties within ε of the least go to the highest rendezvous score of key.
-	eps := s.cfg.TieSeconds + s.cfg.TieShare*av[least].t.Cost
-	limit := av[least].t.Cost + eps
-	best = least
-	var bestScore uint64
-	n := 0
-	for i := range av {
-		if av[i].t.Cost > limit {
-			continue
-		}
-		n++
-		if sc := scoreHashed(key, av[i].idHash); n == 1 || sc > bestScore {
-			best, bestScore = i, sc
-		}
-	}
-	if best != least {
-		return best, least, most
-	}
-	return best, second, most
-}
-
-// record writes the decision's terms into req.
-func record(req *Request, av []costCand, best, runner int) {
-	if req == nil {
-		return
-	}
-	d := &req.Decision
-	d.HasCost = true
-	d.Chosen = av[best].t
-	d.RunnerUp = Terms{}
-	if runner >= 0 {
-		d.RunnerUp = av[runner].t
-	}
 }
 
 // candPool recycles the candidate buffers of decisions.
@@ -667,7 +399,7 @@ func finite(x float64) float64 {
 // String renders the terms for an audit header or a log line: the worker id, Q, S, S's part
 // from peers (sp), P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
-// (3 decimals). Every value is a number or the worker's id (a hash, no address), so it is safe
+// (3 decimals), then Ĉ's follow share and owner credit in whole tokens. Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -678,7 +410,8 @@ func (t Terms) String() string {
 		v    float64
 		prec int
 	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" sp=", t.PeerSent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
-		{" b=", t.Behind, 2}, {" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3}} {
+		{" b=", t.Behind, 2}, {" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3},
+		{" follow=", t.Follow, 0}, {" credit=", t.Credit, 0}} {
 		b = append(b, f.name...)
 		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)
 	}

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,7 +160,7 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 			}
 			gen /= float64(max(n, 1))
 			for i, f := range tt.ws {
-				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: f.q, sentTok: f.sentTok, rate: f.rate, rated: 100}
+				p.sc.ws[ws[i].ID] = seededCost(p.sc, polled, f.q, f.sentTok, f.rate)
 				d := 0.0
 				if gen > 0 {
 					d = float64(f.running+f.waiting) / gen // the requests at the engine, one step
@@ -350,6 +352,15 @@ func TestPreciseFallsBack(t *testing.T) {
 			if d[branch] != 5 || d[BranchPreciseHit]+d[BranchPreciseMiss] != 0 {
 				t.Fatalf("decisions %v", d)
 			}
+			// Each decision is counted once, under its fallback branch: the alert on the
+			// fallback share divides by the sum over every branch.
+			var sum uint64
+			for _, n := range d {
+				sum += n
+			}
+			if sum != 5 {
+				t.Fatalf("5 decisions counted %d times: %v", sum, d)
+			}
 			if name == "blind" && kv.tokenized != 0 {
 				t.Fatalf("tokenized %d prompts that no event could match", kv.tokenized)
 			}
@@ -495,15 +506,18 @@ func TestCostConcurrent(t *testing.T) {
 	}
 	p := newCostPolicy(t, "cache_aware_hash", nil, reports)
 	var wg sync.WaitGroup
+	var sent [8]atomic.Int64 // picks per worker
 	for g := range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range 200 {
-				if Choose(context.Background(), p, ws, &Request{Text: prompt(g*1000+i%20, "tail"), PromptBytes: 2000}) == nil {
+				w := Choose(context.Background(), p, ws, &Request{Text: prompt(g*1000+i%20, "tail"), PromptBytes: 2000})
+				if w == nil {
 					t.Error("no pick")
 					return
 				}
+				sent[slices.Index(ws, w)].Add(1)
 				if i%50 == 0 {
 					p.Forget(ws[i%8].ID)
 				}
@@ -511,6 +525,20 @@ func TestCostConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// Every decision is counted once, whatever ran concurrently with it.
+	var n uint64
+	for _, c := range p.Decisions() {
+		n += c
+	}
+	if n != 8*200 {
+		t.Fatalf("%d decisions counted, want %d", n, 8*200)
+	}
+	// The sends spread the load: S grows on each pick, so no worker takes most of 160 prompts.
+	for i := range sent {
+		if c := sent[i].Load(); c > 8*200/2 {
+			t.Fatalf("worker %d took %d of %d picks", i, c, 8*200)
+		}
+	}
 }
 
 // TestCostCountsTheRequestsBehind works B through by hand: a prompt of 6,000 tokens, 5,000 of
@@ -542,7 +570,7 @@ func TestCostCountsTheRequestsBehind(t *testing.T) {
 			p.sc.cfg.DelayShare = tt.share
 			p.sc.meanUncached = 2000
 			for i, q := range []float64{16000, 8000} {
-				p.sc.ws[ws[i].ID] = &workerCost{polled: polled, queued: q, rate: 8000, rated: 100}
+				p.sc.ws[ws[i].ID] = seededCost(p.sc, polled, q, 0, 8000)
 			}
 			req := &Request{Model: "m", Text: strings.Repeat("x", 6000), PromptBytes: 6000}
 			if got := Choose(context.Background(), p, ws, req); got != ws[tt.want] {
@@ -626,8 +654,8 @@ func TestOwnerCreditShare(t *testing.T) {
 		av[owner].t.Cached = 500        // the owner's own prefix
 		av[(owner+1)%3].t.Cached = 2000 // the longest the tree places
 		p.creditOwner(av, key, 2000)
-		if math.Abs(av[owner].credit-tt.credit) > 1e-9 || math.Abs(av[owner].t.Cached-500-tt.credit) > 1e-9 {
-			t.Errorf("f %v, R %v: credit %v (Ĉ %v), want %v", tt.f, tt.replicas, av[owner].credit, av[owner].t.Cached, tt.credit)
+		if math.Abs(av[owner].t.Credit-tt.credit) > 1e-9 || math.Abs(av[owner].t.Cached-500-tt.credit) > 1e-9 {
+			t.Errorf("f %v, R %v: credit %v (Ĉ %v), want %v", tt.f, tt.replicas, av[owner].t.Credit, av[owner].t.Cached, tt.credit)
 		}
 		p.Close()
 	}
@@ -644,5 +672,47 @@ func TestTTFTLeavesOutTheDelayBehind(t *testing.T) {
 	}
 	if got, want := tm.Formula(), (4000+1000+2000*3)/1000.0+0.25; got != want {
 		t.Errorf("Formula = %v, want %v", got, want)
+	}
+}
+
+// seededCost is a worker's state that follows the report polled at polled, with q tokens queued
+// at it, sentTok uncached tokens this replica sent since and μ measured at rate.
+func seededCost(sc *scorer, polled time.Time, q, sentTok, rate float64) *workerCost {
+	st := &workerCost{}
+	st.est.Observe(polled, q, 0, 0, &sc.est)
+	st.est.ObserveRate(rate, &sc.est)
+	if sentTok > 0 {
+		st.est.Sent(loadmon.Own, sentTok, sentTok)
+	}
+	return st
+}
+
+// TestFilterReasons: every reason a candidate is out of a decision is applied in one place and
+// counted: already tried (a retry), cannot start (flow control), unavailable, capped.
+func TestFilterReasons(t *testing.T) {
+	ws := cahWorkers(t, 4)
+	ws[3].SetHealth(worker.NotReady)
+	p := newCostPolicy(t, "least_load", nil, cahLoads{})
+	req := &Request{Tried: []*worker.Worker{ws[0]}}
+	if got := Choose(context.Background(), p, ws, req); got == ws[0] || got == ws[3] {
+		t.Fatalf("picked %s: tried or unavailable", got.ID)
+	}
+	if f := req.Decision.Filtered; f[FilterTried] != 1 {
+		t.Fatalf("filtered %v, want 1 tried", f)
+	}
+	req = &Request{Startable: func(c []*worker.Worker) []*worker.Worker { return c[2:] }}
+	if got := Choose(context.Background(), p, ws, req); got != ws[2] {
+		t.Fatalf("picked %s, want the one startable available worker", got.ID)
+	}
+	if f := req.Decision.Filtered; f[FilterCannotStart] != 2 || f[FilterUnavailable] != 1 {
+		t.Fatalf("filtered %v, want 2 that cannot start and 1 unavailable", f)
+	}
+	if got := p.Filtered(); got["tried"] != 1 || got["cannot_start"] != 2 || got["unavailable"] != 1 {
+		t.Fatalf("counts %v", got)
+	}
+	// Every candidate tried: all again.
+	req = &Request{Tried: ws}
+	if got := Choose(context.Background(), p, ws, req); got == nil || got == ws[3] {
+		t.Fatal("no pick when every worker was tried")
 	}
 }

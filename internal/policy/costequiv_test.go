@@ -200,7 +200,7 @@ func checkEquivalence(t *testing.T, ws []*worker.Worker, cfg CostConfig, loads L
 	advance func(time.Duration), poll func()) {
 	t.Helper()
 	poll()
-	got, want := newScorer(cfg, loads, now, nil), newScorer(cfg, loads, now, nil)
+	got, want := newScorer(cfg, loads, now), newScorer(cfg, loads, now)
 	g := rand.New(rand.NewPCG(20, 7))
 	pool := ws
 	var releases []func()
@@ -232,7 +232,7 @@ func checkEquivalence(t *testing.T, ws []*worker.Worker, cfg CostConfig, loads L
 		}
 		advance(time.Duration(g.IntN(40)) * time.Millisecond)
 		prompt := float64(g.IntN(20000))
-		a := got.gather(bufA, pool, prompt, g.IntN(10) != 0, false) // now and then a one-off list
+		a := got.gather(bufA, pool, prompt, &Request{}, g.IntN(10) != 0, false) // now and then a one-off list
 		b := refGather(want, bufB, pool, prompt)
 		if len(a) != len(b) {
 			t.Fatalf("step %d: %d candidates, reference %d", step, len(a), len(b))

@@ -86,6 +86,27 @@ type Cost struct {
 	// decideNS sums the time precise decisions took, tokenization and matching included;
 	// decided counts them.
 	decideNS, decided atomic.Int64
+	// filtered counts the candidates each filter reason dropped, over committed decisions.
+	filtered [NumFilters]atomic.Uint64
+}
+
+// countFiltered adds a committed decision's filtered candidates to the policy's counts.
+func (p *Cost) countFiltered(d *Decision) {
+	for i, n := range d.Filtered {
+		if n > 0 {
+			p.filtered[i].Add(uint64(n))
+		}
+	}
+}
+
+// Filtered returns how many candidates each filter reason (FilterNames) dropped over the
+// policy's decisions.
+func (p *Cost) Filtered() map[string]uint64 {
+	m := make(map[string]uint64, NumFilters)
+	for i := range p.filtered {
+		m[FilterNames[i]] = p.filtered[i].Load()
+	}
+	return m
 }
 
 var (
@@ -99,8 +120,9 @@ var (
 
 func newCost(name string, src source, cfg Config) *Cost {
 	c := cfg.withDefaults()
-	p := &Cost{name: name, src: src, sc: newScorer(c.Cost, c.Loads, c.Now, c.Peers), kv: c.KV,
+	p := &Cost{name: name, src: src, sc: newScorer(c.Cost, c.Loads, c.Now), kv: c.KV,
 		dec: newCounters(BranchCacheHit, BranchCacheMiss, BranchSpill)}
+	p.sc.peers = c.Peers
 	if src != fromNothing {
 		p.prefixTree = newPrefixTree(c)
 	}
@@ -208,220 +230,6 @@ func (p *Cost) BestCost(ctx context.Context, candidates []*worker.Worker, req *R
 	return scratch.Decision.Chosen.TTFT(), true
 }
 
-// decide is Pick, recording the decision (tree, sends, counters) only when commit.
-func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Request, commit bool) *worker.Worker {
-	if req == nil {
-		req = &Request{}
-	}
-	var toks []uint32
-	branch := -1
-	if p.src == fromEvents {
-		toks, branch = p.tokenize(ctx, candidates, req)
-	}
-	buf := getCands(len(candidates))
-	av := *buf
-	defer func() { putCands(buf, av) }()
-	av = p.sc.gather(av, candidates, p.sc.promptTokens(req), true, !commit)
-	if len(av) == 0 {
-		return nil
-	}
-	if toks != nil {
-		if key, ok := p.eventsCached(av, req, toks); ok {
-			return p.finish(av, req, key, commit, coPreciseHit)
-		}
-		branch = coNoEvents
-	}
-	if branch >= 0 && commit {
-		p.dec.add(branch)
-	}
-	if p.src == fromNothing || req.Text == "" {
-		// No cache to agree on: ties go by the whole routing text, which spreads them.
-		return p.finish(av, req, hashString(req.Text), commit, -1)
-	}
-	return p.treeCached(av, req, commit)
-}
-
-// tokenize returns the prompt's tokens for precise_prefix, before any load is read, under the
-// request's context (the tokenizer bounds it by its own deadline too); nil with the fallback
-// branch when the events cannot answer or the tokenizer fails.
-func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *Request) ([]uint32, int) {
-	if p.kv == nil || req.Text == "" && !req.Chat {
-		return nil, coNoEvents
-	}
-	var idBuf [64]string
-	ids := idBuf[:0]
-	// Spread tokenization over the workers by the prompt's opening: the same opening asks the
-	// same worker.
-	key := hashString(prefixChars(req.Text, placementChars))
-	var via *worker.Worker
-	var viaScore uint64
-	for _, w := range candidates {
-		if w.Available() {
-			ids = append(ids, w.ID)
-			if s := score(key, w.ID); via == nil || s > viaScore {
-				via, viaScore = w, s
-			}
-		}
-	}
-	if via == nil || !p.kv.Covers(req.Model, ids) {
-		return nil, coNoEvents
-	}
-	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.Text)
-	if err != nil || len(toks) == 0 {
-		return nil, coTokenizer
-	}
-	return toks, -1
-}
-
-// eventsCached fills Ĉ from the engines' events and returns the placement key, ok false when the
-// events cannot answer for every candidate.
-func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32) (uint64, bool) {
-	start := time.Now()
-	var idBuf [64]string
-	var outBuf [64]int
-	ids, out := idBuf[:0], outBuf[:0]
-	for i := range av {
-		ids = append(ids, av[i].w.ID)
-		out = append(out, 0)
-	}
-	if !p.kv.Match(req.Model, toks, ids, out) {
-		return 0, false
-	}
-	// A chat request's whole messages were tokenized; other prompts only their routing text,
-	// whose tail past it is counted in bytes.
-	prompt := float64(len(toks))
-	rest := 0.0
-	if !req.Chat {
-		rest = max(float64(req.PromptBytes-len(req.Text)), 0) / p.sc.cfg.BytesPerToken
-	}
-	for i := range av {
-		av[i].t.Prompt = prompt + rest
-		av[i].t.Cached = float64(out[i])
-		if out[i] >= len(toks) {
-			av[i].t.Cached += p.sc.cfg.FollowShare * rest
-		}
-	}
-	p.decideNS.Add(int64(time.Since(start)))
-	p.decided.Add(1)
-	return tokenPlacementKey(toks, out), true
-}
-
-// treeCached fills Ĉ from the prefix tree and decides inside the tree's descent, so the text is
-// recorded for the chosen worker at once (when commit).
-func (p *Cost) treeCached(av []costCand, req *Request, commit bool) *worker.Worker {
-	idx := newCandIndex(av)
-	defer idx.release()
-	routed := float64(len(req.Text)) / p.sc.cfg.BytesPerToken
-	rest := max(av[0].t.Prompt-routed, 0)
-	var chosen *worker.Worker
-	p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
-		if i := idx.get(av, tenant); i >= 0 {
-			av[i].t.Cached = float64(chars)
-		}
-	}, func(m *radix.Match) string {
-		if p.sc.peers != nil && p.sc.peers.Active() {
-			peerPlaced(p.sc.peers, av, req, m.Total)
-		}
-		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
-		for i := range av {
-			c := &av[i].t
-			full := int(c.Cached) >= m.Total
-			c.Cached = c.Cached / p.sc.cfg.BytesPerToken
-			if full && c.Cached > 0 {
-				c.Cached += p.sc.cfg.FollowShare * rest
-			}
-			known = max(known, c.Cached)
-		}
-		key := hashString(placementKey(req.Text, m.Shared))
-		p.creditOwner(av, key, known)
-		chosen = p.finish(av, req, key, commit, -1)
-		if !commit {
-			return ""
-		}
-		return chosen.ID
-	})
-	return chosen
-}
-
-// creditOwner adds to Ĉ of the key's rendezvous owner what it is expected to hold of the part
-// of a prompt that this replica's tree places on no candidate (past known, the longest prefix
-// the tree places anywhere, in tokens): every replica places what it does not know on the same
-// owner unless that costs more than the credit, so the owner holds it if it was sent before.
-// The credit is that part times the probability that it was: with f = FollowShare the prior
-// that a prompt was sent before (the tree's own assumption about what follows a matched
-// opening) and R gateway replicas (the report's estimate), a prompt sent before went through
-// another replica with probability 1 − 1/R, and the tree's not holding it rules out this one,
-//
-//	share = f × (1 − 1/R) ÷ (1 − f/R),
-//
-// which is 1 for f = 1 behind more than one replica and 0 behind one (that replica's tree sees
-// everything). A prefix the tree does place is not the owner's to claim: prefix caches hold a
-// prompt's tokens only after its opening, and this replica sent that opening elsewhere, so
-// crediting the owner with it would pull a conversation off the worker that holds it (at 8
-// gateways the slowest 1 % of multi-turn requests were that). The credit is bounded by the
-// prompt, so a loaded owner still loses to an idle worker: bounded-load hashing, with the bound
-// in seconds of prefill.
-func (p *Cost) creditOwner(av []costCand, key uint64, known float64) {
-	owner, best := 0, uint64(0)
-	for i := range av {
-		if s := scoreHashed(key, av[i].idHash); i == 0 || s > best {
-			owner, best = i, s
-		}
-	}
-	c := &av[owner]
-	if !c.fresh || c.r.replicas <= 1 {
-		return
-	}
-	f, r := p.sc.cfg.FollowShare, c.r.replicas
-	share := f * (1 - 1/r) / (1 - f/r)          // r > 1, so the divisor is above 0
-	c.credit = share * max(c.t.Prompt-known, 0) // known ≥ the owner's own Ĉ
-	c.t.Cached += c.credit
-}
-
-// finish picks among av (every term filled), records the decision in req and, when commit,
-// counts the branch and the tokens sent. branch overrides the counted branch when ≥ 0.
-func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, branch int) *worker.Worker {
-	best, runner, most := p.sc.choose(av, key)
-	record(req, av, best, runner)
-	c := &av[best]
-	d := &req.Decision
-	switch {
-	case c.t.Cached < most:
-		d.Branch, branch = BranchSpill, ifElse(branch == coPreciseHit, coPreciseMiss, coSpill)
-	case most == 0:
-		d.Branch, branch = BranchCacheMiss, ifElse(branch == coPreciseHit, coPreciseMiss, coMiss)
-	default:
-		d.Branch, branch = BranchCacheHit, ifElse(branch == coPreciseHit, coPreciseHit, coHit)
-	}
-	if branch == coPreciseHit || branch == coPreciseMiss {
-		d.Branch = p.dec.names[branch]
-	}
-	if p.src != fromNothing && c.t.Prompt > 0 {
-		// The prediction audited against what the engine reports is the tree's or the events'
-		// own: the owner's credit is an expectation learned from that audit, kept out of it.
-		d.Predicted, d.HasPrediction, d.WholePrompt = min(c.t.Cached-c.credit, c.t.Prompt)/c.t.Prompt, true, true
-	}
-	if commit {
-		p.dec.add(branch)
-		p.sc.commit(c, c.t.Prompt-c.t.Cached)
-		if p.sc.peers != nil {
-			p.sc.peers.Decided(req.Model, c.w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
-		}
-		if p.src == fromEvents && req.Text != "" && branch >= coPreciseHit {
-			p.tree.Insert(req.Text, c.w.ID) // keep the fallback's tree as warm as the default's
-		}
-	}
-	return c.w
-}
-
-// ifElse returns a when cond, else b.
-func ifElse(cond bool, a, b int) int {
-	if cond {
-		return a
-	}
-	return b
-}
-
 // Record records that req goes to w although this policy did not choose it (the sticky
 // wrapper chose): the tree learns the text, the tokens count as sent to w, and req.Decision gets
 // w's predicted share.
@@ -429,7 +237,7 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 	buf := getCands(1)
 	av := *buf
 	defer func() { putCands(buf, av) }()
-	av = p.sc.gather(av, []*worker.Worker{w}, p.sc.promptTokens(req), false, false)
+	av = p.sc.gather(av, []*worker.Worker{w}, p.sc.promptTokens(req), req, false, false)
 	if len(av) == 0 {
 		req.decide("", 0, false)
 		return
@@ -439,7 +247,7 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 		p.tree.Route(req.Text, func(m *radix.Match) string {
 			for _, t := range m.Tenants {
 				if t == w.ID {
-					c.t.Cached = float64(m.Chars) / p.sc.cfg.BytesPerToken
+					c.t.Cached = p.sc.est.Tokens(int64(m.Chars))
 				}
 			}
 			return w.ID

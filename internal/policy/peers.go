@@ -93,13 +93,14 @@ func peerPlaced(peers Peers, av []costCand, req *Request, total int) {
 }
 
 // OwnSent returns the uncached tokens this replica sent the worker with id since its last
-// report (unscaled: S's own part before the replica estimate), 0 for a worker it never sent
-// to. It is what /get_loads shows beside the peers' part.
+// report (unscaled: S's own part before the replica estimate, less what the engine prefilled
+// past its queue since), 0 for a worker it never sent to. It is what /get_loads shows beside the peers' part.
 func (p *Cost) OwnSent(id string) float64 {
 	p.sc.mu.Lock()
 	defer p.sc.mu.Unlock()
 	if st := p.sc.ws[id]; st != nil {
-		return st.sentTok
+		_, own := st.est.Prefill(p.sc.now(), 1, &p.sc.est)
+		return own
 	}
 	return 0
 }

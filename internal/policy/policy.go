@@ -35,6 +35,13 @@ type Request struct {
 	// ID is the request's id as the gateway logs it, "" when unknown: the replica sync plane
 	// names the decision by it.
 	ID string
+	// Tried are the workers earlier attempts of this request went to: Choose leaves them out
+	// while another available candidate remains (FilterTried). Nil on a first attempt.
+	Tried []*worker.Worker
+	// Startable, when set, returns the candidates flow control judges can start the request now
+	// (all of them when every one can, or none can): Choose leaves the others out of a first
+	// attempt (FilterCannotStart). Nil without a queue.
+	Startable func(candidates []*worker.Worker) []*worker.Worker
 
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.
@@ -64,6 +71,9 @@ type Decision struct {
 	HasCost bool
 	// Chosen and RunnerUp are the cost terms of the chosen worker and of the runner-up.
 	Chosen, RunnerUp Terms
+	// Filtered counts the candidates each filter reason (Filter*, by index) left out of the
+	// decision.
+	Filtered [NumFilters]int32
 }
 
 // decide records d on req; req may be nil in tests that call Pick without a view.
@@ -151,7 +161,7 @@ var _ Loads = LocalLoads{}
 // decision record always describes the last pick.
 func Choose(ctx context.Context, p Policy, candidates []*worker.Worker, req *Request) *worker.Worker {
 	req.Decision = Decision{}
-	w := p.Pick(ctx, candidates, req)
+	w := p.Pick(ctx, filterRequest(candidates, req), req)
 	if w != nil {
 		req.Decision.Worker = w.ID
 	}
