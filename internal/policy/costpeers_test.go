@@ -178,3 +178,18 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 		})
 	}
 }
+
+// TestPeersSendsArePrefilled: what peers sent since the report is prefilled at μ like this
+// replica's own sends: a second after a report of an idle engine, 4,000 tokens a peer sent it
+// are done (μ 8,000 tokens/s) and S is 0.
+func TestPeersSendsArePrefilled(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	polled := now.Add(-time.Second)
+	a, b := newSyncedReplica(t, 1, clock, polled), newSyncedReplica(t, 1, clock, polled)
+	a.node.Decided("m", a.ws[0].ID, "", "", 4000)
+	syncTo(t, a, b)
+	if _, d := b.pick(t, strings.Repeat("q", 400)); d.Chosen.Sent != 0 || d.Chosen.PeerSent != 0 {
+		t.Errorf("terms %v: a second at 8,000 tokens/s prefilled the peer's 4,000, want S 0", d.Chosen)
+	}
+}

@@ -310,8 +310,15 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// was sent it since, is that much less now (a report up to a poll interval old would
 		// otherwise push work off an engine that has long finished it).
 		t.Queued, t.Sent = st.est.Prefill(now, r.replicas, &s.est)
-		t.Sent += c.peerTok
-		t.PeerSent = c.peerTok
+		if c.peerTok > 0 {
+			// The peers' sends join S before what the engine prefilled past Q since the report
+			// is taken off, as this replica's own are (Prefill at the report's instant is the
+			// own share before any is taken off).
+			_, own := st.est.Prefill(r.polled, r.replicas, &s.est)
+			past := max(t.Rate*max(now.Sub(r.polled).Seconds(), 0)-q, 0)
+			t.Sent = max(own+c.peerTok-past, 0)
+			t.PeerSent = min(c.peerTok, t.Sent)
+		}
 	} else {
 		t.Queued = max(q-t.Rate*max(now.Sub(r.polled).Seconds(), 0), 0) // an older report than the estimate's
 	}
