@@ -396,10 +396,10 @@ func finite(x float64) float64 {
 	return x
 }
 
-// String renders the terms for an audit header or a log line: the worker id, Q, S, S's part
-// from peers (sp), P and Ĉ in
+// String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
-// (3 decimals), then Ĉ's follow share and owner credit in whole tokens. Every value is a number or the worker's id (a hash, no address), so it is safe
+// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, and with replica sync
+// the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -409,11 +409,15 @@ func (t Terms) String() string {
 		name string
 		v    float64
 		prec int
-	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" sp=", t.PeerSent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
+	}{{" q=", t.Queued, 0}, {" s=", t.Sent, 0}, {" p=", t.Prompt, 0}, {" c=", t.Cached, 0},
 		{" b=", t.Behind, 2}, {" mu=", t.Rate, 0}, {" d=", t.Decode, 3}, {" cost=", t.Cost, 3},
 		{" follow=", t.Follow, 0}, {" credit=", t.Credit, 0}} {
 		b = append(b, f.name...)
 		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)
+	}
+	if t.PeerSent > 0 {
+		b = append(b, " sp="...)
+		b = strconv.AppendFloat(b, t.PeerSent, 'f', 0, 64)
 	}
 	return string(b)
 }
