@@ -2,7 +2,6 @@ package policy
 
 import (
 	"context"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -129,13 +128,7 @@ var _ SessionShare = (*replicasync.Node)(nil)
 //
 //	go test -run XXX -bench DecisionWithPeers ./internal/policy/
 func BenchmarkDecisionWithPeers(b *testing.B) {
-	r := rand.New(rand.NewPCG(14, 14))
-	pool := benchPool(r, 8<<20)
-	texts := make([]string, 2048)
-	for i := range texts {
-		off := r.IntN(len(pool) - 6144)
-		texts[i] = pool[:2048] + pool[off:off+6144]
-	}
+	texts := mooncakeTexts()
 	ws, mon := monitoredFleet(b, 64)
 	for _, sync := range []bool{false, true} {
 		b.Run(map[bool]string{false: "off", true: "on"}[sync], func(b *testing.B) {
