@@ -47,7 +47,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return nil
 	}
-	w, err := f.buildWorkload()
+	w, err := f.withAdapters(f.buildWorkload())
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}

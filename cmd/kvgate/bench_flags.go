@@ -62,6 +62,8 @@ type benchFlags struct {
 
 	// Fleet simulator.
 	fleet fleetFlags
+	// LoRA adapter traffic (lora_flags.go).
+	lora loraBenchFlags
 }
 
 func newBenchFlagSet(f *benchFlags, stderr io.Writer) *flag.FlagSet {
@@ -122,6 +124,7 @@ Progress goes to stderr when it is a terminal, the report to stdout.
 	fs.DurationVar(&f.timeline, "timeline", 0, "window the run by send time with this width: hit rate and TTFT over time, in the report and as charts (default 5s with --failover)")
 	fs.StringVar(&f.admin, "admin", "", "live failover: the gateway's admin base URL (key from $KVGATE_BENCH_ADMIN_KEY)")
 	f.fleet.register(fs)
+	registerLoraBenchFlags(fs, f)
 	return fs
 }
 

@@ -103,6 +103,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&o.simWorkers, "sim-workers", 4, "built-in simulated workers started when no workers are given")
 	fs.StringVar(&o.configFile, "config", "", "YAML file with the same keys as these flags (flags override it)")
 	fs.Int64Var(&g.MaxPayloadSize, "max-payload-size", g.MaxPayloadSize, "largest request body in bytes")
+	hostileFlags(fs, g)
 	fs.DurationVar(&g.Proxy.RequestTimeout, "request-timeout", g.Proxy.RequestTimeout, "bound on one request, retries included")
 	fs.DurationVar(&g.Proxy.AttemptTimeout, "attempt-timeout", 0, "bound on one attempt up to the response headers (0 = request-timeout only)")
 	fs.DurationVar(&g.Proxy.StreamIdleTimeout, "stream-idle-timeout", g.Proxy.StreamIdleTimeout, "end a streamed answer on which the worker sent nothing for this long, with an SSE error event (0 = off)")
@@ -140,7 +141,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	costFlags(fs, &p.Cost, "")
 	fs.IntVar(&p.PrefixHash.PrefixChars, "prefix-chars", p.PrefixHash.PrefixChars, "prefix_hash: leading characters hashed")
 	fs.Float64Var(&p.PrefixHash.LoadFactor, "prefix-hash-load-factor", p.PrefixHash.LoadFactor, "prefix_hash: load over mean at which a key moves on")
-	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (x-kvgate-routing-key, x-session-id or x-user-id header, else the body's user) on one worker until it saturates, around any policy")
+	fs.BoolVar(&p.Sticky.Enabled, "sticky-sessions", false, "keep each session (its key: x-kvgate-routing-key, a --session-headers header, the body's prompt_cache_key or conversation, x-user-id, the body's user) on one worker until it saturates, around any policy")
 	fs.DurationVar(&p.Sticky.TTL, "sticky-session-ttl", p.Sticky.TTL, "sticky sessions: how long a silent session stays bound")
 	fs.IntVar(&p.Sticky.MaxSessions, "sticky-max-sessions", p.Sticky.MaxSessions, "sticky sessions: sessions kept per model (least recently used dropped past it)")
 	fs.StringVar(&p.Sticky.Placement, "sticky-placement", policy.PlaceHash, "sticky sessions: where a new session goes: hash (rendezvous order of its key; replicas agree) or policy (the routing policy's choice)")
@@ -159,9 +160,11 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	addSecurityFlags(fs, o)
 	addWarmFlags(fs, &g.Warm)
 	addFlowFlags(fs, &g.Flow)
+	addAPIFlags(fs, g)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
 	registerReplicaSyncFlags(fs, &o.sync)
+	addLoraPDFlags(fs, g)
 	return fs
 }
 

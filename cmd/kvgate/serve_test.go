@@ -24,7 +24,7 @@ func TestParseServeFlags(t *testing.T) {
 
 	cases := []parseCase{
 		{name: "defaults", check: func(t *testing.T, o *serveOptions) {
-			if o.port != 30000 || o.promPort != 29000 || o.policyName != "cache_aware_hash" || o.gw.MaxPayloadSize != 256<<20 || len(o.workerURLs) != 0 {
+			if o.port != 30000 || o.promPort != 29000 || o.policyName != "cache_aware_hash" || o.gw.MaxPayloadSize != 32<<20 || o.gw.BodyBudget.Bytes != 1<<30 || len(o.workerURLs) != 0 {
 				t.Errorf("defaults: %+v", o)
 			}
 		}},

@@ -294,6 +294,9 @@ func (l *live) body(t *Turn) ([]byte, string) {
 		"stream_options": map[string]any{"include_usage": true},
 		"temperature":    0,
 	}
+	if t.Model != "" {
+		req["model"] = t.Model
+	}
 	if l.cfg.IgnoreEOS {
 		req["ignore_eos"] = true
 	}

@@ -26,6 +26,9 @@ type Turn struct {
 	// Think is how long the client waits after the previous turn completed before it sends this
 	// one. Zero for the first turn.
 	Think time.Duration
+	// Model is the model the request names, a LoRA adapter's id (WithAdapters); "" is the run's
+	// model.
+	Model string
 }
 
 // Text returns the routing text of the turn: the message contents concatenated in order, which is

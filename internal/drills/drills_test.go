@@ -57,10 +57,9 @@ func collect(t *testing.T, ch <-chan outcome, n int, bound time.Duration) []outc
 // must finish normally.
 func TestDrillWorkerKilled(t *testing.T) {
 	rc := defaultRig(3)
-	// A completion in flight on the engine when it dies ends in a reset, which the default
-	// (connect, 429, 503) does not re-send because the engine may have started it. A dead
-	// engine's work is lost anyway, so this drill opts in, as an operator would.
-	rc.proxy.Retry.On = proxy.DefaultRetryOn | proxy.RetryReset
+	// A completion in flight on the engine when it dies ends in a reset before its headers. The
+	// default retries (connect, 429, 503) re-send it: an engine that then refuses connections
+	// is gone, and did no work a retry would duplicate (proxy/frozen.go). No opt-in.
 	r := newRig(t, rc)
 	victim := r.workers[0]
 	streams := r.startStreams(6, 250)

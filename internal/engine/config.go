@@ -45,6 +45,11 @@ type Config struct {
 	// steps that only produce non-first tokens and no Tokens events are reported; Finished
 	// still carries the completion token count.
 	EmitTokens bool
+	// MaxLoras is the number of LoRA adapter slots (vLLM's --max-loras); 0, the default, leaves
+	// adapters unmodelled beyond their own prefix cache: every adapter runs at once (lora.go).
+	MaxLoras int
+	// LoraLoad is the time to load an adapter into a slot. Default DefaultLoraLoad.
+	LoraLoad time.Duration
 }
 
 // DefaultConfig returns the defaults of `kvgate sim`: 16-token blocks, 524288 KV tokens, 256
@@ -95,6 +100,9 @@ func (c Config) WithDefaults() Config {
 	if c.LoadFactor == 0 {
 		c.LoadFactor = d.LoadFactor
 	}
+	if c.LoraLoad == 0 {
+		c.LoraLoad = DefaultLoraLoad
+	}
 	return c
 }
 
@@ -124,6 +132,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("engine: prefill overhead %v must be in [0, 1h]", c.PrefillOverhead)
 	case !(c.LoadFactor >= 1 && c.LoadFactor <= 100):
 		return fmt.Errorf("engine: load factor %v must be in [1, 100]", c.LoadFactor)
+	case c.MaxLoras < 0 || c.MaxLoras > 1024:
+		return fmt.Errorf("engine: max loras %d must be in [0, 1024]", c.MaxLoras)
+	case c.LoraLoad < 0 || c.LoraLoad > time.Hour:
+		return fmt.Errorf("engine: lora load time %v must be in [0, 1h]", c.LoraLoad)
 	}
 	return nil
 }

@@ -122,6 +122,13 @@ type Request struct {
 	// MaxTokens is the number of output tokens to generate; it must be at least 1 (the model
 	// never stops early).
 	MaxTokens int
+	// Adapter names the LoRA adapter the request runs on; "" is the base model. Its prompt's
+	// blocks are the adapter's own, and with Config.MaxLoras set it needs an adapter slot
+	// (lora.go).
+	Adapter string
+	// Salt is the prompt's cache salt (vLLM's cache_salt), "" for none: mixed into every block's
+	// key (salt.go), so that prompts of different salts share no cached block.
+	Salt string
 }
 
 // Errors returned by Submit.
@@ -158,6 +165,7 @@ type req struct {
 	cached    int
 	pinned    []blockID
 	toks      []uint32 // the prompt's tokens, kept only while a CacheObserver is set
+	salt      string   // the prompt's cache salt, "" for none
 	priv      int      // private blocks held
 	uncached  int      // this request's share of Load().WaitingUncachedTokens while waiting
 
@@ -170,6 +178,12 @@ type req struct {
 	prefillFrom time.Duration
 	prefillDur  time.Duration
 	itl         time.Duration
+
+	// adapter is the request's LoRA adapter ("" the base model); loraSlot the slot it holds
+	// while running (-1 none), loraLoad whether its admission loaded the adapter.
+	adapter  string
+	loraSlot int
+	loraLoad bool
 }
 
 func (r *req) held() int { return len(r.pinned) + r.priv }
@@ -204,6 +218,9 @@ type Engine struct {
 	// TimingPerSlot only: the running requests by next event, and the admission counter.
 	slots slotHeap
 	seq   uint64
+
+	// lora is the adapter slots (Config.MaxLoras; lora.go).
+	lora loraSlots
 
 	// Request records are recycled, with their key and block buffers: a request that leaves
 	// goes to retired, and from there to spare when the next step starts (only then can no
@@ -265,6 +282,8 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	} else {
 		keys = blockKeysText(keys, r.Text, bs)
 	}
+	loraKeys(keys, r.Adapter)
+	saltKeys(keys, r.Salt)
 	toks := q.toks[:0]
 	if e.cache.obs != nil {
 		if r.Tokens != nil {
@@ -274,7 +293,8 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 		}
 	}
 	*q = req{id: r.ID, arrival: e.now, keys: keys, promptLen: n, maxTokens: r.MaxTokens, target: n,
-		pinned: q.pinned[:0], toks: toks, slot: -1}
+		pinned: q.pinned[:0], toks: toks, slot: -1,
+		adapter: r.Adapter, loraSlot: -1, salt: r.Salt}
 	e.byID[r.ID] = q
 	e.enqueue(q, false)
 	e.workArrived()

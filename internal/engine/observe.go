@@ -32,5 +32,10 @@ func (e *Engine) stored(r *req, j int) {
 	if j > 0 {
 		parent = r.keys[j-1]
 	}
+	if j == 0 && r.salt != "" {
+		if so, ok := e.cache.obs.(SaltObserver); ok {
+			so.StoredSalt(r.salt)
+		}
+	}
 	e.cache.obs.BlockStored(e.cache.at, r.keys[j], parent, j > 0, r.toks[j*bs:(j+1)*bs])
 }

@@ -40,10 +40,14 @@ func (e *Engine) admitSlots(t time.Duration) {
 	e.cache.at = t
 	first := len(e.running)
 	e.admit(t)
+	e.lora.stall = 0 // each request pays its own adapter's load (below)
 	for i := first; i < len(e.running); i++ {
 		r := e.running[i]
 		f := e.loadFactor(i + 1)
 		p := e.cfg.PrefillOverhead + time.Duration(float64(r.target-r.computed)/e.cfg.PrefillTPS*float64(time.Second))
+		if r.loraLoad {
+			p += e.cfg.LoraLoad
+		}
 		r.prefillFrom, r.prefillDur = t, max(time.Duration(float64(p)*f), 1)
 		r.due = t + r.prefillDur
 		heap.Push(&e.slots, r)

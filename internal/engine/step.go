@@ -2,6 +2,7 @@ package engine
 
 import (
 	"container/heap"
+	"slices"
 	"time"
 )
 
@@ -34,6 +35,9 @@ func (e *Engine) startStep(t time.Duration) {
 	if prefill == 0 && len(e.decoders) == 0 {
 		return
 	}
+	// The weights of the adapters this step admitted load before it runs (lora.go).
+	stall := e.lora.stall
+	e.lora.stall = 0
 	steps := 1
 	if prefill == 0 {
 		steps = e.runLength()
@@ -45,6 +49,9 @@ func (e *Engine) startStep(t time.Duration) {
 			e.stats.stall += p - d
 		}
 		d = p
+	}
+	if stall > 0 {
+		steps, d = 1, d+stall
 	}
 	e.busy, e.stepStart, e.stepDur, e.steps, e.done = true, t, max(d, 1), steps, 0
 }
@@ -104,8 +111,12 @@ func (e *Engine) runLength() int {
 // admit moves waiting requests to running, first-in-first-out, while there is room.
 func (e *Engine) admit(t time.Duration) {
 	bs := e.cfg.BlockSize
-	for e.wh < len(e.waiting) && len(e.running) < e.cfg.MaxRunning {
-		r := e.waiting[e.wh]
+	for i := e.wh; i < len(e.waiting) && len(e.running) < e.cfg.MaxRunning; {
+		r := e.waiting[i]
+		if !e.loraFits(r) {
+			i++ // every slot is held by other adapters: the requests behind it may fit
+			continue
+		}
 		var evictable int
 		r.pinned, evictable = e.cache.lookup(r.keys, r.pinned[:0])
 		m := len(r.pinned)
@@ -124,10 +135,18 @@ func (e *Engine) admit(t time.Duration) {
 		e.cache.alloc(need)
 		r.priv = need
 		r.computed = min(m*bs, r.target-1)
-		e.waiting[e.wh] = nil
-		e.wh++
+		if i == e.wh {
+			e.waiting[e.wh] = nil
+			e.wh++
+			i++
+		} else {
+			e.waiting = slices.Delete(e.waiting, i, i+1)
+		}
 		if e.wh == len(e.waiting) {
-			e.waiting, e.wh = e.waiting[:0], 0
+			e.waiting, e.wh, i = e.waiting[:0], 0, 0
+		}
+		if r.loraLoad = e.loraAcquire(r, t); r.loraLoad {
+			e.lora.stall += e.cfg.LoraLoad
 		}
 		e.uncached -= int64(r.uncached)
 		r.state = running
@@ -228,6 +247,7 @@ func (e *Engine) releaseKV(r *req) {
 	r.pinned = r.pinned[:0]
 	e.cache.release(r.priv)
 	r.priv = 0
+	e.loraRelease(r)
 }
 
 func (e *Engine) removeRunning(r *req) {

@@ -71,6 +71,7 @@ func (s *sim) change(i int) {
 			if f, ok := g.pol.(policy.Forgetter); ok {
 				f.Forget(w.ID)
 			}
+			g.forgetAdapters(w.ID)
 		}
 		return
 	}

@@ -44,6 +44,10 @@ type gateway struct {
 	narrow []*worker.Worker
 	// node is this replica's end of the replica sync plane (sync.go); nil when it is off.
 	node *replicasync.Node
+	// pc is the configuration policies are built from (nil for the oracle), pols the adapters'
+	// own policies (lora.go).
+	pc   *policy.Config
+	pols map[string]policy.Policy
 }
 
 var _ policy.Loads = (*gateway)(nil)
@@ -92,6 +96,7 @@ func newGateway(s *sim, g int) (*gateway, error) {
 			return nil, fmt.Errorf("fleet: %w", err)
 		}
 		gw.pol = pol
+		gw.pc = &pc
 	}
 	pol := gw.pol
 	gw.evictor, _ = pol.(policy.Evicter)
@@ -105,6 +110,7 @@ func (g *gateway) close() {
 	if c, ok := g.pol.(io.Closer); ok {
 		c.Close()
 	}
+	g.closeAdapters()
 }
 
 // schedule queues the first poll and the first tree eviction.
@@ -115,8 +121,9 @@ func (g *gateway) schedule() {
 	}
 }
 
-// pick asks the policy for a worker for text and returns it with its engine index.
-func (g *gateway) pick(text, key string) (*worker.Worker, int) {
+// pick asks the policy of adapter ("" the base model) for a worker for text and returns it with
+// its engine index.
+func (g *gateway) pick(text, key, adapter string) (*worker.Worker, int) {
 	if g.kv != nil {
 		// precise_prefix tokenizes the whole prompt, as it does a chat request's messages.
 		g.kv.prompt = text
@@ -125,12 +132,16 @@ func (g *gateway) pick(text, key string) (*worker.Worker, int) {
 	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
-	g.req = policy.Request{Model: simModel, Text: text, Key: key, Chat: g.kv != nil, PromptBytes: promptBytes}
+	model := simModel
+	if adapter != "" {
+		model = adapter
+	}
+	g.req = policy.Request{Model: model, Text: text, Key: key, Chat: g.kv != nil, PromptBytes: promptBytes, Adapter: adapter}
 	cands := g.candidates()
 	if len(g.narrow) > 0 {
 		cands = g.narrow
 	}
-	w := policy.Choose(context.Background(), g.pol, cands, &g.req)
+	w := policy.Choose(context.Background(), g.policyFor(adapter), cands, &g.req)
 	if w == nil {
 		return nil, -1
 	}
@@ -146,6 +157,7 @@ func (g *gateway) poll() {
 		s.syncEngine(i)
 		g.reports[i] = loadmon.ReportOf(rankOf(se.e.Load()))
 		g.reports[i].PolledAt, g.reports[i].InflightAtPoll = polledAt, g.workers[i].Inflight()
+		g.reports[i].LoRA = s.loraReport(i)
 		g.polled[i] = true
 	}
 	loadmon.StampReplicas(g.reports) // for loadmon.ModeScaled, as the load monitor does
@@ -158,6 +170,7 @@ func (g *gateway) poll() {
 // evict trims the policy's trees and queues the next eviction.
 func (g *gateway) evict() {
 	g.evictor.Evict()
+	g.evictAdapters()
 	g.s.push(event{at: g.s.now + g.s.cfg.PolicyConfig.CacheAware.EvictionInterval, kind: evEvict, idx: g.idx})
 }
 

@@ -437,7 +437,7 @@ func (s *sim) sendTurn(a *active) {
 func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, class int) {
 	gw := s.gws[g]
 	text := t.Text()
-	w, idx := gw.pick(text, a.s.Key)
+	w, idx := gw.pick(text, a.s.Key, t.Model)
 	if w == nil {
 		s.noWorker++
 		s.coll.Add(bench.Record{Sent: arrived, Err: "no available worker"})
@@ -456,7 +456,7 @@ func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, cla
 		f.dec.Predicted = policy.PromptShare(f.dec.Predicted, len(gw.req.Text), len(text))
 	}
 	se := s.engines[idx]
-	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1)}); err != nil {
+	if err := se.e.Submit(s.now, engine.Request{ID: id, Text: text, MaxTokens: max(t.OutputTokens, 1), Adapter: t.Model}); err != nil {
 		f.release()
 		s.coll.Add(bench.Record{Sent: s.now, Err: err.Error()})
 		s.endSession()

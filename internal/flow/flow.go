@@ -114,21 +114,11 @@ func DefaultConfig() Config {
 // WithDefaults returns c with its zero fields at their defaults.
 func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
-	if c.MaxRequests == 0 {
-		c.MaxRequests = d.MaxRequests
-	}
-	if c.MaxBytes == 0 {
-		c.MaxBytes = d.MaxBytes
-	}
-	if c.Timeout == 0 {
-		c.Timeout = d.Timeout
-	}
-	if c.Aging == 0 {
-		c.Aging = d.Aging
-	}
-	if c.AgedShare == 0 {
-		c.AgedShare = d.AgedShare
-	}
+	orDefault(&c.MaxRequests, d.MaxRequests)
+	orDefault(&c.MaxBytes, d.MaxBytes)
+	orDefault(&c.Timeout, d.Timeout)
+	orDefault(&c.Aging, d.Aging)
+	orDefault(&c.AgedShare, d.AgedShare)
 	c.Saturation = c.Saturation.WithDefaults()
 	for i := range c.Tenants {
 		if c.Tenants[i].Weight == 0 {
@@ -253,4 +243,12 @@ func ParsePriority(s string) (int, error) {
 // served first), into a flow priority (higher first): its negation, clamped.
 func FromVLLMPriority(p int64) int {
 	return ClampPriority(int(-max(min(p, 1<<20), -(1 << 20))))
+}
+
+// orDefault sets *v to d where it is zero.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
 }

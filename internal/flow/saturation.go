@@ -59,15 +59,9 @@ func (s Saturation) WithDefaults() Saturation {
 	case s.MaxWaiting < 0:
 		s.MaxWaiting = 0
 	}
-	if s.MaxKVUsage == 0 {
-		s.MaxKVUsage = d.MaxKVUsage
-	}
-	if s.MaxPredictedWait == 0 {
-		s.MaxPredictedWait = d.MaxPredictedWait
-	}
-	if s.DefaultSlots == 0 {
-		s.DefaultSlots = d.DefaultSlots
-	}
+	orDefault(&s.MaxKVUsage, d.MaxKVUsage)
+	orDefault(&s.MaxPredictedWait, d.MaxPredictedWait)
+	orDefault(&s.DefaultSlots, d.DefaultSlots)
 	s.Estimate = s.Estimate.WithDefaults()
 	return s
 }

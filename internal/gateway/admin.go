@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"github.com/kvgate/kvgate/internal/netaddr"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -95,6 +97,16 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 		return nil, err
 	}
 	u, _ := worker.ParseURL(spec.URL)
+	if h := netaddr.Parse(u.Hostname()); h.IP.IsValid() && h.IP.Zone() == "" && h.String() != u.Hostname() {
+		// An address in a legacy spelling (10.1, 0x0a000001) is dialed as the address the checks
+		// below read, never handed to a resolver that could read it as a name.
+		if p := u.Port(); p != "" {
+			u.Host = h.String() + ":" + p
+		} else {
+			u.Host = h.String()
+		}
+		spec.URL = u.String()
+	}
 	if !s.allowed.allows(u.Hostname()) {
 		return nil, regErr(http.StatusForbidden, "workers at %s may not be registered (see --allowed-worker-hosts)", u.Hostname())
 	}
@@ -106,7 +118,7 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 		return nil, err
 	}
 	defer s.endProbe(id)
-	models, owner, perr := s.probeModels(ctx, u.String(), spec.APIKey)
+	models, parents, owner, perr := s.probeModels(ctx, u.String(), spec.APIKey)
 	if errors.Is(perr, errSelf) {
 		return nil, selfErr("%s answers as this gateway itself (its hop id came back): a gateway cannot be its own worker", shown)
 	}
@@ -122,6 +134,7 @@ func (s *Server) Register(ctx context.Context, a AddWorkerRequest) (*worker.Work
 	if len(spec.Models) == 0 {
 		return nil, regErr(http.StatusBadGateway, "worker %s lists no models; give model_id", shown)
 	}
+	spec.Parents = adapterParents(spec.Models, parents)
 	w, err := s.newWorker(spec)
 	if err != nil {
 		return nil, err
@@ -167,13 +180,14 @@ func (s *Server) endProbe(id string) {
 	s.addMu.Unlock()
 }
 
-// probeModels fetches the worker's /v1/models and returns the ids and the first owned_by.
-func (s *Server) probeModels(ctx context.Context, base, key string) ([]string, string, error) {
+// probeModels fetches the worker's /v1/models and returns the ids, the parent of each LoRA
+// adapter (lora.go), and the first owned_by.
+func (s *Server) probeModels(ctx context.Context, base, key string) ([]string, map[string]string, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.ProbeTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/models", nil)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
@@ -181,35 +195,38 @@ func (s *Server) probeModels(ctx context.Context, base, key string) ([]string, s
 	req.Header.Set(HopHeader, s.hopID) // so that this gateway, if that is who answers, says so
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
 	defer resp.Body.Close()
 	if s.answeredBySelf(resp) {
-		return nil, "", errSelf
+		return nil, nil, "", errSelf
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, "", fmt.Errorf("GET /v1/models answered %d", resp.StatusCode)
+		return nil, nil, "", fmt.Errorf("GET /v1/models answered %d", resp.StatusCode)
 	}
 	var list struct {
 		Data []struct {
-			ID      string `json:"id"`
-			OwnedBy string `json:"owned_by"`
+			ID      string  `json:"id"`
+			OwnedBy string  `json:"owned_by"`
+			Parent  *string `json:"parent"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
-		return nil, "", fmt.Errorf("GET /v1/models: %w", err)
+		return nil, nil, "", fmt.Errorf("GET /v1/models: %w", err)
 	}
 	var ids []string
+	var parents map[string]string
 	owner := ""
 	for _, m := range list.Data {
 		if m.ID != "" {
 			ids = append(ids, m.ID)
+			parents = withParent(parents, m.ID, m.Parent)
 		}
 		if owner == "" {
 			owner = strings.ToLower(m.OwnedBy)
 		}
 	}
-	return ids, owner, nil
+	return ids, parents, owner, nil
 }
 
 // WorkerInfo is a worker as the admin API shows it.
@@ -270,7 +287,7 @@ func checkLabels(labels map[string]string) error {
 			return fmt.Errorf("label %s: values must be valid UTF-8 of at most %d bytes", k, maxLabelValueLen)
 		}
 	}
-	return nil
+	return checkConnReuseLabel(labels)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -3,9 +3,10 @@ package gateway
 import (
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strings"
+
+	"github.com/kvgate/kvgate/internal/netaddr"
 )
 
 // The keyless admin plane and DNS rebinding.
@@ -49,15 +50,14 @@ func loopbackHost(hostport string) bool {
 	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
 		host = host[1 : len(host)-1]
 	}
-	host = strings.TrimSuffix(host, ".")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
 	if strings.Contains(host, "%") { // a zone: fe80::1%eth0 is not loopback, ::1%lo needs no zone
 		return false
 	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.Unmap().IsLoopback()
+	h := netaddr.Parse(host)
+	if !h.IP.IsValid() {
+		return h.Name == "localhost"
+	}
+	return h.IP.IsLoopback()
 }
 
 // loopbackOrigin reports whether an Origin header ("scheme://host[:port]") is a page served from

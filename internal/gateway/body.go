@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -47,6 +48,9 @@ type bodyPool struct {
 	budget int64
 	// quotes holds free quote indexes (*jsonscan.Quotes).
 	quotes sync.Pool
+	// memory bounds the buffers of every body read, held until the body's last Release
+	// (bodybudget.go); nil means no bound.
+	memory *bodyBudget
 }
 
 // reserve takes n bytes of the budget for a buffer given ahead of its bytes, and reports
@@ -115,6 +119,8 @@ type Body struct {
 	buf  *[]byte
 	n    int
 	refs atomic.Int32
+	// charged is what the body's buffer holds of the pool's memory budget.
+	charged int64
 	// quotes indexes the body's quotes once it is indexFrom bytes long (nil before).
 	quotes *jsonscan.Quotes
 }
@@ -140,6 +146,8 @@ func (b *Body) Release() {
 	case n == 0:
 		b.pool.put(b.buf)
 		b.buf = nil
+		b.pool.memory.release(b.charged)
+		b.charged = 0
 		if q := b.quotes; q != nil {
 			q.Reset()
 			b.pool.quotes.Put(q)
@@ -162,21 +170,60 @@ func (b *Body) shrink() {
 	copy(nb, (*b.buf)[:b.n])
 	b.pool.put(b.buf)
 	b.buf = &nb
+	if b.charged > int64(b.n) {
+		b.pool.memory.release(b.charged - int64(b.n))
+		b.charged = int64(b.n)
+	}
 }
 
 // grow makes room for at least one more byte: it moves the body to a buffer up to growth times
 // larger, and no larger than limit; a smaller declared length (want) stops it at the class that
 // holds want. A declared length never makes a buffer larger than growth alone would.
-func (b *Body) grow(want, limit int64) {
+//
+// The larger buffer is taken from the pool's memory budget first; false (nothing changed) when
+// the budget had no room for it within its wait.
+func (b *Body) grow(ctx context.Context, want, limit int64) bool {
 	size := min(int64(len(*b.buf))*growth, limit)
-	if want > int64(b.n) && want < size {
-		size = want
+	if want > int64(b.n) && (want < size || size > 1<<maxClassShift) {
+		// Past the pooled classes, a declared body that has sent the largest class's bytes
+		// moves to a buffer of its declared length at once: every step beyond would leave a
+		// buffer of no class behind as garbage, memory the budget no longer counts.
+		size = min(want, limit)
+	}
+	if !b.charge(ctx, bufferSize(int(size))) {
+		return false
 	}
 	nb := b.pool.get(int(size))
 	copy(*nb, (*b.buf)[:b.n])
 	b.pool.put(b.buf)
 	b.buf = nb
+	return true
 }
+
+// charge makes the body's charge on the memory budget n bytes (what its next buffer holds),
+// taking the difference; false when the budget had no room for it.
+func (b *Body) charge(ctx context.Context, n int64) bool {
+	if n <= b.charged {
+		return true
+	}
+	if !b.pool.memory.acquire(ctx, n-b.charged) {
+		return false
+	}
+	b.charged = n
+	return true
+}
+
+// bufferSize is the size of the buffer get returns for n bytes.
+func bufferSize(n int) int64 {
+	if c := classOf(n); c >= 0 {
+		return 1 << (c + minClassShift)
+	}
+	return int64(n)
+}
+
+// errBodyBudget is readBody's error for a body refused because the gateway-wide memory budget
+// for bodies had no room for it (503).
+var errBodyBudget = errors.New("the gateway holds as many request bodies as its memory budget allows")
 
 // index adds the bytes that arrived since its last call to the body's quote index, while they
 // are still in the cache.
@@ -203,6 +250,7 @@ func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 	if r.ContentLength > max {
 		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("request body of %d bytes exceeds the limit of %d bytes", r.ContentLength, max)
 	}
+	ctx := r.Context()
 	first := 1 << minClassShift
 	if n := r.ContentLength; n > int64(first) && n <= preallocMax {
 		// Growth would copy the body's first bytes into ever larger buffers (for 100 KB, 80 KB
@@ -212,7 +260,12 @@ func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 			first = int(n)
 		}
 	}
+	size := bufferSize(first)
+	if !p.memory.acquire(ctx, size) {
+		return nil, http.StatusServiceUnavailable, errBodyBudget
+	}
 	b := p.newBody(first)
+	b.charged = size
 	var scratch [1]byte
 	for {
 		dst, probe := (*b.buf)[b.n:], false
@@ -221,7 +274,10 @@ func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 		case int64(b.n) == r.ContentLength:
 			dst, probe = scratch[:], true // every declared byte is in: wait for EOF, do not grow
 		default:
-			b.grow(r.ContentLength, max+1)
+			if !b.grow(ctx, r.ContentLength, max+1) {
+				b.Release()
+				return nil, http.StatusServiceUnavailable, errBodyBudget
+			}
 			dst = (*b.buf)[b.n:]
 		}
 		if room := max + 1 - int64(b.n); int64(len(dst)) > room {
@@ -229,7 +285,10 @@ func (p *bodyPool) readBody(r *http.Request, max int64) (*Body, int, error) {
 		}
 		n, err := r.Body.Read(dst)
 		if n > 0 && probe {
-			b.grow(r.ContentLength+1, max+1)
+			if !b.grow(ctx, r.ContentLength+1, max+1) {
+				b.Release()
+				return nil, http.StatusServiceUnavailable, errBodyBudget
+			}
 			(*b.buf)[b.n] = scratch[0]
 		}
 		b.n += n

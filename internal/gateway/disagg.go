@@ -21,7 +21,11 @@ import (
 // picks one prefill and one decode worker, adds bootstrap_host, bootstrap_port and bootstrap_room
 // to the body, sends it to both at once, and relays the decode worker's answer.
 func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path string, body []byte, p *Parsed, pool *worker.Pool) proxy.Result {
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, p), PromptBytes: len(body)}
+	if s.pdProtocol(pool) == PDVLLM {
+		return s.serveNIXL(w, r, path, body, p, pool)
+	}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, PromptBytes: len(body), Salt: p.Salt, Salted: p.Salted}
+	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	ppol, err1 := s.router.For(pool.Model, worker.Prefill)
 	dpol, err2 := s.router.For(pool.Model, worker.Decode)
 	if err1 != nil || err2 != nil {

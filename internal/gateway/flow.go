@@ -75,6 +75,9 @@ type flowGate struct {
 
 	// onQueued, when set (tests), is called after a request joined a queue.
 	onQueued func()
+	// onDrain, when set (tests), is called with g.mu held each time the drain timer is armed
+	// earlier, with when it is to fire.
+	onDrain func(at time.Time)
 }
 
 // modelFlow is one model's queue and its admitted requests that have not picked a worker yet.
@@ -228,6 +231,9 @@ func (g *flowGate) armDrain(d time.Duration) {
 		return
 	}
 	g.drainAt = at
+	if g.onDrain != nil {
+		g.onDrain(at)
+	}
 	select {
 	case g.wake <- struct{}{}:
 	default: // a wake is pending: it reads drainAt

@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -181,12 +182,5 @@ func TestFlowLiveQueue2000(t *testing.T) {
 	client.CloseIdleConnections()
 	s.client.CloseIdleConnections()
 	// Nothing can signal that a goroutine has exited: look, bounded in time.
-	for end := time.Now().Add(10 * time.Second); runtime.NumGoroutine() > baseline; {
-		if time.Now().After(end) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("%d goroutines left past the %d before the load:\n%s", runtime.NumGoroutine(), baseline, buf[:runtime.Stack(buf, true)])
-		}
-		runtime.Gosched()
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Until(t, func() bool { return runtime.NumGoroutine() <= baseline }, "the load's goroutines to exit")
 }

@@ -45,8 +45,10 @@ type Config struct {
 	// Limits bounds what one client request may cost.
 	Limits Limits
 	// MaxPayloadSize is the largest request body in bytes, after decompression (413 above).
-	// Default 256 MiB.
+	// Default DefaultMaxPayloadSize (32 MiB).
 	MaxPayloadSize int64
+	// BodyBudget bounds the request bodies held in memory, all together (bodybudget.go).
+	BodyBudget BodyBudget
 	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192.
 	RoutingPrefixBytes int
 	// Tracer, when set, traces every request (OpenTelemetry): a span per request, per routing
@@ -89,6 +91,15 @@ type Config struct {
 	// Flow is flow control: the per-model queue, priorities, tenants and their limits
 	// (flow.go); the zero value is off, and requests go to a worker on arrival.
 	Flow FlowConfig
+	// LoRA configures loading adapters on demand (loraload.go); the zero value is off.
+	LoRA LoRAConfig
+	// PDProtocol is the prefill/decode protocol of disaggregated pools whose prefill worker has
+	// no pd_protocol label: PDSGLang, PDVLLM, or PDAuto ("" too: by the prefill worker's
+	// runtime). See disagg_vllm.go.
+	PDProtocol string
+	// SessionHeaders are the request headers, after X-Kvgate-Routing-Key, whose value is a
+	// request's session and affinity key (session.go, sessionKeys). Empty: DefaultSessionHeaders.
+	SessionHeaders []string
 	// Logger receives request and lifecycle logs; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -96,7 +107,7 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{
-		MaxPayloadSize:     256 << 20,
+		MaxPayloadSize:     DefaultMaxPayloadSize,
 		RoutingPrefixBytes: 8192,
 		ProbeTimeout:       5 * time.Second,
 		RegisterRetry:      500 * time.Millisecond,
@@ -119,7 +130,9 @@ type Server struct {
 	metrics *Metrics
 	log     *slog.Logger
 	loads   LoadSource
-	client  *http.Client
+	// loraLoads bounds and deduplicates the adapter loads on demand (loraload.go).
+	loraLoads *loraLoader
+	client    *http.Client
 
 	inflight  atomic.Int64
 	apiKeys   keySet
@@ -142,6 +155,8 @@ type Server struct {
 	warm *warmer
 	// responses remembers which worker answered each response id.
 	responses *responseAffinity
+	// sessionHeaders are Config.SessionHeaders, defaulted.
+	sessionHeaders []string
 	// audit says which requests get the audit headers; auditIDs makes their worker ids opaque.
 	audit    auditAccess
 	auditIDs auditIDs
@@ -177,6 +192,9 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 		panic("gateway: " + err.Error())
 	}
 	allowed, _ := parseHostRules(cfg.AllowedWorkerHosts)
+	if len(cfg.SessionHeaders) == 0 {
+		cfg.SessionHeaders = DefaultSessionHeaders
+	}
 	d := DefaultConfig()
 	cfg.MaxPayloadSize = cmp.Or(max(cfg.MaxPayloadSize, 0), d.MaxPayloadSize)
 	cfg.RoutingPrefixBytes = cmp.Or(max(cfg.RoutingPrefixBytes, 0), d.RoutingPrefixBytes)
@@ -185,13 +203,16 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	cfg.Limits = cfg.Limits.withDefaults()
 	s := &Server{cfg: cfg, reg: reg, router: router, loads: loads, log: cfg.Logger,
 		apiKeys: newKeySet(apiKeySecrets(cfg.APIKeys)...), adminKeys: newKeySet(cfg.AdminKey), allowed: allowed,
-		hopID: newHopID(), probing: map[string]bool{}, responses: newResponseAffinity(cfg.Responses, time.Now)}
+		hopID: newHopID(), probing: map[string]bool{}, responses: newResponseAffinity(cfg.Responses, time.Now),
+		sessionHeaders: cfg.SessionHeaders}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
 	s.audit, _ = newAuditAccess(&cfg, s.adminKeys) // validated above
 	s.auditIDs = newAuditIDs(cfg.AuditIDKey)
 	s.metrics = newMetrics(reg, router, loads)
+	s.bodies.memory = newBodyBudget(cfg.BodyBudget)
+	s.metrics.hostile.watchBodies(s.metrics.reg, s.bodies.memory)
 	s.flow, s.flowOn = newFlowGate(s, cfg.Flow, cfg.APIKeys), cfg.Flow.Enabled
 	s.flow.metrics.register(s.metrics.reg, s.flow)
 	cfg.Proxy.Observer = s.metrics
@@ -206,6 +227,7 @@ func New(cfg Config, reg *worker.Registry, router *policy.Router, loads LoadSour
 	}
 	cfg.Proxy.Transport = cfg.Tracer.Transport(cfg.Proxy.Transport) // unchanged when tracing is off
 	s.fwd = proxy.New(cfg.Proxy)
+	s.loraLoads = newLoraLoader(cfg.LoRA)
 	s.client = &http.Client{Transport: cfg.Proxy.Transport, Timeout: cfg.ProbeTimeout, CheckRedirect: worker.CheckRedirect}
 	router.OnChange(s.policyChanged)
 	router.Attach(reg) // policies follow the registry: built, rebuilt and released on its events
@@ -255,14 +277,4 @@ func printable(s string) bool {
 		}
 	}
 	return true
-}
-
-// routingKey is the session identity for consistent hashing.
-func routingKey(h http.Header) string {
-	for _, k := range []string{"X-Kvgate-Routing-Key", "X-Session-Id", "X-User-Id"} {
-		if v := h.Get(k); v != "" {
-			return v
-		}
-	}
-	return ""
 }

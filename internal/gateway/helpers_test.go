@@ -124,7 +124,7 @@ func auditClient(cfg *Config) (bearer string) {
 	return testAuditKey
 }
 
-func newTestGateway(t *testing.T, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
+func newTestGateway(t testing.TB, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

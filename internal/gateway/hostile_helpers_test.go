@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -46,3 +47,42 @@ func readRawResponse(t *testing.T, c net.Conn, d time.Duration) (*http.Response,
 }
 
 func hostPort(url string) string { return strings.TrimPrefix(url, "http://") }
+
+// rawWorker listens on a loopback port and runs serve on each connection it accepts (then closes
+// it); it returns the worker's base URL. The test's cleanup closes the listener and every open
+// connection and waits for each serve to return.
+func rawWorker(t testing.TB, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns[c] = true
+			mu.Unlock()
+			wg.Go(func() {
+				defer c.Close()
+				serve(c)
+			})
+		}
+	})
+	return "http://" + ln.Addr().String()
+}

@@ -88,6 +88,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	}
 	view := s.reg.View()
 	pool, status, msg := resolvePool(view, p.Model)
+	if pool == nil && status == http.StatusNotFound && s.cfg.LoRA.OnDemand {
+		pool, status, msg = s.loadOnDemand(r.Context(), p.Model) // loraload.go
+	}
 	if pool == nil {
 		writeError(w, status, codeFor(status), msg)
 		return status, "", nil
@@ -113,7 +116,8 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	// allocation instead of three.
 	rq := &routedRequest{}
 	preq := &rq.policy
-	*preq = policy.Request{Model: pool.Model, Text: p.Text, Key: sessionKey(r.Header, &p), Chat: kind == kindChat, Body: body, PromptBytes: len(body)}
+	*preq = policy.Request{Model: pool.Model, Text: p.Text, Chat: kind == kindChat, Body: body, PromptBytes: len(body), Adapter: adapterOf(pool), Salt: p.Salt, Salted: p.Salted}
+	preq.Key, preq.Affinity = s.sessionKeys(r.Header, &p)
 	id := requestID(r)
 	preq.ID = id
 	w.Header().Set("X-Request-Id", id)

@@ -109,6 +109,9 @@ func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) (*Body,
 	deadline := rc.SetReadDeadline(time.Now().Add(s.cfg.Limits.BodyReadTimeout)) == nil
 	fail := func(status int, err error) (*Body, error) {
 		w.Header().Set("Connection", "close")
+		if errors.Is(err, errBodyBudget) {
+			w.Header().Set("Retry-After", budgetRetryAfter)
+		}
 		return nil, s.bodyReadError(r, status, err, gz)
 	}
 	if gz {
@@ -141,6 +144,8 @@ func (s *Server) readRequestBody(w http.ResponseWriter, r *http.Request) (*Body,
 // client's answer.
 func (s *Server) bodyReadError(r *http.Request, status int, err error, gz bool) error {
 	switch {
+	case errors.Is(err, errBodyBudget):
+		return &bodyError{http.StatusServiceUnavailable, "the gateway holds as many request bodies as its memory budget allows; retry shortly"}
 	case errors.Is(err, errInflateRatio):
 		return &bodyError{http.StatusRequestEntityTooLarge, fmt.Sprintf("the gzip request body expands more than %d times", maxInflateRatio)}
 	case status == http.StatusRequestEntityTooLarge:

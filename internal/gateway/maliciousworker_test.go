@@ -40,42 +40,14 @@ type badWorker struct {
 
 func newBadWorker(t *testing.T) *badWorker {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bw := &badWorker{url: "http://" + ln.Addr().String(), lateEnded: make(chan struct{}, 64)}
-	var wg sync.WaitGroup
-	conns := map[net.Conn]bool{}
-	var mu sync.Mutex
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	bw := &badWorker{lateEnded: make(chan struct{}, 64)}
+	bw.url = rawWorker(t, func(c net.Conn) {
+		bw.conns.Add(1)
+		if bw.serve(c) {
+			select {
+			case bw.lateEnded <- struct{}{}:
+			default:
 			}
-			bw.conns.Add(1)
-			mu.Lock()
-			conns[c] = true
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				if bw.serve(c) {
-					select {
-					case bw.lateEnded <- struct{}{}:
-					default:
-					}
-				}
-			})
 		}
 	})
 	return bw
@@ -291,8 +263,9 @@ func TestWorkerStrayBytesNeverReachAnotherClient(t *testing.T) {
 }
 
 // TestWorkerBadContentLength: a body longer than its declared length never reaches the next
-// client; a body shorter than declared is never shown as complete (a 502 when nothing of it
-// reached the client, an aborted connection otherwise); the client after either gets its answer.
+// client; a body shorter than declared is never shown as complete (a 502 when it fits the relay's
+// buffer or nothing of it reached the client, an aborted connection otherwise); the client after
+// either gets its answer.
 func TestWorkerBadContentLength(t *testing.T) {
 	m := newMaliciousGateway(t, Config{})
 	for i := range 5 {
@@ -304,8 +277,10 @@ func TestWorkerBadContentLength(t *testing.T) {
 			t.Errorf("the client after a long body: %d %q %v, want its own answer", a.status, a.body, a.readErr)
 		}
 	}
+	// A whole answer that fits the relay's buffer is read whole before it is committed: cut
+	// short, it is a 502 (a longer one ends the client's connection instead).
 	a := ask(t, m.client, m.srv.URL, "bad", "long l1")
-	if a.readErr == nil {
+	if a.readErr == nil && (a.status != http.StatusBadGateway || !strings.Contains(a.body, `"error"`)) {
 		t.Errorf("a body cut short of its length reached the client as complete: %d %q", a.status, a.body)
 	}
 	a = ask(t, m.client, m.srv.URL, "bad", "cut c1")

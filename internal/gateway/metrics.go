@@ -34,6 +34,9 @@ type Metrics struct {
 	// predictedTTFT and ttftError calibrate the cost model (costmetrics.go).
 	predictedTTFT, ttftError *prometheus.HistogramVec
 
+	// hostile counts strays and held request bodies (hostilemetrics.go).
+	hostile *hostileMetrics
+
 	// hot caches the children of the metrics above that every routed request updates.
 	hot hotCache
 }
@@ -74,6 +77,7 @@ func newMetrics(reg *worker.Registry, router *policy.Router, loads policy.Loads)
 		}, []string{"worker", "to"}),
 	}
 	m.hot.children.Store(&map[hotKey]hotChild{})
+	m.hostile = newHostileMetrics(m.reg)
 	m.predictionError, m.predictionMissing = auditMetrics()
 	m.predictedTTFT, m.ttftError = costMetrics()
 	m.reg.MustRegister(m.predictionError, m.predictionMissing, sessionCollector{router}, m.predictedTTFT, m.ttftError)

@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/kvgate/kvgate/internal/jsonscan"
+	"github.com/kvgate/kvgate/internal/policy"
 )
 
 // Parsed is what the gateway needs from a request body, found in one pass over it without
@@ -35,6 +36,9 @@ type Parsed struct {
 	// priority of another type is left to the worker to refuse.
 	Priority    int64
 	HasPriority bool
+	// Affinity holds the body's affinity fields (prompt_cache_key, conversation, cache_salt):
+	// reqaffinity.go.
+	Affinity
 }
 
 // errBadBody is wrapped by every parse error; the handler maps it to 400.
@@ -51,6 +55,8 @@ const (
 	kindGenerate
 	kindEmbedding
 	kindResponses
+	// kindMessages is Anthropic's Messages API (/v1/messages and its count_tokens).
+	kindMessages
 )
 
 // parseBody validates body as a JSON object and extracts Parsed, in one pass over the body that
@@ -116,11 +122,18 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 				}
 				p.Stream = s.Bool()
 				return
+			case isAffinityMember(key):
+				affinityMember(s, key, &p.Affinity, bad)
+				return
 			case bytes.HasPrefix(key, bootstrapPrefix):
 				p.Bootstrap = true
 			case kind == kindChat && string(key) == "messages":
 				messages(s, &text, bad)
 				return
+			case kind == kindMessages:
+				if messagesMember(s, key, &text, &instr, bad) {
+					return
+				}
 			case kind == kindResponses:
 				if responsesMember(s, key, &p, &text, &instr, bad) {
 					return
@@ -143,10 +156,13 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 	if err := s.Err(); err != nil {
 		return Parsed{}, fmt.Errorf("%w: malformed JSON: %v", errBadBody, err)
 	}
-	if kind == kindResponses {
+	if kind == kindResponses || kind == kindMessages {
 		text = instr.then(&text)
 	}
 	p.Text, p.TextBytes = text.String(), text.total
+	if p.Salted {
+		p.Text, p.TextBytes = policy.SaltedText(p.Text, p.Salt), p.TextBytes+policy.SaltMarkLen
+	}
 	return p, nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/kvgate/kvgate/internal/jsonscan"
+	"github.com/kvgate/kvgate/internal/kvevents"
+	"github.com/kvgate/kvgate/internal/policy"
 )
 
 func TestParseBody(t *testing.T) {
@@ -32,6 +34,10 @@ func TestParseBody(t *testing.T) {
 		{name: "generate ids", kind: kindGenerate, body: `{"input_ids":[1,2]}`, text: ""},
 		{name: "embedding", kind: kindEmbedding, body: `{"input":"emb","model":"e"}`, model: "e", text: "emb"},
 		{name: "fields of other routes ignored", kind: kindChat, body: `{"prompt":"p","messages":[{"content":"c"}]}`, text: "c"},
+		{name: "messages: system string first", kind: kindMessages, body: `{"messages":[{"role":"user","content":"q"}],"system":"sys. ","max_tokens":4}`, text: "sys. q"},
+		{name: "messages: system blocks, tool and image blocks add none", kind: kindMessages, body: `{"system":[{"type":"text","text":"a"},{"type":"text","text":"b"}],"tools":[{"name":"t","description":"not text"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"c"},{"type":"tool_result","tool_use_id":"x","content":"r"}]}]}`, text: "abc"},
+		{name: "messages: system not text", kind: kindMessages, body: `{"system":5,"messages":[]}`, bad: true},
+		{name: "messages: messages not an array", kind: kindMessages, body: `{"messages":"hi"}`, bad: true},
 		{name: "malformed", kind: kindChat, body: `{"messages":[`, bad: true},
 		{name: "array body", kind: kindChat, body: `[]`, bad: true},
 		{name: "model not string", kind: kindChat, body: `{"model":3}`, bad: true},
@@ -101,6 +107,14 @@ func refText(body []byte, kind routeKind) (string, bool) {
 	if kind == kindResponses {
 		return refResponsesText(doc)
 	}
+	if kind == kindMessages {
+		sys, ok := refSystem(doc["system"])
+		if !ok {
+			return "", false
+		}
+		text, ok := refText(body, kindChat)
+		return sys + text, ok
+	}
 	field := map[routeKind]string{kindCompletion: "prompt", kindGenerate: "text", kindEmbedding: "input"}[kind]
 	if kind != kindChat {
 		raw, ok := doc[field]
@@ -129,18 +143,47 @@ func refText(body []byte, kind routeKind) (string, bool) {
 		}
 		var parts []json.RawMessage
 		if json.Unmarshal(m["content"], &parts) == nil {
-			for _, pr := range parts {
-				var part struct {
-					Type *string `json:"type"`
-					Text string  `json:"text"`
-				}
-				if json.Unmarshal(pr, &part) == nil && (part.Type == nil || *part.Type == "text") {
-					b.WriteString(part.Text)
-				}
-			}
+			refParts(&b, parts)
 		}
 	}
 	return b.String(), true
+}
+
+// refSystem is the text of a Messages body's "system", by encoding/json: a string, or the text
+// of its text blocks.
+func refSystem(raw json.RawMessage) (string, bool) {
+	if raw == nil || string(raw) == "null" {
+		return "", true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var parts []json.RawMessage
+	if json.Unmarshal(raw, &parts) != nil {
+		return "", false
+	}
+	var b strings.Builder
+	refParts(&b, parts)
+	return b.String(), true
+}
+
+// refParts appends the text of chat-style content parts: the "text" of each part whose "type",
+// when it is a string, is "text" (keys matched exactly, as the gateway matches them).
+func refParts(b *strings.Builder, parts []json.RawMessage) {
+	for _, pr := range parts {
+		var part map[string]json.RawMessage
+		if json.Unmarshal(pr, &part) != nil || part == nil {
+			continue
+		}
+		var typ, text string
+		if t, ok := part["type"]; ok && json.Unmarshal(t, &typ) == nil && typ != "text" {
+			continue
+		}
+		if tr, ok := part["text"]; ok && json.Unmarshal(tr, &text) == nil {
+			b.WriteString(text)
+		}
+	}
 }
 
 // refResponsesText is the routing text of a Responses body, by encoding/json: instructions,
@@ -188,15 +231,15 @@ func refResponsesText(doc map[string]json.RawMessage) (string, bool) {
 			if json.Unmarshal(pr, &part) != nil || part == nil {
 				continue
 			}
-			var typ, text string
+			typ, text := "text", "" // a part without a type, or with one not a string, is text
 			if t, ok := part["type"]; ok && json.Unmarshal(t, &typ) != nil {
-				typ = "text" // a type that is not a string is not read
+				typ = "text"
 			}
 			tr, ok := part["text"]
 			if !ok || json.Unmarshal(tr, &text) != nil {
 				continue
 			}
-			if typ == "" || typ == "input_text" || typ == "output_text" || typ == "text" {
+			if typ == "input_text" || typ == "output_text" || typ == "text" {
 				b.WriteString(text)
 			}
 		}
@@ -248,13 +291,17 @@ func FuzzParseBody(f *testing.F) {
 		`{"messages":[{"content":"\ud800x"}]}`,
 		`{"a":[{"b":"}"}],"prompt":"z"}`,
 		`not json`,
+		`{"system":[{"type":"text","text":"sys"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"q"}]}]}`,
+		`{"cache_salt":"s1","prompt_cache_key":"k","conversation":{"id":"c"},"messages":[{"content":"x"}]}`,
+		`{"cache_salt":"s1","cache_salt":3,"conversation":"c","conversation":{"id":1}}`,
 		`{"instructions":"s","input":[{"content":[{"type":"input_text","text":"t"}]},{"content":"u"}],"previous_response_id":"r"}`,
 	} {
 		f.Add([]byte(s), uint8(0), uint16(64))
 		f.Add([]byte(s), uint8(kindResponses), uint16(64))
+		f.Add([]byte(s), uint8(kindMessages), uint16(64))
 	}
 	f.Fuzz(func(t *testing.T, body []byte, k uint8, limit uint16) {
-		kind := routeKind(k % 5)
+		kind := routeKind(k % 6)
 		lim := int(limit%2048) + 1
 		p, err := parseBody(body, nil, kind, lim)
 		// Read through an index of the body's quotes built as its bytes arrive: the same parse.
@@ -272,6 +319,13 @@ func FuzzParseBody(f *testing.F) {
 			}
 			return
 		}
+		if p.Salted {
+			if !strings.HasPrefix(p.Text, "\x00cache_salt:") || len(p.Text) < policy.SaltMarkLen {
+				t.Fatalf("a salted text %q does not open with the salt's mark", p.Text)
+			}
+			p.Text = p.Text[policy.SaltMarkLen:]
+		}
+		checkAffinity(t, body, &p.Affinity)
 		if len(p.Text) > lim {
 			t.Fatalf("text of %d bytes over the limit %d", len(p.Text), lim)
 		}
@@ -286,4 +340,58 @@ func FuzzParseBody(f *testing.F) {
 			t.Fatalf("text %q, want %q", p.Text, want)
 		}
 	})
+}
+
+// checkAffinity holds the parse's affinity fields to encoding/json's reading of a valid body: the
+// last member of each name decides.
+func checkAffinity(t *testing.T, body []byte, got *Affinity) {
+	t.Helper()
+	var doc map[string]json.RawMessage
+	if !utf8.Valid(body) || strings.Contains(string(body), `\u`) || json.Unmarshal(body, &doc) != nil {
+		return
+	}
+	str := func(raw json.RawMessage) string {
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return s
+	}
+	var want Affinity
+	want.PromptCacheKey = str(doc["prompt_cache_key"])
+	want.Conversation = str(doc["conversation"])
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(doc["conversation"], &obj) == nil && obj != nil {
+		want.Conversation = str(obj["id"])
+	}
+	if salt := str(doc["cache_salt"]); salt != "" {
+		want.Salt, want.Salted = kvevents.SaltDigest([]byte(salt)), true
+	}
+	if *got != want {
+		t.Fatalf("%q: affinity %+v, want %+v", body, *got, want)
+	}
+}
+
+// BenchmarkParseBody: the one pass over a chat body of 8 KiB of messages, plain and with the
+// affinity members (cache_salt digested, prompt_cache_key kept), and a Messages body: the
+// affinity members' cost is read as the ratio of the second to the first.
+func BenchmarkParseBody(b *testing.B) {
+	msgs := `"messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 200) + `"},{"role":"user","content":"` + strings.Repeat("question ", 300) + `"}]`
+	for _, tc := range []struct {
+		name string
+		kind routeKind
+		body string
+	}{
+		{"chat", kindChat, `{"model":"m","stream":true,"max_tokens":64,` + msgs + `}`},
+		{"chat+affinity", kindChat, `{"model":"m","stream":true,"max_tokens":64,"cache_salt":"tenant-0042-secret","prompt_cache_key":"conv-7f3a",` + msgs + `}`},
+		{"messages", kindMessages, `{"model":"m","stream":true,"max_tokens":64,"system":"` + strings.Repeat("You are a careful assistant. ", 200) + `",` + msgs + `}`},
+	} {
+		body := []byte(tc.body)
+		b.Run(tc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := parseBody(body, nil, tc.kind, 8192); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -54,6 +54,9 @@ func (s *Server) newWorker(spec worker.Spec) (*worker.Worker, error) {
 	if _, err := s.cfg.Health.WithLabels(spec.Labels); err != nil {
 		return nil, regErr(http.StatusBadRequest, "%v", err)
 	}
+	if _, err := ParsePDProtocol(spec.Labels[PDProtocolLabel]); err != nil {
+		return nil, regErr(http.StatusBadRequest, "label %s: %v", PDProtocolLabel, err)
+	}
 	w, err := worker.New(spec, bc)
 	if err != nil {
 		return nil, regErr(http.StatusBadRequest, "%v", err)

@@ -132,6 +132,18 @@ func (a *responseAffinity) lookup(id string) (string, bool) {
 	return ent.worker, true
 }
 
+// forget drops response id: the response was deleted, or its worker no longer has it.
+func (a *responseAffinity) forget(id string) {
+	if a.max < 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if e, ok := a.byID[id]; ok {
+		a.drop(e)
+	}
+}
+
 // len returns how many ids are remembered.
 func (a *responseAffinity) len() int {
 	a.mu.Lock()

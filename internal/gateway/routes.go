@@ -19,6 +19,8 @@ func (s *Server) Handler() http.Handler {
 	} {
 		mux.Handle("POST "+path, s.clientAuth(s.inference(path, kind)))
 	}
+	s.messagesRoutes(mux)
+	s.storedResponseRoutes(mux)
 	mux.Handle("GET /v1/models", s.clientAuth(http.HandlerFunc(s.handleModels)))
 	mux.Handle("GET /v1/models/{id}", s.clientAuth(http.HandlerFunc(s.handleModel)))
 	s.probeRoutes(mux)

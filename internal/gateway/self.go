@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+
+	"github.com/kvgate/kvgate/internal/netaddr"
 )
 
 // A gateway must never be its own worker: every request sent to it would come straight back.
@@ -42,17 +44,21 @@ func (s *Server) ListeningOn(hostport string) {
 	if err != nil {
 		return
 	}
-	switch {
+	var addr netip.Addr
+	switch h := netaddr.Parse(host); {
 	case host == "":
-		host = "0.0.0.0" // every address
-	case strings.EqualFold(host, "localhost"):
-		host = "127.0.0.1"
-	}
-	ap, err := netip.ParseAddrPort(net.JoinHostPort(host, port))
-	if err != nil || ap.Port() == 0 {
+		addr = netip.IPv4Unspecified() // every address
+	case h.IP.IsValid():
+		addr = h.IP.WithZone("")
+	case h.IsLoopback():
+		addr = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	default:
 		return
 	}
-	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	ap := netip.AddrPortFrom(addr, urlPort(&url.URL{Host: ":" + port}))
+	if ap.Port() == 0 {
+		return
+	}
 	s.self.mu.Lock()
 	defer s.self.mu.Unlock()
 	for _, a := range s.self.addrs {
@@ -74,9 +80,14 @@ func (s *Server) pointsAtSelf(ctx context.Context, u *url.URL) bool {
 	}
 	port := urlPort(u)
 	var ips []netip.Addr
-	if a, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
-		ips = []netip.Addr{a}
-	} else {
+	switch h := netaddr.Parse(u.Hostname()); {
+	case h.IP.IsValid():
+		ips = []netip.Addr{h.IP.WithZone("")}
+	case h.IsLoopback():
+		// Every spelling of "localhost" (case, a trailing dot, a name under it) is loopback
+		// whatever a resolver says of it.
+		ips = []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}
+	default:
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.ProbeTimeout)
 		defer cancel()
 		ips, _ = net.DefaultResolver.LookupNetIP(ctx, "ip", u.Hostname())

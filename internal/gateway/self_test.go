@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -112,5 +113,54 @@ func TestRegisterProbeFollowsNoRedirectAway(t *testing.T) {
 	}
 	if n := len(g.reg.View().All); n != 0 {
 		t.Fatalf("%d workers registered, want none", n)
+	}
+}
+
+// Defect: the gateway's own address was refused in its plain forms only; 127.1, 2130706433,
+// 0x7f000001 and LOCALHOST. were registered (201). Every spelling a dialer may read as a
+// listener of the gateway is refused through the admin API, before any probe.
+func TestRegisterRefusesSelfInEverySpelling(t *testing.T) {
+	g := newTestGateway(t, Config{}, "round_robin")
+	ln, err := net.Listen("tcp", "127.0.0.1:0") // nothing answers: only the address can tell
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	g.ListeningOn("127.0.0.1:" + port)
+	for _, h := range []string{"127.1", "127.0.1", "2130706433", "0x7f000001", "0X7F.1", "0177.0.0.1", "0177.1",
+		"127.0.0.1.", "LOCALHOST.", "LocalHost", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "127.00.00.01"} {
+		resp, raw := adminDo(t, g, "POST", "/workers", `{"url":"http://`+h+`:`+port+`","model_id":"m"}`, "")
+		if resp.StatusCode != http.StatusConflict {
+			t.Errorf("%s: %d %s, want 409", h, resp.StatusCode, raw)
+		}
+	}
+	if n := len(g.reg.View().All); n != 0 {
+		t.Fatalf("%d workers registered, want none", n)
+	}
+	// A worker in a legacy spelling is registered at the address the checks read, and probed there.
+	f := newFakeWorker(t, "m")
+	_, fport, _ := net.SplitHostPort(strings.TrimPrefix(f.URL, "http://"))
+	w, err := g.Register(context.Background(), AddWorkerRequest{URL: "http://0x7f.1:" + fport})
+	if err != nil || w.URL.Host != "127.0.0.1:"+fport {
+		t.Fatalf("registering the fake worker as 0x7f.1: %v (url %v), want it at 127.0.0.1", err, w)
+	}
+}
+
+// An allow-list matches an address in any spelling as that address: 0x0a000001 is in
+// 10.0.0.0/8, and 127.1 is not, whatever the rules' own spelling.
+func TestAllowedWorkerHostsReadEverySpelling(t *testing.T) {
+	h, err := parseHostRules([]string{"0x0a000000/8", "192.168.1", "Workers.Example."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, want := range map[string]bool{
+		"10.0.0.1": true, "0x0a000001": true, "167772161": true, "::ffff:10.0.0.1": true, "10.1.": true,
+		"192.168.0.1": true, "192.168.1": true, "workers.example": true, "WORKERS.EXAMPLE.": true,
+		"127.1": false, "2130706433": false, "11.0.0.1": false, "192.168.0.2": false, "x.workers.example": false,
+	} {
+		if got := h.allows(host); got != want {
+			t.Errorf("allows(%q) = %v, want %v", host, got, want)
+		}
 	}
 }

@@ -8,15 +8,45 @@ import (
 	"github.com/kvgate/kvgate/internal/policy"
 )
 
-// sessionKey is the request's session identity (policy.Request.Key), which consistent_hashing
-// hashes and sticky sessions bind: a routing-key or session header (routingKey), else the body's
-// "user". The policies bound what they keep of it (policy.MaxKeyBytes), so a hostile value costs
-// no memory; it only chooses a worker, which any client may do by its prompt anyway.
-func sessionKey(h http.Header, p *Parsed) string {
-	if k := routingKey(h); k != "" {
-		return k
+// DefaultSessionHeaders are the session headers read when Config.SessionHeaders is empty: the
+// ones clients and proxies in front of inference servers commonly set per conversation.
+var DefaultSessionHeaders = []string{"X-Session-Id", "X-Conversation-Id"}
+
+// sessionKeys returns the request's session key (policy.Request.Key, which consistent_hashing
+// hashes and sticky sessions bind) and its affinity key (policy.Request.Affinity, the placement
+// key the cost policies give a conversation). The first that is set wins:
+//
+//  1. the X-Kvgate-Routing-Key header;
+//  2. a session header (Config.SessionHeaders, in their order);
+//  3. the body's "prompt_cache_key";
+//  4. the body's "conversation";
+//  5. the X-User-Id header, then the body's "user".
+//
+// The last two name a user, who may hold many conversations at once, so they are a session key
+// but no affinity key: placing all of a user's conversations by one hash would pile them on one
+// worker. The affinity key is the session key's source prefixed, so that a routing key and a
+// prompt_cache_key of the same text stay apart. The policies bound what they keep of either
+// (policy.MaxKeyBytes, and a hash), so a hostile value costs no memory; it only chooses a
+// worker, which any client may do by its prompt anyway.
+func (s *Server) sessionKeys(h http.Header, p *Parsed) (key, affinity string) {
+	if k := h.Get("X-Kvgate-Routing-Key"); k != "" {
+		return k, "h\x00" + k
 	}
-	return p.User
+	for _, name := range s.sessionHeaders {
+		if k := h.Get(name); k != "" {
+			return k, "h\x00" + k
+		}
+	}
+	switch {
+	case p.PromptCacheKey != "":
+		return p.PromptCacheKey, "k\x00" + p.PromptCacheKey
+	case p.Conversation != "":
+		return p.Conversation, "c\x00" + p.Conversation
+	}
+	if k := h.Get("X-User-Id"); k != "" {
+		return k, ""
+	}
+	return p.User, ""
 }
 
 var (

@@ -139,3 +139,57 @@ func TestStreamIdleTimeout(t *testing.T) {
 		t.Errorf("a steady stream was cut: %q", body)
 	}
 }
+
+// Defect: any byte restarted --stream-idle-timeout, so a worker sending SSE comments only, or one
+// byte a second of an event that never ends, held a stream open until --request-timeout (10
+// minutes by default). Only a complete data event restarts it now: both streams end within the
+// bound plus a second, with the SSE error event, and the client never sees the partial event.
+func TestStreamIdleCountsEvents(t *testing.T) {
+	const idle = 400 * time.Millisecond
+	for name, tick := range map[string]string{
+		"comments only":           ": keep-alive\n\n",
+		"events without data":     "event: ping\n\n",
+		"a trickle of one event":  "x",
+		"a partial event, a line": "data: {\"choices\":[]}\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFakeWorker(t, "m")
+			f.setHandler(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "data: {\"choices\":[]}\n\n")
+				if tick == "x" {
+					io.WriteString(w, "data: {")
+				}
+				w.(http.Flusher).Flush()
+				tk := time.NewTicker(idle / 8)
+				defer tk.Stop()
+				for {
+					select {
+					case <-r.Context().Done():
+						return
+					case <-tk.C:
+						io.WriteString(w, tick)
+						w.(http.Flusher).Flush()
+					}
+				}
+			})
+			cfg := Config{}
+			cfg.Proxy.StreamIdleTimeout = idle
+			g := newTestGateway(t, cfg, "round_robin", f)
+			start := time.Now()
+			resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			took := time.Since(start)
+			if !strings.Contains(string(body), `"code":"stream_idle_timeout"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+				t.Fatalf("the stream ended without the idle error event: %q", body)
+			}
+			if took > idle+time.Second {
+				t.Errorf("the stream ended after %v, want within %v", took, idle+time.Second)
+			}
+			if tick == "x" && strings.Contains(string(body), "data: {x") {
+				t.Errorf("the client saw the partial event: %q", body)
+			}
+		})
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/kvgate/kvgate/internal/netaddr"
 )
 
 // hostRules are the hosts workers may be registered at (Config.AllowedWorkerHosts): networks
@@ -24,14 +26,14 @@ func parseHostRules(entries []string) (hostRules, error) {
 		case e == "":
 			continue
 		case strings.Contains(e, "/"):
-			p, err := netip.ParsePrefix(e)
-			if err != nil {
+			p, ok := netaddr.Prefix(e)
+			if !ok {
 				return h, fmt.Errorf("allowed worker hosts: %q is not a CIDR", e)
 			}
-			h.nets = append(h.nets, p.Masked())
+			h.nets = append(h.nets, p)
 		case isIP(e):
-			a, _ := netip.ParseAddr(strings.Trim(e, "[]"))
-			h.nets = append(h.nets, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+			p, _ := netaddr.Prefix(strings.Trim(e, "[]"))
+			h.nets = append(h.nets, p)
 		case strings.HasPrefix(e, "*."):
 			h.suffixes = append(h.suffixes, e[1:])
 		case strings.HasPrefix(e, "."):
@@ -39,15 +41,15 @@ func parseHostRules(entries []string) (hostRules, error) {
 		case strings.ContainsAny(e, ":@ "):
 			return h, fmt.Errorf("allowed worker hosts: %q is neither a CIDR nor a host name", e)
 		default:
-			h.names[e] = true
+			h.names[netaddr.Name(e)] = true
 		}
 	}
 	return h, nil
 }
 
 func isIP(s string) bool {
-	_, err := netip.ParseAddr(strings.Trim(s, "[]"))
-	return err == nil
+	_, ok := netaddr.Prefix(strings.Trim(s, "[]"))
+	return ok
 }
 
 // anyHost reports whether no rule was given: every host is allowed.
@@ -60,9 +62,10 @@ func (h hostRules) allows(host string) bool {
 	if h.anyHost() {
 		return true
 	}
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	if a, err := netip.ParseAddr(host); err == nil {
-		a = a.Unmap()
+	// An address in any spelling (127.1, 0x0a000001, ::ffff:10.0.0.1) is matched as the
+	// address it is, never as a name.
+	if a, ok := netaddr.Addr(host); ok {
+		a = a.WithZone("")
 		for _, p := range h.nets {
 			if p.Contains(a) {
 				return true
@@ -70,6 +73,7 @@ func (h hostRules) allows(host string) bool {
 		}
 		return false
 	}
+	host = netaddr.Name(host)
 	if h.names[host] {
 		return true
 	}

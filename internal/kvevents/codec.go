@@ -41,6 +41,15 @@ type Event struct {
 	// LoRA is the adapter id of the stored blocks; HasLoRA is false for the base model.
 	LoRA    int64
 	HasLoRA bool
+	// LoRAName is the adapter's name ("lora_name"), "" when the event gives none.
+	LoRAName string
+	// ExtraKeys are the string extra keys of the first stored block ("extra_keys": a cache
+	// salt, multimodal identifiers, the adapter's name); Encode writes them, Decode reads them.
+	ExtraKeys []string
+	// Salt mixes ExtraKeys but the adapter's name (salt.go), when Salted; only a BlockStored
+	// that starts a chain has one.
+	Salt   uint64
+	Salted bool
 }
 
 // Batch is one KVEventBatch: a timestamp (seconds since the epoch), events in order, and the
@@ -187,7 +196,7 @@ func (d *decoder) skip(depth int) error {
 			}
 		}
 		return nil
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+	case isArray(c):
 		n, err := d.arrayLen()
 		if err != nil {
 			return err
@@ -473,6 +482,10 @@ func (d *decoder) event() (Event, error) {
 			err = d.optInt(&bs, &hasBS)
 		case "lora_id":
 			err = d.optInt(&e.LoRA, &e.HasLoRA)
+		case "lora_name":
+			e.LoRAName, err = d.optStr()
+		case "extra_keys":
+			e.ExtraKeys, err = d.extraKeys()
 		case "medium":
 			offGPU, err = d.offGPU()
 		case "group_idx":
@@ -529,6 +542,7 @@ func (d *decoder) event() (Event, error) {
 			return e, malformed("block size %d out of range", bs)
 		}
 		e.BlockSize = int(bs)
+		e.saltOf()
 		if len(e.Tokens) != len(e.Hashes)*e.BlockSize {
 			return e, malformed("%d token ids for %d blocks of %d", len(e.Tokens), len(e.Hashes), bs)
 		}

@@ -118,6 +118,13 @@ func FuzzDecode(f *testing.F) {
 		f.Add(buf.Bytes())
 	}
 	f.Add([]byte{0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90})
+	for _, enc := range []Encoding{Legacy, Maps} { // extra_keys and lora_name (salt.go)
+		salted := stored([]uint64{1, 2}, 0, false, 4, 1)
+		salted.ExtraKeys, salted.LoRAName = []string{"a", "salt"}, "a"
+		var buf bytes.Buffer
+		Encode(&buf, &Batch{TS: 1, Events: []Event{salted}}, enc)
+		f.Add(buf.Bytes())
+	}
 	f.Fuzz(func(t *testing.T, p []byte) {
 		b, err := Decode(p)
 		if err != nil {

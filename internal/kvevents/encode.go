@@ -56,6 +56,10 @@ func encodeEvent(e *msgpack.Encoder, ev *Event, enc Encoding) {
 		}
 	}
 	fields := map[Kind]int{BlockStored: 7, BlockRemoved: 3, AllBlocksCleared: 1}[ev.Kind]
+	extra := ev.Kind == BlockStored && (len(ev.ExtraKeys) > 0 || ev.LoRAName != "")
+	if extra {
+		fields += 2 // lora_name, extra_keys
+	}
 	if enc == Maps {
 		e.EncodeMapLen(fields)
 		e.EncodeString("type")
@@ -87,9 +91,35 @@ func encodeEvent(e *msgpack.Encoder, ev *Event, enc Encoding) {
 		}
 		key("medium")
 		e.EncodeString("GPU")
+		if extra {
+			encodeExtra(e, ev, key)
+		}
 	case BlockRemoved:
 		hashes()
 		key("medium")
 		e.EncodeString("GPU")
+	}
+}
+
+// encodeExtra writes a BlockStored's lora_name and extra_keys (its first block's ExtraKeys, nil
+// for the others), as newer vLLM does.
+func encodeExtra(e *msgpack.Encoder, ev *Event, key func(string)) {
+	key("lora_name")
+	if ev.LoRAName != "" {
+		e.EncodeString(ev.LoRAName)
+	} else {
+		e.EncodeNil()
+	}
+	key("extra_keys")
+	e.EncodeArrayLen(len(ev.Hashes))
+	for i := range ev.Hashes {
+		if i > 0 || len(ev.ExtraKeys) == 0 {
+			e.EncodeNil()
+			continue
+		}
+		e.EncodeArrayLen(len(ev.ExtraKeys))
+		for _, k := range ev.ExtraKeys {
+			e.EncodeString(k)
+		}
 	}
 }

@@ -165,6 +165,9 @@ func (x *Index) apply(h *holder, e *Event) {
 	switch e.Kind {
 	case BlockStored:
 		key := seedFor(e.LoRA, e.HasLoRA)
+		if e.Salted {
+			key = saltSeed(key, e.Salt)
+		}
 		if e.HasParent {
 			k, ok := h.blocks[e.Parent]
 			if !ok {
@@ -402,6 +405,16 @@ func (x *Index) holdersOf(dst []*holder, model, worker string, now time.Time) (_
 // walk of the prompt per size), so that one stream's odd block size — an engine configured
 // differently, or a malformed stream — changes nothing for the others. now is the current time.
 func (x *Index) Match(model string, toks []uint32, workers []string, out []int, now time.Time) bool {
+	return x.match(model, keySeed, toks, workers, out, now)
+}
+
+// MatchSalted is Match for a prompt with a cache salt of digest salt (SaltDigest): it meets only
+// the blocks stored under that salt.
+func (x *Index) MatchSalted(model string, salt uint64, toks []uint32, workers []string, out []int, now time.Time) bool {
+	return x.match(model, saltSeed(keySeed, salt), toks, workers, out, now)
+}
+
+func (x *Index) match(model string, seed uint64, toks []uint32, workers []string, out []int, now time.Time) bool {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	var hbuf [16]*holder
@@ -428,14 +441,14 @@ func (x *Index) Match(model string, toks []uint32, workers []string, out []int, 
 		alive = make([]bool, 0, len(hs))
 	}
 	for _, bs := range sizes {
-		x.walk(bs, toks, hs, owner, out, alive)
+		x.walk(bs, seed, toks, hs, owner, out, alive)
 	}
 	return true
 }
 
 // walk extends out with the blocks of bs tokens that the holders of that block size hold from
 // the start of toks. Callers hold mu.
-func (x *Index) walk(bs int, toks []uint32, hs []*holder, owner, out []int, alive []bool) {
+func (x *Index) walk(bs int, seed uint64, toks []uint32, hs []*holder, owner, out []int, alive []bool) {
 	alive = alive[:0]
 	left := 0
 	for _, h := range hs {
@@ -444,7 +457,7 @@ func (x *Index) walk(bs int, toks []uint32, hs []*holder, owner, out []int, aliv
 			left++
 		}
 	}
-	key := uint64(keySeed)
+	key := seed
 	for b := 0; (b+1)*bs <= len(toks) && left > 0; b++ {
 		key = chainBlock(key, toks[b*bs:(b+1)*bs])
 		slots := x.byKey[key]

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/netaddr"
 )
 
 // lookupTimeout bounds one host-name lookup; reresolve is how often names are looked up again.
@@ -164,15 +166,13 @@ func (s *Service) allowed(a netip.Addr) bool {
 
 // parsePrefix parses an address (a prefix of its full length) or a CIDR.
 func parsePrefix(v string) (netip.Prefix, error) {
-	if a, err := netip.ParseAddr(v); err == nil {
-		a = a.Unmap()
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	p, err := netip.ParsePrefix(v)
-	if err != nil {
+	// One parser for every allow-list: 10.1, 0x0a000001 and ::ffff:10.0.0.1 are the address
+	// they spell.
+	p, ok := netaddr.Prefix(v)
+	if !ok {
 		return netip.Prefix{}, fmt.Errorf("%q is not an address or a CIDR", v)
 	}
-	return p.Masked(), nil
+	return p, nil
 }
 
 // parsePrefixes parses a comma-separated list of addresses and CIDRs.

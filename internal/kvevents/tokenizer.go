@@ -213,3 +213,8 @@ func (v *View) Covers(model string, workers []string) bool {
 func (v *View) Match(model string, toks []uint32, workers []string, out []int) bool {
 	return v.Service.idx.Match(model, toks, workers, out, v.now())
 }
+
+// MatchSalted is Index.MatchSalted at the current time (policy.SaltedMatcher).
+func (v *View) MatchSalted(model string, salt uint64, toks []uint32, workers []string, out []int) bool {
+	return v.Service.idx.MatchSalted(model, salt, toks, workers, out, v.now())
+}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // logBuffer collects log output for assertions.
@@ -28,16 +30,10 @@ func (l *logBuffer) Write(p []byte) (int, error) {
 func (l *logBuffer) String() string       { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
-// within polls cond until it holds, failing after 10 s (connection ends have no channel).
+// within waits until cond holds (testutil.Until: connection ends have no channel).
 func within(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 10 s: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Until(t, cond, what)
 }
 
 // liveIDs returns the ids of the service's connections up now.

@@ -47,39 +47,39 @@ func DefaultEstimateConfig() EstimateConfig {
 // WithDefaults returns c with its zero fields at their defaults.
 func (c EstimateConfig) WithDefaults() EstimateConfig {
 	d := DefaultEstimateConfig()
-	if c.PrefillRate == 0 {
-		c.PrefillRate = d.PrefillRate
-	}
-	if c.RateDecay == 0 {
-		c.RateDecay = d.RateDecay
-	}
-	if c.RateSamples == 0 {
-		c.RateSamples = d.RateSamples
-	}
-	if c.RateCap == 0 {
-		c.RateCap = d.RateCap
-	}
-	if c.BytesPerToken == 0 {
-		c.BytesPerToken = d.BytesPerToken
-	}
+	orDefault(&c.PrefillRate, d.PrefillRate)
+	orDefault(&c.RateDecay, d.RateDecay)
+	orDefault(&c.RateSamples, d.RateSamples)
+	orDefault(&c.RateCap, d.RateCap)
+	orDefault(&c.BytesPerToken, d.BytesPerToken)
 	return c
+}
+
+// orDefault sets *v to d where it is zero.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
 }
 
 // Validate reports the first invalid constant (after defaults). Each bound keeps a hostile or
 // mistyped value from making the estimate meaningless.
 func (c EstimateConfig) Validate() error {
 	c = c.WithDefaults()
-	switch {
-	case !(c.PrefillRate > 0) || c.PrefillRate > 1e9:
-		return errors.New("prefill_rate must be in (0, 1e9] tokens/s")
-	case !(c.RateDecay >= 0) || c.RateDecay > 1:
-		return errors.New("rate_decay must be in [0, 1]")
-	case c.RateSamples < 0 || c.RateSamples > 1000:
-		return errors.New("rate_samples must be in [0, 1000]")
-	case !(c.RateCap >= 1) || c.RateCap > 1e6:
-		return errors.New("rate_cap must be in [1, 1e6]")
-	case !(c.BytesPerToken > 0) || c.BytesPerToken > 64:
-		return errors.New("bytes_per_token must be in (0, 64]")
+	for _, b := range [...]struct {
+		ok  bool
+		msg string
+	}{
+		{c.PrefillRate > 0 && c.PrefillRate <= 1e9, "prefill_rate must be in (0, 1e9] tokens/s"},
+		{c.RateDecay >= 0 && c.RateDecay <= 1, "rate_decay must be in [0, 1]"},
+		{c.RateSamples >= 0 && c.RateSamples <= 1000, "rate_samples must be in [0, 1000]"},
+		{c.RateCap >= 1 && c.RateCap <= 1e6, "rate_cap must be in [1, 1e6]"},
+		{c.BytesPerToken > 0 && c.BytesPerToken <= 64, "bytes_per_token must be in (0, 64]"},
+	} {
+		if !b.ok { // NaN fails every bound
+			return errors.New(b.msg)
+		}
 	}
 	return nil
 }

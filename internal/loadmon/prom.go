@@ -29,6 +29,7 @@ const (
 	fHitRate              // sglang cache_hit_rate
 	fUsedTokens           // sglang num_used_tokens
 	fGenTokens            // vllm:generation_tokens_total
+	fLoRA                 // vllm:lora_requests_info (labels read by lora.go)
 	nPromFields
 )
 
@@ -57,7 +58,7 @@ var (
 		promName{"num_requests_running", fRunning}, promName{"num_requests_waiting", fWaiting},
 		promName{"kv_cache_usage_perc", fUsage}, promName{"gpu_cache_usage_perc", fUsageOld},
 		promName{"prefix_cache_hits_total", fHits}, promName{"prefix_cache_queries_total", fQueries},
-		promName{"generation_tokens_total", fGenTokens},
+		promName{"generation_tokens_total", fGenTokens}, promName{"lora_requests_info", fLoRA},
 	)
 	sglangNames = byFirstByte(
 		promName{"num_running_reqs", fRunning}, promName{"num_queue_reqs", fWaiting}, promName{"token_usage", fUsage},
@@ -127,6 +128,10 @@ func ParsePrometheus(body []byte, runtime string) (Report, error) {
 		if !ok {
 			return Report{}, fmt.Errorf("parse /metrics: malformed sample on line %d", lineNo)
 		}
+		if f == fLoRA {
+			s.lora(line, v)
+			continue
+		}
 		s.add(f, v)
 	}
 	return s.report()
@@ -138,6 +143,16 @@ type promSums struct {
 	r   Report
 	sum [nPromFields]float64
 	n   [nPromFields]int
+}
+
+// lora keeps the latest lora_requests_info sample (its value is when it was set; lora.go).
+func (s *promSums) lora(line []byte, at float64) {
+	i := bytes.IndexByte(line, '{')
+	if i < 0 || math.IsNaN(at) || s.r.LoRA != nil && at < s.r.LoRA.At {
+		return
+	}
+	l := parseLoraSample(line[i:], at)
+	s.r.LoRA = &l
 }
 
 // add counts one sample of the metric feeding f.

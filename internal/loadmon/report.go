@@ -40,6 +40,10 @@ type Report struct {
 	// that a zero means "nothing to prefill" rather than "unknown".
 	HasUncachedTokens bool `json:"has_uncached_tokens"`
 
+	// LoRA is the worker's adapter state (vLLM's lora_requests_info; lora.go); nil when not
+	// reported. Never changed once the report is made (a pointer keeps Report comparable).
+	LoRA *LoRA `json:"lora,omitempty"`
+
 	// PolledAt is when the poll was sent.
 	PolledAt time.Time `json:"polled_at"`
 	// InflightAtPoll is this gateway's in-flight count for the worker when the poll was sent.

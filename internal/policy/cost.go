@@ -97,6 +97,8 @@ type CostConfig struct {
 	// MaxWaiting is a hard cap: a worker whose fresh report shows more waiting requests than
 	// this is no candidate while some other is under it. Default 0 (off).
 	MaxWaiting int64 `yaml:"max_waiting"`
+	// LoRA holds the constants of the adapter term L (costlora.go).
+	LoRA LoRACost `yaml:",inline"`
 	// MinDecodeRate is the floor of D's fleet throughput, in generated tokens per second per
 	// running request: no engine decodes slower, and a reported throughput that says so is a
 	// moving average still catching up with its batch. Default 1.
@@ -110,7 +112,8 @@ type CostConfig struct {
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
 		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, RateCap: 64, DelayShare: 1, MaxTokenUsage: 1,
-		MinDecodeRate: 1, MeanWindow: 64}
+		MinDecodeRate: 1, MeanWindow: 64,
+		LoRA: DefaultLoRACost()}
 }
 
 // withDefaults fills zero fields; a wholly zero config is the defaults. Otherwise FollowShare,
@@ -123,15 +126,17 @@ func (c CostConfig) withDefaults() CostConfig {
 	}
 	e := c.Estimate() // the engine estimate's constants take its defaults
 	c.PrefillRate, c.BytesPerToken, c.RateDecay, c.RateSamples, c.RateCap = e.PrefillRate, e.BytesPerToken, e.RateDecay, e.RateSamples, e.RateCap
-	if c.MinDecodeRate == 0 {
-		c.MinDecodeRate = d.MinDecodeRate
+	for _, f := range [...]struct {
+		v *float64
+		d float64
+	}{
+		{&c.MinDecodeRate, d.MinDecodeRate}, {&c.MeanWindow, d.MeanWindow}, {&c.MaxTokenUsage, d.MaxTokenUsage},
+	} {
+		if *f.v == 0 {
+			*f.v = f.d
+		}
 	}
-	if c.MeanWindow == 0 {
-		c.MeanWindow = d.MeanWindow
-	}
-	if c.MaxTokenUsage == 0 {
-		c.MaxTokenUsage = d.MaxTokenUsage
-	}
+	c.LoRA = c.LoRA.withDefaults()
 	return c
 }
 
@@ -159,7 +164,7 @@ func (c CostConfig) validate() error {
 	case c.MeanWindow != 0 && !(c.MeanWindow >= 1) || c.MeanWindow > 1e6:
 		return errors.New("mean_window must be in [1, 1e6] requests")
 	}
-	return nil
+	return c.LoRA.validate()
 }
 
 // Estimate returns the constants of the engine estimate (loadmon.Estimate) the cost reads, which
@@ -199,6 +204,9 @@ type Terms struct {
 	Rate float64
 	// Decode is D, the decode-side cost of joining the worker's batch, in seconds.
 	Decode float64
+	// Adapter is L, what the request's LoRA adapter costs on the worker where it is not
+	// running (a load, or the wait for a slot), in seconds (costlora.go).
+	Adapter float64
 	// Cost is Formula(), in seconds: the expected time to first token, with the delay the
 	// prompt's prefill adds to the B requests behind it.
 	Cost float64
@@ -207,7 +215,7 @@ type Terms struct {
 // Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, in seconds;
 // +Inf where a term is NaN (a hostile report). Ĉ beyond P counts as P.
 func (t *Terms) Formula() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter
 }
 
 // TTFT returns the prompt's own expected time to first token on the worker,
@@ -215,12 +223,12 @@ func (t *Terms) Formula() float64 {
 // requests behind it. It is what a decision predicts the client will see (the calibration
 // metrics, admission by a TTFT objective); Cost is what the pick minimises.
 func (t *Terms) TTFT() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode)
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode) + t.Adapter
 }
 
 // price sets t.Cost from the other terms.
 func (t *Terms) price() {
-	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode)
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter
 }
 
 // formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
@@ -236,12 +244,13 @@ type report struct {
 	uncachedTokens, waiting, running, inflightAtPoll int64
 	gen, usage, replicas                             float64
 	tokenData, hasUncached                           bool
+	lora                                             *loadmon.LoRA // nil: none reported (costlora.go)
 }
 
 func reportOf(r *loadmon.Report) report {
 	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
 		inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
-		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens}
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens, lora: r.LoRA}
 }
 
 // costCand is one candidate during a decision.
@@ -268,6 +277,10 @@ type workerCost struct {
 	est loadmon.Estimate
 	// idHash is the worker id's rendezvous hash (idHash), computed once.
 	idHash uint64
+	// adapters are the LoRA adapters this replica sent the worker since the report polled at
+	// adaptersAt (costlora.go).
+	adapters   []string
+	adaptersAt time.Time
 }
 
 // scorer is the filter and score steps of the pipeline, and the per-worker memory they need.
@@ -398,8 +411,8 @@ func finite(x float64) float64 {
 
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
-// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, and with replica sync
-// the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
+// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, L in seconds where it is
+// not 0, and with replica sync the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -414,6 +427,10 @@ func (t Terms) String() string {
 		{" follow=", t.Follow, 0}, {" credit=", t.Credit, 0}} {
 		b = append(b, f.name...)
 		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)
+	}
+	if t.Adapter != 0 { // L, for an adapter's request where it does not run (costlora.go)
+		b = append(b, " l="...)
+		b = strconv.AppendFloat(b, t.Adapter, 'f', 3, 64)
 	}
 	if t.PeerSent > 0 {
 		b = append(b, " sp="...)

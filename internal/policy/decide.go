@@ -91,7 +91,9 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	// tokenizer leaves the loads no staler), then the loads.
 	var toks []uint32
 	branch := -1
-	if p.src == fromEvents {
+	if p.src == fromEvents && req.Adapter == "" {
+		// An adapter's blocks are not matched by the events yet (costlora.go): its pool's tree
+		// places it, rather than the base model's blocks an engine's topic might not tell apart.
 		toks, branch = p.tokenize(ctx, candidates, req)
 	}
 	buf := getCands(len(candidates))
@@ -101,6 +103,7 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	if len(av) == 0 {
 		return nil
 	}
+	p.sc.adapterTerms(av, req.Adapter) // L, the adapter term (costlora.go)
 	// 3. Score (Ĉ from the first source that answers for every candidate) and 4. pick.
 	pick := func(key uint64) *worker.Worker { return p.finish(av, req, key, commit, branch) }
 	if toks != nil {
@@ -151,10 +154,13 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 			}
 		}
 	}
+	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
+		return nil, coNoEvents
+	}
 	if via == nil || !p.kv.Covers(req.Model, ids) {
 		return nil, coNoEvents
 	}
-	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.Text)
+	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())
 	if err != nil || len(toks) == 0 {
 		return nil, coTokenizer
 	}
@@ -365,7 +371,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 		ids = append(ids, av[i].w.ID)
 		out = append(out, 0)
 	}
-	if !p.kv.Match(req.Model, toks, ids, out) {
+	if !p.matchEvents(req, toks, ids, out) {
 		return nil, false
 	}
 	// A chat request's whole messages were tokenized; other prompts only their routing text,
@@ -386,7 +392,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 	}
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)
-	return pick(tokenPlacementKey(toks, out)), true
+	return pick(affinityKey(req, tokenPlacementKey(toks, out))), true
 }
 
 // treeCached is cache_aware_hash's source (and precise_prefix's fallback): Ĉ from this replica's
@@ -401,7 +407,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 	var chosen *worker.Worker
 	p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
 		if i := idx.get(av, tenant); i >= 0 {
-			av[i].t.Cached = float64(chars)
+			av[i].t.Cached = float64(req.promptChars(chars))
 		}
 	}, func(m *radix.Match) string {
 		if p.sc.peers != nil && p.sc.peers.Active() {
@@ -410,7 +416,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
 		for i := range av {
 			c := &av[i].t
-			full := int(c.Cached) >= m.Total
+			full := int(c.Cached) >= req.promptChars(m.Total)
 			c.Cached = p.sc.est.Tokens(int64(c.Cached))
 			if full && c.Cached > 0 {
 				c.Follow = p.sc.cfg.FollowShare * rest
@@ -418,7 +424,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 			}
 			known = max(known, c.Cached)
 		}
-		key := hashString(placementKey(req.Text, m.Shared))
+		key := affinityKey(req, hashString(placementKey(req.Text, m.Shared)))
 		p.creditOwner(av, key, known)
 		chosen = pick(key)
 		if !commit {
@@ -500,6 +506,7 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 		if p.sc.peers != nil {
 			p.sc.peers.Decided(req.Model, c.w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
 		}
+		p.sc.sentAdapter(c, req.Adapter)
 		if precise {
 			p.tree.Insert(req.Text, c.w.ID) // keep the fallback's tree as warm as the default's
 		}

@@ -19,9 +19,20 @@ type Request struct {
 	// Text is the routing text: the prompt prefix that cache-aware matching sees.
 	// It may be truncated to the length policies need.
 	Text string
-	// Key is the session routing key: the x-kvgate-routing-key header, else another identity
-	// header (x-session-id, x-user-id), else the body's "user" field, else "".
+	// Key is the session routing key: the x-kvgate-routing-key header, else a session header,
+	// the body's prompt_cache_key or conversation, else the user (the x-user-id header, the
+	// body's "user"), else "" (the gateway's sessionKeys).
 	Key string
+	// Affinity is the conversation's placement key ("" when the request names no conversation:
+	// no key, or only a user): the cost policies order a prompt's tied candidates and credit its
+	// rendezvous owner by it instead of by the prompt's opening, so that every turn of a
+	// conversation, through any replica, meets the cache its first turn left.
+	Affinity string
+	// Salt is a digest of the request's cache salt (vLLM's cache_salt), when Salted. Text then
+	// opens with a mark of the salt, so the prefix trees hold each salt's prefixes apart; the
+	// engines' KV events key a salted chain by its salt too (kvevents).
+	Salt   uint64
+	Salted bool
 	// Chat is set for chat completions, whose prompt is the body's messages.
 	Chat bool
 	// Body is the raw request body, read-only; nil when the caller has none. Precise routing
@@ -35,6 +46,9 @@ type Request struct {
 	// ID is the request's id as the gateway logs it, "" when unknown: the replica sync plane
 	// names the decision by it.
 	ID string
+	// Adapter is the LoRA adapter the request names as its model ("" the base model, or no
+	// worker lists the model with a parent): the cost's adapter term L prices it (costlora.go).
+	Adapter string
 	// Tried are the workers earlier attempts of this request went to: Choose leaves them out
 	// while another available candidate remains (FilterTried). Nil on a first attempt.
 	Tried []*worker.Worker

@@ -102,8 +102,8 @@ type SessionStats struct {
 	Created, Expired, Evicted uint64
 }
 
-// Sticky keeps each conversation on one worker. A request with a session key (Request.Key: the
-// x-kvgate-routing-key or x-session-id header, or the body's "user") goes to the worker its
+// Sticky keeps each conversation on one worker. A request with a session key (Request.Key: a
+// routing-key or session header, the body's prompt_cache_key or conversation, else the user) goes to the worker its
 // session is bound to while that worker is available and not saturated; a new session is placed
 // on the first unsaturated worker in rendezvous order of its key (or, with placement "policy",
 // by the wrapped policy) and bound there. When the bound worker is gone (removed, not

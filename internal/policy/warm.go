@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -151,6 +152,9 @@ func PlanWarm(p Policy, workerID string, cfg WarmConfig, now time.Time, routedBy
 	var out []string
 	budget := cfg.MaxTokens
 	for _, h := range w.HotPrefixes(opts) {
+		if strings.HasPrefix(h.Text, saltMark) {
+			continue // a salted prefix: the gateway keeps no salt to send it with (salt.go)
+		}
 		if n := WarmTokens(h.Text); n <= budget {
 			out = append(out, h.Text)
 			budget -= n

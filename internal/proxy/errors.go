@@ -35,7 +35,7 @@ const (
 	// KindShutdown: the gateway's shutdown grace period ended before the request did (503, or an
 	// SSE error event once streaming). Never the worker's fault.
 	KindShutdown
-	// KindStreamIdle: a streamed answer on which the worker sent nothing for
+	// KindStreamIdle: a streamed answer on which the worker sent no complete data event for
 	// Config.StreamIdleTimeout was ended (an SSE error event; 504 had nothing been sent).
 	KindStreamIdle
 )

@@ -125,8 +125,9 @@ func TestForwardedFields(t *testing.T) {
 		if v := seen.Values("X-Forwarded-For"); len(v) != 1 || v[0] != c.want {
 			t.Errorf("prior %q: worker saw X-Forwarded-For %q, want %q", c.prior, v, c.want)
 		}
-		if v := seen.Values("X-Request-Id"); len(v) != 1 || v[0] != "gw-id" {
-			t.Errorf("worker saw X-Request-Id %q, want the gateway's", v)
+		// Neither the client's id nor the request's: the attempt's own, which binds its answer.
+		if v := seen.Values("X-Request-Id"); len(v) != 1 || !strings.HasPrefix(v[0], attemptIDPrefix) {
+			t.Errorf("worker saw X-Request-Id %q, want the attempt's own", v)
 		}
 	}
 }

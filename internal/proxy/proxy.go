@@ -14,6 +14,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"time"
 
@@ -63,11 +64,20 @@ type Config struct {
 	ForwardClientAuth bool
 	// HopID, when set, is appended to HopHeader on every upstream request.
 	HopID string
-	// StreamIdleTimeout ends a streamed answer on which the worker has sent nothing for this
-	// long, counted from its response headers, with an SSE error event (--stream-idle-timeout;
-	// DefaultStreamIdleTimeout there). Zero or negative means no such bound: only
-	// RequestTimeout ends a silent stream.
+	// StreamIdleTimeout ends a streamed answer on which the worker has sent no complete data
+	// event for this long, counted from its response headers, with an SSE error event
+	// (--stream-idle-timeout; DefaultStreamIdleTimeout there). Comments (": ping"), events
+	// without a data line and the bytes of an event not yet ended do not restart it: a worker
+	// cannot hold a stream open with them. An event not yet ended is also bounded in bytes
+	// (maxEventBytes held back, then passed through). Zero or negative means no such bound:
+	// only RequestTimeout ends a silent stream.
 	StreamIdleTimeout time.Duration
+	// ConnReuse reports whether a connection to worker w may carry more than one request
+	// (--worker-conn-reuse, and the worker's conn_reuse label). nil means always. A worker that
+	// echoes no request id cannot have its answers bound to their requests (bind.go): a
+	// connection of its own per request is the one way to keep a stray answer from reaching
+	// another client.
+	ConnReuse func(w *worker.Worker) bool
 	// Logger receives what a client is not shown: the text of a worker's 5xx answer (cut to
 	// maxLoggedBody bytes). nil means slog.Default().
 	Logger *slog.Logger
@@ -122,6 +132,9 @@ type Forwarder struct {
 	// hop is the HopHeader value of a request that crossed no other gateway.
 	hop  []string
 	rand func() float64
+	// fresh is transport's twin that dials a new connection for every request: for a resend
+	// after a stray, and for workers whose connections are not reused (Config.ConnReuse).
+	fresh http.RoundTripper
 }
 
 type nopObserver struct{}
@@ -161,6 +174,7 @@ func New(cfg Config) *Forwarder {
 		cfg:       cfg,
 		deadlines: &deadlines{d: cfg.RequestTimeout},
 		transport: cfg.Transport,
+		fresh:     freshTransport(cfg.Transport),
 		hop:       []string{cfg.HopID},
 		obs:       cmp.Or[Observer](cfg.Observer, nopObserver{}),
 		rand:      cfg.Rand,
@@ -173,6 +187,8 @@ type Picker func(tried []*worker.Worker) *worker.Worker
 
 // Request is one client request to forward.
 type Request struct {
+	// Method is the upstream request's method; "" is POST, every inference route's.
+	Method string
 	// Path is the upstream path with the client's query, e.g. "/v1/chat/completions?x=1".
 	Path string
 	// Header is the client's header; hop-by-hop fields are not forwarded.
@@ -362,14 +378,20 @@ type attempt struct {
 	f     *Forwarder
 	w     *worker.Worker
 	lease worker.Lease
-	// ctx and cancel are the attempt's own context, set when something but the request's end
-	// may end the attempt: timer up to its response headers (Config.AttemptTimeout), or a
-	// streamed answer's idle bound (Config.StreamIdleTimeout, cause errStreamIdle). cancel and
-	// timer are nil when there is no such bound.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	timer  *time.Timer
-	resp   *http.Response
+	// ctx and cancel are the attempt's own context: the request's, ended also by timer up to
+	// its response headers (Config.AttemptTimeout; nil without one), a streamed answer's idle
+	// bound (Config.StreamIdleTimeout, cause errStreamIdle), or the worker failing its health
+	// checks before the headers came (cause errWorkerDown; stopDown ends that watch).
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	timer    *time.Timer
+	stopDown func() bool
+	resp     *http.Response
+	// id is the attempt's own request id (X-Request-Id), which binds the answer to it.
+	id string
+	// conn is the connection the request went out on; rt the transport that sends it.
+	conn *connRef
+	rt   http.RoundTripper
 	// drain asks end to read what is left of a short body so the connection is reused.
 	drain bool
 	// outcome is what the worker's books record; kind, when failed, is the failure.
@@ -392,27 +414,32 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 		// attempt does not count in Worker.Awaiting.
 		a.lease.FirstByte()
 	}
-	actx := ctx
-	d := f.cfg.AttemptTimeout
-	if d > 0 || (req.Stream && f.cfg.StreamIdleTimeout > 0) {
-		// Only a bound of its own needs a context of its own: without one, the request's
-		// context is the attempt's, and end has nothing to cancel (the response body's Close
-		// releases the connection).
-		var cancel context.CancelCauseFunc
-		actx, cancel = context.WithCancelCause(ctx)
-		a.cancel = cancel
-		if d > 0 {
-			a.timer = time.AfterFunc(d, func() { cancel(nil) })
-		}
+	// The attempt's own context ends with the request, at its attempt timeout, at its stream's
+	// idle bound, and when the worker fails its health checks before the answer's headers came
+	// (errWorkerDown: a frozen or dead engine, whose attempt goes elsewhere; frozen.go).
+	actx, cancel := context.WithCancelCause(ctx)
+	a.cancel = cancel
+	if d := f.cfg.AttemptTimeout; d > 0 {
+		a.timer = time.AfterFunc(d, func() { cancel(nil) })
 	}
+	a.stopDown = context.AfterFunc(w.Alive(), func() { cancel(errWorkerDown) })
 	a.ctx = actx
-	u, err := newUpstreamRequest(actx, w.URL, req.Path, len(req.Header)+upstreamHeaders)
+	a.id, a.conn, a.rt = newAttemptID(), newConnRef(), f.transport
+	reuse := f.cfg.ConnReuse == nil || f.cfg.ConnReuse(w)
+	if !reuse {
+		a.rt = f.fresh
+	}
+	u, err := newUpstreamRequest(httptrace.WithClientTrace(actx, &a.conn.trace), w.URL, req.Path, len(req.Header)+upstreamHeaders)
 	if err != nil {
 		// Only a malformed path can fail here; it is a gateway bug, not the worker's.
 		a.setFailure(KindTransport, worker.Abandoned)
 		a.end()
 		return nil, false
 	}
+	if req.Method != "" {
+		u.Method = req.Method
+	}
+	u.Close = !reuse
 	copyRequestHeader(u.Header, req.Header)
 	// A pooled connection the worker had already closed fails a request that never reached it.
 	// Marked idempotent (a nil value is not sent), net/http's Transport sends such a request
@@ -420,9 +447,10 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 	if _, ok := u.Header["X-Idempotency-Key"]; !ok {
 		u.Header["X-Idempotency-Key"] = nil
 	}
-	// The request id and X-Forwarded-For share one backing array, each a full slice of its
-	// own (net/http only reads an outgoing request's header).
-	vals := []string{req.RequestID, req.ClientIP}
+	// The attempt's id and X-Forwarded-For share one backing array, each a full slice of its
+	// own (net/http only reads an outgoing request's header). The client's id is not sent: the
+	// worker's answer is bound by the gateway's (bind.go).
+	vals := []string{a.id, req.ClientIP}
 	u.Header["X-Request-Id"] = vals[0:1:1]
 	if req.ClientIP != "" {
 		if prior := req.Header.Values("X-Forwarded-For"); len(prior) > 0 {
@@ -444,7 +472,7 @@ func (f *Forwarder) begin(ctx context.Context, w *worker.Worker, req *Request, a
 
 // send sends u and waits for the response headers; the attempt's timer covers only this part.
 func (a *attempt) send(ctx context.Context, u *http.Request) *Error {
-	resp, err := a.f.transport.RoundTrip(u)
+	resp, err := a.rt.RoundTrip(u)
 	if err != nil && garbled(err) && ctx.Err() == nil && u.GetBody != nil {
 		// What came back does not parse as an answer: bytes a worker left on a pooled
 		// connection after an earlier answer (a body longer than its Content-Length, a late
@@ -453,10 +481,27 @@ func (a *attempt) send(ctx context.Context, u *http.Request) *Error {
 		if body, gerr := u.GetBody(); gerr == nil {
 			again := *u
 			again.Body = body
-			resp, err = a.f.transport.RoundTrip(&again)
+			resp, err = a.rt.RoundTrip(&again)
 		}
 	}
 	timedOut := a.timer != nil && !a.timer.Stop()
+	a.timer = nil // a resend after a stray (bind.go) has only the request's bound
+	if err != nil && a.workerDown(ctx) {
+		// The worker failed its health checks while this attempt waited for its headers.
+		a.setFailure(KindConnect, worker.Failed)
+		return &Error{Kind: KindConnect, Worker: a.w.ID, Err: fmt.Errorf("%w: %w", errWorkerDown, err)}
+	}
+	if err != nil && !timedOut && ctx.Err() == nil && a.refusedAfterReset(err) {
+		// The engine reset the connection before any answer and now refuses new ones: it is
+		// gone, and did no work a retry would duplicate.
+		a.setFailure(KindConnect, worker.Failed)
+		return &Error{Kind: KindConnect, Worker: a.w.ID, Err: fmt.Errorf("%w: %w", errEngineGone, err)}
+	}
+	if err == nil && a.stopDown != nil {
+		// Headers came: a health failure from now on is the stream's (its idle bound), not a
+		// reason to send the request elsewhere.
+		a.stopDown()
+	}
 	if err == nil && timedOut {
 		// The attempt timer fired just as the headers arrived: the body is already cancelled.
 		_ = resp.Body.Close()
@@ -486,6 +531,9 @@ func (a *attempt) end() {
 	if a.timer != nil {
 		a.timer.Stop()
 	}
+	if a.stopDown != nil {
+		a.stopDown()
+	}
 	if a.cancel != nil {
 		a.cancel(nil)
 	}
@@ -505,7 +553,7 @@ func (f *Forwarder) try(ctx context.Context, rw http.ResponseWriter, req *Reques
 		return nil, false
 	}
 	defer a.end()
-	if e := a.send(ctx, u); e != nil {
+	if e := a.sendBound(ctx, req, u); e != nil {
 		return e, true
 	}
 	code := a.resp.StatusCode
@@ -539,7 +587,7 @@ func (f *Forwarder) Discard(ctx context.Context, w *worker.Worker, req *Request)
 		return noWorker(nil, 0)
 	}
 	defer a.end()
-	if e := a.send(ctx, u); e != nil {
+	if e := a.sendBound(ctx, req, u); e != nil {
 		e.Attempts = 1
 		return e
 	}

@@ -44,10 +44,16 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 	}
 	n, err := 0, error(nil)
 	if !req.Stream && !sse {
-		for n == 0 && err == nil {
-			n, err = u.Body.Read(buf)
+		// A whole answer that fits the buffer is read whole before anything is committed: one
+		// cut short is then a 502, not headers and an aborted connection the client could not
+		// tell from no answer at all.
+		whole := u.ContentLength > 0 && u.ContentLength <= int64(len(buf))
+		for err == nil && (n == 0 || whole && int64(n) < u.ContentLength) {
+			var m int
+			m, err = u.Body.Read(buf[n:])
+			n += m
 		}
-		if n == 0 && err != nil && err != io.EOF {
+		if err != nil && err != io.EOF && (n == 0 || whole && int64(n) < u.ContentLength) {
 			return a.readFailed(ctx, err, u.StatusCode)
 		}
 	}
@@ -72,7 +78,7 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 		}
 		if n > 0 {
 			a.lease.FirstByte() // the worker is past its prefill (Worker.Awaiting)
-			if idle != nil {
+			if idle != nil && !events {
 				idle.Reset(a.f.cfg.StreamIdleTimeout)
 			}
 		}
@@ -91,6 +97,11 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 			}
 		}
 		if out > 0 {
+			if idle != nil && events && firstDataEventEnd(buf[:out]) > 0 {
+				// Only a complete data event is progress: comments, other fields and the bytes
+				// of an event that never ends do not hold a stream open (Config.StreamIdleTimeout).
+				idle.Reset(a.f.cfg.StreamIdleTimeout)
+			}
 			if res.FirstByte == 0 {
 				res.FirstByte = time.Since(start)
 			}
@@ -134,7 +145,7 @@ func (a *attempt) relay(ctx context.Context, rw http.ResponseWriter, req *Reques
 	case KindTimeout:
 		msg, code = "the request reached the gateway's time limit; the response is incomplete", "request_timeout"
 	case KindStreamIdle:
-		msg, code = fmt.Sprintf("the worker sent nothing for %v; the stream was ended", a.f.cfg.StreamIdleTimeout), "stream_idle_timeout"
+		msg, code = fmt.Sprintf("the worker sent no event for %v; the stream was ended", a.f.cfg.StreamIdleTimeout), "stream_idle_timeout"
 	}
 	writeSSEError(rw, msg, code, atBoundary)
 	flusher.Flush()

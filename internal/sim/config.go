@@ -42,6 +42,9 @@ type Config struct {
 	// Events configures KV-cache event publishing; the zero value publishes none. Only a
 	// fleet (StartFleet) publishes: the topic names each engine's address.
 	Events Events
+	// LoraModules are the LoRA adapters served from the start (lora.go); more may be loaded
+	// at run time. Engine.MaxLoras bounds how many run at once.
+	LoraModules []LoraModule
 }
 
 // Faults are injected failures for reliability work. The zero value injects none.
@@ -90,6 +93,14 @@ func (c Config) Validate() error {
 	}
 	if c.MaxTokens < 1 {
 		return fmt.Errorf("sim: default max tokens %d must be positive", c.MaxTokens)
+	}
+	if len(c.LoraModules) > MaxAdapters {
+		return fmt.Errorf("sim: %d adapters, at most %d", len(c.LoraModules), MaxAdapters)
+	}
+	for _, m := range c.LoraModules {
+		if err := validAdapter(m); err != nil {
+			return fmt.Errorf("sim: adapter %q: %w", m.Name, err)
+		}
 	}
 	if err := c.Events.Validate(); err != nil {
 		return err

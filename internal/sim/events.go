@@ -113,7 +113,15 @@ func (c *cacheEvents) BlockStored(at time.Duration, key, parent uint64, hasParen
 	}
 	b.Events = append(b.Events, kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{key},
 		Parent: parent, HasParent: hasParent, Tokens: append([]uint32(nil), toks...), BlockSize: len(toks)})
+	if !hasParent && c.storedSalt != "" {
+		b.Events[len(b.Events)-1].ExtraKeys = []string{c.storedSalt}
+	}
+	c.storedSalt = ""
 }
+
+// StoredSalt notes the salt of the prompt whose first block is stored next (engine.SaltObserver):
+// its event carries it as the block's extra key, as vLLM's do.
+func (c *cacheEvents) StoredSalt(salt string) { c.storedSalt = salt }
 
 func (c *cacheEvents) BlockRemoved(at time.Duration, key uint64) {
 	b := &c.batch

@@ -32,6 +32,7 @@ type Flags struct {
 	decodeBaseMS   float64
 	decodePerReqMS float64
 	timing         string
+	loraModules    string
 }
 
 // RegisterFlags defines the simulator's flags on fs and returns where they are stored.
@@ -66,6 +67,7 @@ func RegisterFlags(fs *flag.FlagSet) *Flags {
 	fs.IntVar(&f.cfg.Events.ReplayPort, "kv-events-replay-port", 0, "serve replays of buffered KV-cache event batches on this port; engine i binds port+i (0: off)")
 	fs.StringVar(&f.eventsDial, "kv-events-connect", "", "comma-separated SUB endpoints (a gateway's --kv-events-bind, tcp://host:port) every engine publishes KV-cache events to")
 	fs.StringVar(&f.eventsEncoding, "kv-events-encoding", "array", "KV-cache event encoding: array (vLLM's legacy msgspec arrays) or map (newer vLLM)")
+	registerLoraFlags(fs, f)
 	return f
 }
 
@@ -95,6 +97,9 @@ func (f *Flags) Config() (cfg Config, faults Faults, faulty []int, err error) {
 	}
 	if cfg.Engine.Timing, err = engine.ParseTimingModel(f.timing); err != nil {
 		return Config{}, Faults{}, nil, fmt.Errorf("--engine-timing: %w", err)
+	}
+	if cfg.LoraModules, err = ParseLoraModules(f.loraModules); err != nil {
+		return Config{}, Faults{}, nil, err
 	}
 	cfg.Engine.DecodeBase = time.Duration(f.decodeBaseMS * float64(time.Millisecond))
 	cfg.Engine.DecodePerReq = time.Duration(f.decodePerReqMS * float64(time.Millisecond))

@@ -20,6 +20,8 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v1/completions", s.inference(completionAPI))
 	m.HandleFunc("POST /generate", s.inference(generateAPI))
 	m.HandleFunc("POST /v1/responses", s.handleResponses)
+	s.storedRoutes(m)
+	s.messagesRoutes(m)
 	m.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
 	m.HandleFunc("GET /v1/models", s.handleModels)
 	m.HandleFunc("GET /health", s.handleHealth)
@@ -28,6 +30,8 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /flush_cache", s.handleFlush)
 	m.HandleFunc("POST /reset_prefix_cache", s.handleFlush)
 	m.HandleFunc("POST /tokenize", s.handleTokenize)
+	m.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLora)
+	m.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLora)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "",
 			"no route %s %s", r.Method, r.URL.Path)
@@ -38,6 +42,12 @@ func (s *Server) routes() {
 // ServeHTTP serves the simulated server's routes, with the injected faults that apply to all of
 // them (hang, slow start).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every answer names the request it answers, as vLLM does with --enable-request-id-headers:
+	// a gateway binds answers to requests by it. An id is echoed only when it is short and
+	// printable, so no header can be injected through it.
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= maxEchoedID && printableID(id) {
+		w.Header().Set("X-Request-Id", id)
+	}
 	f := s.faults.Load()
 	if f.Hang {
 		select {
@@ -59,17 +69,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	type model struct {
-		ID          string `json:"id"`
-		Object      string `json:"object"`
-		Created     int64  `json:"created"`
-		OwnedBy     string `json:"owned_by"`
-		MaxModelLen int    `json:"max_model_len"`
-	}
-	writeJSON(w, map[string]any{"object": "list", "data": []model{{
-		ID: s.cfg.Model, Object: "model", Created: s.start.Unix(), OwnedBy: s.cfg.Flavor,
-		MaxModelLen: s.cfg.Engine.KVTokens,
-	}}})
+	writeJSON(w, map[string]any{"object": "list", "data": s.models()})
 }
 
 func (s *Server) handleFlush(w http.ResponseWriter, _ *http.Request) {
@@ -106,10 +106,12 @@ func (s *Server) inference(kind apiKind) http.HandlerFunc {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "%v", err)
 			return
 		}
-		if kind != generateAPI && req.model != "" && req.model != s.cfg.Model {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
-				"The model `%s` does not exist.", req.model)
-			return
+		if kind != generateAPI {
+			if req.adapter, ok = s.adapterOf(req.model); !ok {
+				writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+					"The model `%s` does not exist.", req.model)
+				return
+			}
 		}
 		s.serveInference(w, r, kind, req)
 	}
@@ -176,7 +178,14 @@ func (s *Server) serve(ctx context.Context, w http.ResponseWriter, kind apiKind,
 		}
 		ids, wts = append(ids, id), append(wts, wt)
 	}
-	out := newWriter(w, kind, s.cfg.Model, ids, req)
+	model := s.cfg.Model
+	if req.adapter != "" {
+		model = req.adapter
+	}
+	out := newWriter(w, kind, model, ids, req)
+	if req.prefillRole() {
+		out.extra = map[string]any{"kv_transfer_params": s.transferParams(&req)}
+	}
 	sent := make([]int, n)
 	ended := make([]bool, n)
 	var u usage
@@ -215,7 +224,7 @@ func (s *Server) serve(ctx context.Context, w http.ResponseWriter, kind apiKind,
 				ended[i], left = true, left-1
 				out.ended(i, tokens)
 				if i == 0 { // the prompt is counted once, as OpenAI does
-					u.PromptTokens, u.CachedTokens = prompt, cached
+					u.PromptTokens, u.CachedTokens = req.pdUsage(s.blockSize(), prompt, cached)
 				}
 				u.CompletionTokens += tokens
 			}
@@ -237,3 +246,16 @@ func generatedText(id uint64, from, to int) string {
 
 var words = [...]string{"the ", "and ", "for ", "you ", "not ", "are ", "but ", "all ",
 	"any ", "can ", "had ", "was ", "one ", "our ", "out ", "day "}
+
+// maxEchoedID bounds the request id the simulator echoes, in bytes.
+const maxEchoedID = 128
+
+// printableID reports whether id is visible ASCII only.
+func printableID(id string) bool {
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -98,6 +98,7 @@ func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Lock()
 	s.syncLocked()
 	l := s.eng.Load()
+	lora := s.eng.Lora()
 	hist := s.ttft
 	hist.counts = append([]uint64(nil), s.ttft.counts...)
 	s.mu.Unlock()
@@ -118,6 +119,9 @@ func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 		metric(p+"prompt_tokens_total", "counter", "Number of prefill tokens processed.", float64(l.PromptTokens))
 		metric(p+"generation_tokens_total", "counter", "Number of generation tokens processed.", float64(l.GeneratedTokens))
 		metric(p+"num_preemptions_total", "counter", "Cumulative number of preemptions.", float64(l.Preemptions))
+		if lora.MaxLoras > 0 || len(s.cfg.LoraModules) > 0 {
+			writeLoraMetric(&sb, lora, time.Now())
+		}
 	} else {
 		metric(p+"num_running_reqs", "gauge", "The number of running requests.", float64(l.Running))
 		metric(p+"num_queue_reqs", "gauge", "The number of requests in the waiting queue.", float64(l.Waiting))

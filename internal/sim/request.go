@@ -16,6 +16,7 @@ const (
 	completionAPI
 	generateAPI
 	responsesAPI
+	messagesAPI
 )
 
 // request is what the simulator needs from an inference request body.
@@ -34,8 +35,16 @@ type request struct {
 	includeUsage bool
 	// n is the number of choices asked for (chat and completions); 0 means 1.
 	n int
+	// adapter is the LoRA adapter the model names ("" the base model; lora.go).
+	adapter string
+	// kv is the request's kv_transfer_params (pd.go); nil when it has none.
+	kv *kvTransfer
 	// responses is a Responses API turn's own state (responses.go); nil for the other routes.
 	responses *responsesTurn
+	// salt is the body's cache_salt ("" for none): the engine keys the prompt's blocks by it.
+	salt string
+	// messages is a Messages API request's own state (messages.go); nil for the other routes.
+	messages *messagesTurn
 }
 
 // maxChoices bounds n, as OpenAI's API does (128).
@@ -56,9 +65,11 @@ type chatBody struct {
 	Stream              bool            `json:"stream"`
 	N                   *int            `json:"n"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
+	KVTransfer          *kvTransfer     `json:"kv_transfer_params"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Text                *string         `json:"text"`
 	InputIDs            []int64         `json:"input_ids"`
+	CacheSalt           *string         `json:"cache_salt"`
 	SamplingParams      *struct {
 		MaxNewTokens *int `json:"max_new_tokens"`
 	} `json:"sampling_params"`
@@ -83,7 +94,10 @@ func parseRequest(kind apiKind, body []byte) (request, error) {
 	if dec.More() {
 		return request{}, badRequest("malformed JSON body: trailing data")
 	}
-	r := request{model: b.Model, stream: b.Stream}
+	r := request{model: b.Model, stream: b.Stream, kv: b.KVTransfer}
+	if b.CacheSalt != nil {
+		r.salt = *b.CacheSalt
+	}
 	if b.StreamOptions != nil {
 		r.includeUsage = b.StreamOptions.IncludeUsage
 	}

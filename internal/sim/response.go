@@ -38,6 +38,8 @@ type writer struct {
 	created int64
 	started bool
 	text    []byte // generate streams cumulative text
+	// extra are members added to a whole answer (a prefill's kv_transfer_params, pd.go).
+	extra map[string]any
 }
 
 func newWriter(w http.ResponseWriter, kind apiKind, model string, ids []uint64, req request) *writer {
@@ -107,8 +109,11 @@ func (o *writer) chunk(c choiceDelta) chunk {
 
 // tokens streams output tokens [from, to) of choice i.
 func (o *writer) tokens(i, from, to int) error {
-	if o.kind == responsesAPI {
+	switch o.kind {
+	case responsesAPI:
 		return o.responsesTokens(from, to)
+	case messagesAPI:
+		return o.messagesTokens(from, to)
 	}
 	text := generatedText(o.ids[i], from, to)
 	switch o.kind {
@@ -140,7 +145,7 @@ func (o *writer) generateBody(text string, completion int, u usage, done bool) m
 // its final chunk (generate's final body comes with finish).
 func (o *writer) ended(i, completion int) {
 	o.lengths[i] = completion
-	if !o.req.stream || o.kind == responsesAPI {
+	if !o.req.stream || o.kind == responsesAPI || o.kind == messagesAPI {
 		return
 	}
 	length := "length"
@@ -153,12 +158,24 @@ func (o *writer) ended(i, completion int) {
 	}
 }
 
+// withExtra adds o.extra's members (a prefill's kv_transfer_params, pd.go) to a whole answer.
+func (o *writer) withExtra(body map[string]any) map[string]any {
+	for k, v := range o.extra {
+		body[k] = v
+	}
+	return body
+}
+
 // finish writes the end of the answer: the usage chunk and [DONE] when streaming, the whole body
 // with every choice otherwise.
 func (o *writer) finish(u usage) {
 	u = u.filled()
-	if o.kind == responsesAPI {
+	switch o.kind {
+	case responsesAPI:
 		o.responsesFinish(u)
+		return
+	case messagesAPI:
+		o.messagesFinish(u)
 		return
 	}
 	length := "length"
@@ -189,15 +206,15 @@ func (o *writer) finish(u usage) {
 	}
 	switch o.kind {
 	case chatAPI:
-		writeJSON(o.w, map[string]any{
+		writeJSON(o.w, o.withExtra(map[string]any{
 			"id": o.objectID(), "object": "chat.completion", "created": o.created, "model": o.model,
 			"choices": choices, "usage": u,
-		})
+		}))
 	case completionAPI:
-		writeJSON(o.w, map[string]any{
+		writeJSON(o.w, o.withExtra(map[string]any{
 			"id": o.objectID(), "object": "text_completion", "created": o.created, "model": o.model,
 			"choices": choices, "usage": u,
-		})
+		}))
 	default:
 		writeJSON(o.w, o.generateBody(generatedText(o.id, 0, u.CompletionTokens), u.CompletionTokens, u, true))
 	}

@@ -39,8 +39,9 @@ type responsesTurn struct {
 	// response; input is this turn's input text.
 	history, input string
 
-	// store keeps the conversation through this response; nil with "store": false.
-	store   func(id, text string)
+	// store keeps the conversation through this response, and the response object (GET
+	// /v1/responses/{id}) with its input; nil with "store": false.
+	store   func(id, text string, stored storedResponse)
 	seq     int    // the next event's sequence_number
 	opened  bool   // the stream's opening events were sent
 	itemID  string // the output message's id
@@ -55,17 +56,20 @@ type responsesBody struct {
 	Stream             bool            `json:"stream"`
 	PreviousResponseID *string         `json:"previous_response_id"`
 	Store              *bool           `json:"store"`
+	CacheSalt          string          `json:"cache_salt"`
 }
 
 // conversations are the responses this server gave: id → the conversation's text through that
 // response. The zero value is ready to use.
 type conversations struct {
-	mu    sync.Mutex
-	tag   string // this server's part of every response id, so servers never share one
-	next  uint64
-	text  map[string]string
-	order []string // oldest first
-	bytes int
+	mu   sync.Mutex
+	tag  string // this server's part of every response id, so servers never share one
+	next uint64
+	text map[string]string
+	// stored is the response object each id names, for GET and DELETE /v1/responses/{id}.
+	stored map[string]storedResponse
+	order  []string // oldest first
+	bytes  int
 }
 
 // newID returns a suffix for a response's ids ("resp_" and "msg_" prefix it), unique to this
@@ -87,24 +91,27 @@ func (c *conversations) get(id string) (string, bool) {
 	return t, ok
 }
 
-// put stores a conversation, dropping the oldest past the bounds.
-func (c *conversations) put(id, text string) {
+// put stores a conversation and its last response, dropping the oldest past the bounds.
+func (c *conversations) put(id, text string, stored storedResponse) {
 	if len(text) > maxConversationBytes {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.text == nil {
-		c.text = map[string]string{}
+		c.text, c.stored = map[string]string{}, map[string]storedResponse{}
 	}
-	c.text[id] = text
+	c.text[id], c.stored[id] = text, stored
 	c.order = append(c.order, id)
 	c.bytes += len(text)
 	for len(c.order) > maxConversations || c.bytes > maxConversationBytes {
 		old := c.order[0]
 		c.order = c.order[1:]
-		c.bytes -= len(c.text[old])
+		if t, ok := c.text[old]; ok { // a deleted one was counted off already
+			c.bytes -= len(t)
+		}
 		delete(c.text, old)
+		delete(c.stored, old)
 	}
 }
 
@@ -176,7 +183,7 @@ func (s *Server) parseResponses(body []byte) (request, error) {
 	if prompt.Len() == 0 {
 		return request{}, badRequest("input is empty")
 	}
-	return request{model: b.Model, prompt: prompt.String(), maxTokens: maxTokens, stream: b.Stream, responses: t}, nil
+	return request{model: b.Model, prompt: prompt.String(), maxTokens: maxTokens, stream: b.Stream, responses: t, salt: b.CacheSalt}, nil
 }
 
 // responsesInput is the text of a Responses "input".
@@ -255,17 +262,9 @@ func outputText(text string) map[string]any {
 // emit sends one Responses stream event of type typ with fields.
 func (o *writer) emit(typ string, fields map[string]any) error {
 	t := o.req.responses
-	fields["type"], fields["sequence_number"] = typ, t.seq
+	fields["sequence_number"] = t.seq
 	t.seq++
-	o.begin()
-	b, err := json.Marshal(fields)
-	if err != nil {
-		return err
-	}
-	if _, err := fmt.Fprintf(o.w, "event: %s\ndata: %s\n\n", typ, b); err != nil {
-		return err
-	}
-	return o.rc.Flush()
+	return o.emitNamed(typ, fields)
 }
 
 // responsesOpen sends the stream's opening events once.
@@ -308,7 +307,7 @@ func (o *writer) responsesFinish(u usage) {
 	text := generatedText(o.ids[0], 0, o.lengths[0])
 	done := t.object(o.model, "completed", []any{t.message("completed", text, true)}, &u)
 	if t.store != nil {
-		t.store(t.id, t.history+t.input+text)
+		t.store(t.id, t.history+t.input+text, storedResponse{object: done, input: t.input, itemID: t.itemID})
 	}
 	if !o.req.stream {
 		writeJSON(o.w, done)

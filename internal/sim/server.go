@@ -25,6 +25,8 @@ type Server struct {
 	faults atomic.Pointer[faultState]
 	// convs are the Responses API responses this server gave, for follow-up turns.
 	convs conversations
+	// loras are the LoRA adapters served (lora.go).
+	loras adapters
 
 	// mu guards the engine and everything the driver shares with the handlers.
 	mu      sync.Mutex
@@ -36,6 +38,8 @@ type Server struct {
 	// pub publishes the engine's KV-cache events, batch gathering them; nil when off.
 	pub   *kvevents.Publisher
 	batch kvevents.Batch
+	// storedSalt is the salt of the prompt whose first block is stored next (events.go).
+	storedSalt string
 
 	wake      chan struct{} // work arrived: the driver recomputes its next wake-up
 	stop      chan struct{} // closed by Close
@@ -94,6 +98,9 @@ func NewServer(cfg Config) *Server {
 		wake:    make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
+	}
+	for _, m := range cfg.LoraModules {
+		_ = s.loras.add(m) // validated, and unique by Validate's caller (ParseLoraModules)
 	}
 	s.SetFaults(cfg.Faults)
 	s.routes()
@@ -203,8 +210,9 @@ func (s *Server) drive() {
 func (s *Server) submit(r request, maxTokens int, notify chan struct{}) (uint64, *waiter, error) {
 	id := s.nextID.Add(1)
 	w := &waiter{notify: notify}
+	text, toks, _ := r.enginePrompt(s.blockSize())
 	s.mu.Lock()
-	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: r.tokens, Text: r.prompt, MaxTokens: maxTokens})
+	err := s.eng.Submit(s.since(), engine.Request{ID: id, Tokens: toks, Text: text, MaxTokens: maxTokens, Adapter: r.adapter, Salt: r.salt})
 	if err == nil {
 		s.waiters[id] = w
 	}

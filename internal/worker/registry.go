@@ -27,7 +27,10 @@ type View struct {
 
 // Pool is the set of workers serving one model, split by role. Immutable.
 type Pool struct {
-	Model   string
+	Model string
+	// Parent is the base model when some worker lists Model as a LoRA adapter of it ("" for a
+	// base model).
+	Parent  string
 	Regular []*Worker
 	Prefill []*Worker
 	Decode  []*Worker
@@ -124,11 +127,14 @@ func (r *Registry) Remove(id string) (*Worker, error) {
 func buildView(ws []*Worker) *View {
 	v := &View{All: slices.Clone(ws), byModel: map[string]*Pool{}}
 	for _, w := range ws {
-		for _, m := range w.Spec.Models {
+		for _, m := range w.Models() {
 			p := v.byModel[m]
 			if p == nil {
 				p = &Pool{Model: m}
 				v.byModel[m] = p
+			}
+			if pa := w.Parent(m); pa != "" && p.Parent == "" {
+				p.Parent = pa
 			}
 			switch w.Spec.Type {
 			case Prefill:

@@ -86,6 +86,9 @@ type Spec struct {
 	URL string `json:"url"`
 	// Models are the model ids the worker serves; empty means "learn from /v1/models".
 	Models []string `json:"models,omitempty"`
+	// Parents maps each model of Models that is a LoRA adapter to its base model, as the
+	// worker's /v1/models lists it ("parent"); nil when none is.
+	Parents map[string]string `json:"parents,omitempty"`
 	// Type is the worker's role; zero is Regular.
 	Type Type `json:"-"`
 	// BootstrapPort is the prefill worker's KV bootstrap port; nil when not configured.
@@ -123,6 +126,12 @@ type Worker struct {
 	warming   atomic.Bool
 	// runtime is the runtime learned after registration when Spec.Runtime is empty.
 	runtime atomic.Pointer[string]
+	// echo is what the worker was seen to echo of a request's id (Echo bits, echo.go).
+	echo atomic.Uint32
+	// alive ends when the worker next fails its health checks (alive.go).
+	alive atomic.Pointer[aliveCtx]
+	// learned is the models learned after registration (learned.go).
+	learned learnedModels
 
 	// Breaker is the worker's circuit breaker.
 	Breaker Breaker
@@ -263,7 +272,11 @@ func (w *Worker) Health() Health { return Health(w.health.Load()) }
 
 // SetHealth stores h and reports whether it changed.
 func (w *Worker) SetHealth(h Health) (changed bool) {
-	return Health(w.health.Swap(int32(h))) != h
+	changed = Health(w.health.Swap(int32(h))) != h
+	if changed && h == NotReady {
+		w.failedHealth()
+	}
+	return changed
 }
 
 // Draining reports whether w takes no new requests.
