@@ -30,6 +30,7 @@ const (
 	evWarmDeadline                  // a warm-up's time is up (idx: its index in sim.warms)
 	evFlowDeadline                  // a queued request's deadline (idx: the gateway; flow.go)
 	evFlowDispatch                  // capacity may have appeared: dispatch the gateway's queue
+	evSync                          // a replica sync batch reaches gateway idx (ver: its id; sync.go)
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -163,6 +164,8 @@ type sim struct {
 	warmStats *bench.WarmStats
 	// fq is the gateways' flow control (flow.go); nil when Config.Flow is off.
 	fq *flowSim
+	// bus is the modelled replica sync bus (sync.go); nil when Config.Sync is off.
+	bus *syncBus
 }
 
 var _ Truth = (*sim)(nil)
@@ -258,6 +261,9 @@ func (s *sim) build() error {
 	}
 	if usesEvents(s.cfg.Policy) {
 		s.kv = newKVFeed(s)
+	}
+	if s.cfg.Sync.Enabled {
+		s.bus = newSyncBus(s.cfg.Sync, s.cfg.Seed)
 	}
 	s.gws = make([]*gateway, s.cfg.Gateways)
 	for g := range s.gws {
@@ -395,6 +401,8 @@ func (s *sim) dispatch(ev event) {
 		s.change(ev.idx)
 	case evWarmDeadline:
 		s.warmDeadline(ev.idx)
+	case evSync:
+		s.deliverSync(ev.idx, ev.ver)
 	}
 }
 
@@ -457,6 +465,9 @@ func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, cla
 		return
 	}
 	s.flights[id] = f
+	if s.bus != nil {
+		s.publish(g)
+	}
 	if s.fq != nil {
 		f.kv = float64(len(text)) / 4
 		uncached := f.kv
@@ -525,6 +536,10 @@ func (s *sim) finish(ev engine.Event) {
 		return
 	}
 	f.release()
+	if gw := s.gws[f.gw]; gw.node != nil {
+		gw.node.Finished(simModel, gw.workers[f.eng].ID, "")
+		s.publish(f.gw)
+	}
 	rec := bench.Record{
 		Sent: f.sent, TTFT: ev.TTFT + f.extra + f.wait, E2E: ev.At - f.sent + f.extra,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,

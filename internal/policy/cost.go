@@ -188,9 +188,12 @@ type Terms struct {
 	Worker string
 	// Queued is Q, the reported queued uncached prefill, in tokens.
 	Queued float64
-	// Sent is S, the uncached prefill this replica sent since the report (scaled by the
-	// replica estimate), in tokens.
+	// Sent is S, the uncached prefill sent since the report, in tokens: this replica's scaled
+	// by the replica estimate, or, with the replica sync plane active, this replica's plus what
+	// its peers sent (PeerSent of it).
 	Sent float64
+	// PeerSent is the part of Sent that peers sent (replica sync), in tokens; 0 without sync.
+	PeerSent float64
 	// Prompt is P, the prompt, in tokens.
 	Prompt float64
 	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens, Follow and
@@ -274,7 +277,10 @@ type costCand struct {
 	idHash uint64
 	// basis is what Ĉ (t.Cached) was made of, for learning from the answer (learn.go).
 	basis Basis
-	t     Terms
+	// peerTok and peerReq are what the peers sent w since its report (Peers.SentSinceAll),
+	// when the sync plane is active; r.replicas is then 1.
+	peerTok, peerReq float64
+	t                Terms
 }
 
 // workerCost is what a replica remembers of one worker between decisions.
@@ -295,6 +301,8 @@ type scorer struct {
 	est   loadmon.EstimateConfig // cfg.Estimate()
 	loads Loads
 	now   func() time.Time
+	// peers is the replica sync plane, nil without one (peers.go).
+	peers Peers
 
 	mu sync.Mutex
 	ws map[string]*workerCost
@@ -415,7 +423,8 @@ func finite(x float64) float64 {
 
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
-// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, and L in seconds where it is not 0. Every value is a number or the worker's id (a hash, no address), so it is safe
+// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, L in seconds where it is
+// not 0, and with replica sync the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -434,6 +443,10 @@ func (t Terms) String() string {
 	if t.Adapter != 0 { // L, for an adapter's request where it does not run (costlora.go)
 		b = append(b, " l="...)
 		b = strconv.AppendFloat(b, t.Adapter, 'f', 3, 64)
+	}
+	if t.PeerSent > 0 {
+		b = append(b, " sp="...)
+		b = strconv.AppendFloat(b, t.PeerSent, 'f', 0, 64)
 	}
 	return string(b)
 }

@@ -127,6 +127,7 @@ func newCost(name string, src source, cfg Config) *Cost {
 	c := cfg.withDefaults()
 	p := &Cost{name: name, src: src, sc: newScorer(c.Cost, c.Loads, c.Now), kv: c.KV,
 		dec: newCounters(BranchCacheHit, BranchCacheMiss, BranchSpill)}
+	p.sc.peers = c.Peers
 	if src != fromNothing {
 		p.prefixTree = newPrefixTree(c)
 	}
@@ -266,6 +267,9 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 		req.Decision.Predicted, req.Decision.HasPrediction, req.Decision.WholePrompt = c.t.Cached/c.t.Prompt, true, true
 	}
 	p.sc.commit(c, c.t.Prompt-c.t.Cached)
+	if p.sc.peers != nil {
+		p.sc.peers.Decided(req.Model, w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+	}
 }
 
 // unpredicted is a moving average of the share of the prompt that the engines reported cached

@@ -212,6 +212,9 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 	n := len(av)
 	av = s.capped(av)
 	req.Decision.Filtered[FilterCapped] += int32(n - len(av))
+	if s.peers != nil && s.peers.Active() {
+		peerSent(s.peers, av) // the peers' sends are counted, not estimated (peers.go)
+	}
 	gen := s.cfg.fleetGen(av)
 	now := s.now()
 	for i := range av {
@@ -316,11 +319,20 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// was sent it since, is that much less now (a report up to a poll interval old would
 		// otherwise push work off an engine that has long finished it).
 		t.Queued, t.Sent = st.est.Prefill(now, r.replicas, &s.est)
+		if c.peerTok > 0 {
+			// The peers' sends join S before what the engine prefilled past Q since the report
+			// is taken off, as this replica's own are (Prefill at the report's instant is the
+			// own share before any is taken off).
+			_, own := st.est.Prefill(r.polled, r.replicas, &s.est)
+			past := max(t.Rate*max(now.Sub(r.polled).Seconds(), 0)-q, 0)
+			t.Sent = max(own+c.peerTok-past, 0)
+			t.PeerSent = min(c.peerTok, t.Sent)
+		}
 	} else {
 		t.Queued = max(q-t.Rate*max(now.Sub(r.polled).Seconds(), 0), 0) // an older report than the estimate's
 	}
 	// The requests at the engine now (loadmon.Estimate.Requests), beyond what the report counts.
-	c.ahead = st.est.RequestsAt(r.running+r.waiting, r.inflightAtPoll, r.replicas, c.w.Inflight()) - float64(r.running+r.waiting)
+	c.ahead = st.est.RequestsAt(r.running+r.waiting, r.inflightAtPoll, r.replicas, c.w.Inflight()) + c.peerReq - float64(r.running+r.waiting)
 	if gen > 0 {
 		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
 		// the fleet generates): the batch joined, with what was sent since the report, over the
@@ -408,6 +420,9 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 			av[i].t.Cached = float64(req.promptChars(chars))
 		}
 	}, func(m *radix.Match) string {
+		if p.sc.peers != nil && p.sc.peers.Active() {
+			peerPlaced(p.sc.peers, av, req, m.Total)
+		}
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
 		class := followOwn
 		if m.Shared >= m.Total {
@@ -514,6 +529,9 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 		p.dec.add(counted)
 		p.countFiltered(&req.Decision)
 		p.sc.commit(c, c.t.Prompt-c.t.Cached)
+		if p.sc.peers != nil {
+			p.sc.peers.Decided(req.Model, c.w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+		}
 		p.sc.sentAdapter(c, req.Adapter)
 		if precise {
 			p.tree.Insert(req.Text, c.w.ID) // keep the fallback's tree as warm as the default's

@@ -43,6 +43,9 @@ type Request struct {
 	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
 	// policy how much prefill the request carries past it.
 	PromptBytes int
+	// ID is the request's id as the gateway logs it, "" when unknown: the replica sync plane
+	// names the decision by it.
+	ID string
 	// Adapter is the LoRA adapter the request names as its model ("" the base model, or no
 	// worker lists the model with a parent): the cost's adapter term L prices it (costlora.go).
 	Adapter string
