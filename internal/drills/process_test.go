@@ -3,6 +3,7 @@ package drills
 import (
 	"bufio"
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,22 +68,15 @@ func startSim(t *testing.T, bin string, seed int) *simProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	url := make(chan string, 1)
-	go func() { // owns stdout until the process closes it
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if line := strings.TrimSpace(sc.Text()); strings.HasPrefix(line, "http://127.0.0.1:") {
-				select {
-				case url <- line:
-				default:
-				}
+	scanLines(t, s.cmd, stdout, func(line string) {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "http://127.0.0.1:") {
+			select {
+			case url <- line:
+			default:
 			}
 		}
-		s.exited <- s.cmd.Wait()
-	}()
+	}, s.exited)
 	t.Cleanup(func() {
 		_ = s.cmd.Process.Signal(syscall.SIGCONT)
 		_ = s.cmd.Process.Kill()
@@ -101,4 +95,21 @@ func (s *simProc) signal(t *testing.T, sig syscall.Signal) {
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("signal %v: %v", sig, err)
 	}
+}
+
+// scanLines starts cmd and hands each line of out (one of its pipes) to line, in a goroutine
+// that owns out until the process closes it and then sends the process's exit to exited.
+func scanLines(t *testing.T, cmd *exec.Cmd, out io.Reader, line func(string), exited chan<- error) {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line(sc.Text())
+		}
+		_, _ = io.Copy(io.Discard, out)
+		exited <- cmd.Wait()
+	}()
 }

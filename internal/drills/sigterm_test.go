@@ -1,9 +1,7 @@
 package drills
 
 import (
-	"bufio"
 	"context"
-	"io"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -42,24 +40,16 @@ func runKvgate(t *testing.T, bin string, args ...string) *kvgate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := k.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	addr := make(chan string, 1)
-	go func() { // owns stderr until the process closes it
-		sc := bufio.NewScanner(stderr)
-		re := regexp.MustCompile(`api=http://(\S+)`)
-		for sc.Scan() {
-			k.logMu.Lock()
-			k.logs.WriteString(sc.Text() + "\n")
-			k.logMu.Unlock()
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
+	re := regexp.MustCompile(`api=http://(\S+)`)
+	scanLines(t, k.cmd, stderr, func(line string) {
+		k.logMu.Lock()
+		k.logs.WriteString(line + "\n")
+		k.logMu.Unlock()
+		if m := re.FindStringSubmatch(line); m != nil {
+			addr <- m[1]
 		}
-		_, _ = io.Copy(io.Discard, stderr)
-		k.exited <- k.cmd.Wait()
-	}()
+	}, k.exited)
 	t.Cleanup(func() {
 		_ = k.cmd.Process.Kill()
 		testutil.Recv(t, k.exited, "the killed gateway's exit")
