@@ -130,8 +130,9 @@ var _ SessionShare = (*replicasync.Node)(nil)
 func BenchmarkDecisionWithPeers(b *testing.B) {
 	texts := mooncakeTexts()
 	ws, mon := monitoredFleet(b, 64)
-	for _, sync := range []bool{false, true} {
-		b.Run(map[bool]string{false: "off", true: "on"}[sync], func(b *testing.B) {
+	for _, mode := range []string{"off", "on", "on-other-prompts"} {
+		sync := mode != "off"
+		b.Run(mode, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.NoBackground, cfg.Loads = true, mon
 			var node *replicasync.Node
@@ -144,7 +145,11 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 				for k := range 3 {
 					peer, _ := replicasync.NewNode(replicasync.Config{})
 					for i := range 1000 {
-						peer.Decided("m", ws[(i+k)%len(ws)].ID, texts[(i*3+k)%len(texts)], "", 1000)
+						text := texts[(i*3+k)%len(texts)]
+						if mode == "on-other-prompts" {
+							text = "another conversation " + text
+						}
+						peer.Decided("m", ws[(i+k)%len(ws)].ID, text, "", 1000)
 					}
 					_ = peer.Flush(func(m []byte) error { return node.Apply(m) })
 				}
@@ -168,6 +173,13 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 				}
 				i++
 			}
+			// What this replica's tree holds, over every worker: the prompts the picks placed on
+			// more than one worker cost each later decision a longer descent.
+			var held int64
+			for _, n := range p.tree.Sizes() {
+				held += n
+			}
+			b.ReportMetric(float64(held)/1e6, "Mchars-held")
 		})
 	}
 }
@@ -184,5 +196,44 @@ func TestPeersSendsArePrefilled(t *testing.T) {
 	syncTo(t, a, b)
 	if _, d := b.pick(t, strings.Repeat("q", 400)); d.Chosen.Sent != 0 || d.Chosen.PeerSent != 0 {
 		t.Errorf("terms %v: a second at 8,000 tokens/s prefilled the peer's 4,000, want S 0", d.Chosen)
+	}
+}
+
+// chainCounter is a Peers that counts how often a decision hashes its routing text.
+type chainCounter struct {
+	*replicasync.Node
+	chains int
+}
+
+func (c *chainCounter) Chain(dst []uint64, text string) ([]uint64, uint64) {
+	c.chains++
+	return c.Node.Chain(dst, text)
+}
+
+// TestPeersChainHashedOnce: a decision hashes its routing text once, for the peer-placement
+// lookup and the published decision both, and what it publishes places the prompt for a peer
+// exactly as hashing the text anew would.
+func TestPeersChainHashedOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	a, b := newSyncedReplica(t, 4, clock, now.Add(-time.Millisecond)), newSyncedReplica(t, 4, clock, now.Add(-time.Millisecond))
+	cc := &chainCounter{Node: a.node}
+	a.pol.sc.peers = cc
+	text := strings.Repeat("a long shared conversation ", 300) // 8,100 bytes: 31 chunks and a tail
+	w, _ := a.pick(t, text)
+	if cc.chains != 1 {
+		t.Errorf("one decision hashed its routing text %d times, want 1", cc.chains)
+	}
+	syncTo(t, a, b)
+	out := make([]int, len(b.ws))
+	ids := make([]string, len(b.ws))
+	for i, x := range b.ws {
+		ids[i] = x.ID
+	}
+	b.node.Placed("m", text, ids, out)
+	for i, x := range b.ws {
+		if want := map[bool]int{true: len(text)}[x.ID == w.ID]; out[i] != want {
+			t.Errorf("peer sees %d bytes placed on %s, want %d (a chose %s)", out[i], x.ID, want, w.ID)
+		}
 	}
 }
