@@ -173,13 +173,16 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 				}
 				i++
 			}
-			// What this replica's tree holds, over every worker: the prompts the picks placed on
-			// more than one worker cost each later decision a longer descent.
+			// What this replica's tree holds, over every worker, and how many workers hold the
+			// prompts' shared opening: the tree's descent calls back once per holder of each
+			// node it passes, so the routing the picks made is part of a decision's cost.
 			var held int64
 			for _, n := range p.tree.Sizes() {
 				held += n
 			}
+			_, holders := p.tree.Lookup(texts[0][:2048])
 			b.ReportMetric(float64(held)/1e6, "Mchars-held")
+			b.ReportMetric(float64(len(holders)), "opening-holders")
 		})
 	}
 }
