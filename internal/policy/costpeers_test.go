@@ -130,8 +130,8 @@ var _ SessionShare = (*replicasync.Node)(nil)
 func BenchmarkDecisionWithPeers(b *testing.B) {
 	texts := mooncakeTexts()
 	ws, mon := monitoredFleet(b, 64)
-	for _, mode := range []string{"off", "on", "on-other-prompts"} {
-		sync := mode != "off"
+	for _, mode := range []string{"off", "on", "on-other-prompts", "off-spread", "on-spread"} {
+		sync := strings.HasPrefix(mode, "on")
 		b.Run(mode, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.NoBackground, cfg.Loads = true, mon
@@ -158,6 +158,12 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 			p := NewCacheAwareHash(cfg)
 			defer p.Close()
 			for i := range texts {
+				if strings.HasSuffix(mode, "-spread") {
+					// The same tree with sync off and on: each prompt held by one worker, the
+					// opening by all, so that the pair times the sync plane alone.
+					p.tree.Insert(texts[i], ws[i%len(ws)].ID)
+					continue
+				}
 				Choose(context.Background(), p, ws, &Request{Model: "m", Text: texts[i], PromptBytes: 40000})
 			}
 			req := &Request{}
