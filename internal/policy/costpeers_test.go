@@ -125,6 +125,9 @@ var _ SessionShare = (*replicasync.Node)(nil)
 // BenchmarkDecisionWithPeers times a default-policy decision on 64 workers without replica sync
 // and with it (a Node holding 3 peers' last 3,000 decisions, the decision published and its
 // batch flushed), in the same run: the sync's cost on the decision path (target: within 10 %).
+// on-other-prompts has the peers place other prompts; the -spread pair starts both from one
+// tree (each prompt held by one worker) instead of the warm-up's own picks. Each reports what
+// the tree holds, since the descent's cost follows the holders the picks made.
 //
 //	go test -run XXX -bench DecisionWithPeers ./internal/policy/
 func BenchmarkDecisionWithPeers(b *testing.B) {
