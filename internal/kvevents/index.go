@@ -164,7 +164,7 @@ func (x *Index) Apply(src Source, events []Event) {
 func (x *Index) apply(h *holder, e *Event) {
 	switch e.Kind {
 	case BlockStored:
-		key := seedFor(e.LoRA, e.HasLoRA)
+		key := storedSeed(e) // lora.go
 		if e.Salted {
 			key = saltSeed(key, e.Salt)
 		}

@@ -91,9 +91,7 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	// tokenizer leaves the loads no staler), then the loads.
 	var toks []uint32
 	branch := -1
-	if p.src == fromEvents && req.Adapter == "" {
-		// An adapter's blocks are not matched by the events yet (costlora.go): its pool's tree
-		// places it, rather than the base model's blocks an engine's topic might not tell apart.
+	if p.src == fromEvents && p.eventsAnswer(req) { // loraevents.go
 		toks, branch = p.tokenize(ctx, candidates, req)
 	}
 	buf := getCands(len(candidates))
@@ -157,7 +155,7 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
 		return nil, coNoEvents
 	}
-	if via == nil || !p.kv.Covers(req.Model, ids) {
+	if via == nil || !p.kv.Covers(req.eventsModel(), ids) {
 		return nil, coNoEvents
 	}
 	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())

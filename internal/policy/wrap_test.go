@@ -50,7 +50,7 @@ func (e *everything) Close() error                         { e.hit("Close"); ret
 // as not a policy's (an input such as Loads).
 func TestWrappersForwardEveryInterface(t *testing.T) {
 	notOptional := map[string]bool{
-		"Policy": true, "Loads": true, "LazyLoads": true, "KVView": true, "SaltedMatcher": true, // the interface itself and inputs
+		"Policy": true, "Loads": true, "LazyLoads": true, "KVView": true, "SaltedMatcher": true, "AdapterMatcher": true, // the interface itself and inputs
 		"SessionReporter": true, // the wrapper's own
 		"Unwrapper":       true, // the wrapper's own
 	}
