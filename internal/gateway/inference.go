@@ -95,6 +95,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		writeError(w, status, codeFor(status), msg)
 		return status, "", nil
 	}
+	s.copyAdapter(pool) // loracopy.go
 	candidates := pool.Regular
 	if len(candidates) == 0 {
 		if !pool.Disaggregated() {

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -31,6 +33,15 @@ type LoRAConfig struct {
 	// MaxLoads bounds the loads in flight at once; a request that would start one more is
 	// answered 503. Default 2.
 	MaxLoads int
+	// MaxLoaded bounds the adapters the gateway keeps loaded on demand on one worker (the
+	// engine's --max-cpu-loras, say); a worker at the bound takes another only by unloading one
+	// idle past IdleUnload (loraidle.go). 0, the default, sets no bound and unloads nothing.
+	MaxLoaded int
+	// IdleUnload is how long an adapter loaded on demand goes without a request through this
+	// gateway before it may be unloaded for another. Default 10m.
+	IdleUnload time.Duration
+	// Now is the clock of the idle times; nil means time.Now.
+	Now func() time.Time
 }
 
 // loraLoader runs the loads: the bound, and the loads in flight by adapter.
@@ -38,6 +49,14 @@ type loraLoader struct {
 	slots chan struct{}
 	mu    sync.Mutex
 	busy  map[string]chan struct{} // closed when that adapter's load ends
+	// wg counts the background loads of adapters' copies (loracopy.go); copyRefused says the
+	// last of them found no worker, for logging transitions only.
+	wg          sync.WaitGroup
+	copyRefused bool
+	// used is when each allowed adapter was last requested through the gateway (loraidle.go);
+	// full says the last load found every worker at MaxLoaded with nothing idle to unload.
+	used map[string]time.Time
+	full bool
 }
 
 func newLoraLoader(c LoRAConfig) *loraLoader {
@@ -45,7 +64,7 @@ func newLoraLoader(c LoRAConfig) *loraLoader {
 	if n <= 0 {
 		n = 2
 	}
-	return &loraLoader{slots: make(chan struct{}, n), busy: map[string]chan struct{}{}}
+	return &loraLoader{slots: make(chan struct{}, n), busy: map[string]chan struct{}{}, used: map[string]time.Time{}}
 }
 
 // ParseLoRASources parses the allow-list flag: comma-separated NAME=SOURCE pairs.
@@ -146,8 +165,8 @@ func baseModel(v *worker.View) *worker.Pool {
 func (s *Server) loadOn(ctx context.Context, base *worker.Pool, model, src string) error {
 	var free []*worker.Worker
 	for _, w := range base.Regular {
-		if !w.Available() {
-			continue
+		if !w.Available() || slices.Contains(w.Models(), model) {
+			continue // down, or a copy already (loracopy.go)
 		}
 		if s.loads == nil {
 			free = append(free, w)
@@ -158,6 +177,7 @@ func (s *Server) loadOn(ctx context.Context, base *worker.Pool, model, src strin
 		}
 		free = append(free, w)
 	}
+	free = s.withRoom(ctx, free) // loraidle.go
 	pol, err := s.router.For(base.Model, worker.Regular)
 	if err != nil {
 		return err
