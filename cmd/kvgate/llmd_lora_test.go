@@ -11,12 +11,7 @@ import (
 func TestLLMDKVEventsPerAdapter(t *testing.T) {
 	for _, enc := range []string{"array", "map"} {
 		t.Run(enc, func(t *testing.T) {
-			args := []string{"--enable-kvcache", "--kv-cache-size", "512", "--block-size", "16",
-				"--max-loras", "2", "--lora-modules", `{"name":"sql","path":"/adapters/sql"}`}
-			if enc == "map" {
-				args = append(args, "--use-vllm-map-event-format")
-			}
-			g := startLLMDEventGateway(t, "base", args...)
+			g := startLLMDEventGateway(t, "base", llmdEventArgs(enc, "--max-loras", "2", "--lora-modules", `{"name":"sql","path":"/adapters/sql"}`)...)
 			prompt := strings.Repeat("an adapter's prompt on an engine we did not write ", 12)
 			g.serveDirect(t, "sql", prompt)
 			g.waitPredicted(t, "sql", prompt)

@@ -24,16 +24,22 @@ import (
 func TestLLMDKVEventsBothEncodings(t *testing.T) {
 	for _, enc := range []string{"array", "map"} {
 		t.Run(enc, func(t *testing.T) {
-			args := []string{"--enable-kvcache", "--kv-cache-size", "512", "--block-size", "16"}
-			if enc == "map" {
-				args = append(args, "--use-vllm-map-event-format")
-			}
-			g := startLLMDEventGateway(t, "m", args...)
+			g := startLLMDEventGateway(t, "m", llmdEventArgs(enc)...)
 			prompt := strings.Repeat("events from an engine we did not write ", 12)
 			g.serveDirect(t, "m", prompt)
 			g.waitPredicted(t, "m", prompt)
 		})
 	}
+}
+
+// llmdEventArgs are the engine flags of a 512-block KV cache publishing events in encoding enc
+// ("array" or "map"), then extra.
+func llmdEventArgs(enc string, extra ...string) []string {
+	args := []string{"--enable-kvcache", "--kv-cache-size", "512", "--block-size", "16"}
+	if enc == "map" {
+		args = append(args, "--use-vllm-map-event-format")
+	}
+	return append(args, extra...)
 }
 
 // llmdEventGateway is a gateway binding --kv-events-bind and one llm-d-inference-sim engine

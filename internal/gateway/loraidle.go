@@ -1,11 +1,8 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -119,23 +116,12 @@ func (s *Server) roomTransition(full bool) {
 // postUnload asks w to unload the adapter. vLLM answers 404 when it has it no longer; that is
 // success too.
 func (s *Server) postUnload(ctx context.Context, w *worker.Worker, model string) error {
-	body, _ := json.Marshal(map[string]string{"lora_name": model})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL.String()+"/v1/unload_lora_adapter", bytes.NewReader(body))
-	if err != nil {
+	status, _, err := s.postAdapter(ctx, w, "/v1/unload_lora_adapter", map[string]string{"lora_name": model})
+	switch {
+	case err != nil:
 		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if k := w.Spec.APIKey; k != "" {
-		req.Header.Set("Authorization", "Bearer "+k)
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusNotFound {
+	case status == http.StatusOK || status == http.StatusNotFound:
 		return nil
 	}
-	return fmt.Errorf("%s answered %d", w.ID, resp.StatusCode)
+	return fmt.Errorf("%s answered %d", w.ID, status)
 }

@@ -200,10 +200,25 @@ func (s *Server) loadOn(ctx context.Context, base *worker.Pool, model, src strin
 
 // postLoad asks w to load the adapter. vLLM answers 400 when it has it already; that is success.
 func (s *Server) postLoad(ctx context.Context, w *worker.Worker, model, src string) error {
-	body, _ := json.Marshal(map[string]string{"lora_name": model, "lora_path": src})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL.String()+"/v1/load_lora_adapter", bytes.NewReader(body))
-	if err != nil {
+	status, msg, err := s.postAdapter(ctx, w, "/v1/load_lora_adapter", map[string]string{"lora_name": model, "lora_path": src})
+	switch {
+	case err != nil:
 		return err
+	case status == http.StatusOK:
+		return nil
+	case status == http.StatusBadRequest && bytes.Contains(msg, []byte("already been loaded")):
+		return nil
+	}
+	return fmt.Errorf("%s answered %d", w.ID, status)
+}
+
+// postAdapter posts fields as JSON to path on w, with the worker's own key, and returns the
+// status and the first 4 KiB of the answer.
+func (s *Server) postAdapter(ctx context.Context, w *worker.Worker, path string, fields map[string]string) (int, []byte, error) {
+	body, _ := json.Marshal(fields)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL.String()+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if k := w.Spec.APIKey; k != "" {
@@ -211,17 +226,11 @@ func (s *Server) postLoad(ctx context.Context, w *worker.Worker, model, src stri
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	switch {
-	case resp.StatusCode == http.StatusOK:
-		return nil
-	case resp.StatusCode == http.StatusBadRequest && bytes.Contains(msg, []byte("already been loaded")):
-		return nil
-	}
-	return fmt.Errorf("%s answered %d", w.ID, resp.StatusCode)
+	return resp.StatusCode, msg, nil
 }
 
 func removeWorker(ws []*worker.Worker, w *worker.Worker) []*worker.Worker {
