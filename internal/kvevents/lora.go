@@ -10,7 +10,9 @@ import "time"
 // adapter is seeded by the name (AdapterSeed), which a request names too, so a lookup for the
 // adapter (MatchAdapter) meets exactly that adapter's blocks, on any engine; a chain that gives
 // only the id is seeded by the id, kept apart from the base model's and every named adapter's
-// but reachable by no lookup (ids are per engine).
+// but reachable by no lookup (ids are per engine); and since such a stream could hold the
+// adapter's blocks unseen, a lookup for any adapter in it cannot answer (MatchAdapter reports
+// false, and the caller falls back to the adapter's prefix tree) rather than answer none.
 
 // adapterDomain separates an adapter's seed from a cache salt's digest of the same bytes.
 const adapterDomain = 0x4c6f5241 // "LoRA"
@@ -37,6 +39,9 @@ func storedSeed(e *Event) uint64 {
 // adapter under that salt. model is the name the engines' topics give (the adapter's base
 // model), which selects the streams as Match's does.
 func (x *Index) MatchAdapter(model, adapter string, salt uint64, salted bool, toks []uint32, workers []string, out []int, now time.Time) bool {
+	if adapter != "" && x.idOnly(model, workers) {
+		return false
+	}
 	seed := AdapterSeed(adapter)
 	if salted {
 		seed = saltSeed(seed, salt)
@@ -47,4 +52,30 @@ func (x *Index) MatchAdapter(model, adapter string, salt uint64, salted bool, to
 // MatchAdapter is Index.MatchAdapter at the current time (policy.AdapterMatcher).
 func (v *View) MatchAdapter(model, adapter string, salt uint64, salted bool, toks []uint32, workers []string, out []int) bool {
 	return v.Service.idx.MatchAdapter(model, adapter, salt, salted, toks, workers, out, v.now())
+}
+
+// noteAdapter records that h stored an adapter's blocks by id alone.
+func (h *holder) noteAdapter(e *Event) {
+	if e.HasLoRA && e.LoRAName == "" {
+		h.loraIDOnly = true
+	}
+}
+
+// idOnly reports whether a stream of model of one of workers stored an adapter's blocks by id
+// alone.
+func (x *Index) idOnly(model string, workers []string) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, w := range workers {
+		wb := x.workers[w]
+		if wb == nil {
+			continue
+		}
+		for _, h := range wb.holders {
+			if (h.src.Model == "" || h.src.Model == model) && h.loraIDOnly {
+				return true
+			}
+		}
+	}
+	return false
 }
