@@ -46,7 +46,7 @@ func (x *Index) MatchAdapter(model, adapter string, salt uint64, salted bool, to
 	if salted {
 		seed = saltSeed(seed, salt)
 	}
-	return x.match(model, seed, toks, workers, out, now)
+	return x.match(model, seed, toks, workers, out, now, false) == len(workers)
 }
 
 // MatchAdapter is Index.MatchAdapter at the current time (policy.AdapterMatcher).
