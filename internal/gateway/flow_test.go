@@ -653,7 +653,7 @@ func TestFlowPoolCheckOnlyWithoutOwnWait(t *testing.T) {
 	room := func() float64 {
 		g.flow.mu.Lock()
 		defer g.flow.mu.Unlock()
-		r, _ := g.flow.headroom(cands, slow, math.Inf(1))
+		r, _ := g.flow.model("m").a.Headroom(g.flow.pool(cands, slow), time.Now(), math.Inf(1))
 		return r
 	}
 	now := time.Now()
