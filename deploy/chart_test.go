@@ -9,6 +9,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -197,5 +198,52 @@ func TestChartOptions(t *testing.T) {
 		if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil && ref.SecretKeyRef.Name != "my-keys" {
 			t.Errorf("%s from Secret %q, want my-keys", e.Name, ref.SecretKeyRef.Name)
 		}
+	}
+}
+
+// TestChartReplicaSync: embedded replica sync needs its key Secret, and brings the flags, the
+// cluster port, a headless Service that lists not-ready pods and a NetworkPolicy admitting the
+// cluster port from the gateway's pods only; url mode passes the URL and opens nothing.
+func TestChartReplicaSync(t *testing.T) {
+	if _, err := renderFiles(t, map[string]any{"replicaSync": map[string]any{"mode": "embedded"}}); err == nil ||
+		!strings.Contains(err.Error(), "keySecret") {
+		t.Fatalf("embedded without a key: got %v, want a refusal", err)
+	}
+	if _, err := renderFiles(t, map[string]any{"replicaSync": map[string]any{"mode": "url", "url": "nats://u:p@nats:4222"}}); err == nil {
+		t.Error("credentials in the URL were accepted")
+	}
+	objs := render(t, map[string]any{"replicaSync": map[string]any{"mode": "embedded", "keySecret": "sync-key"}})
+	c := find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0]
+	for flag, want := range map[string]string{"--replica-sync": "embedded", "--replica-sync-listen": "0.0.0.0:6222",
+		"--replica-sync-peers": "kvgate-sync.llm.svc:6222"} {
+		if i := slices.Index(c.Args, flag); i < 0 || c.Args[i+1] != want {
+			t.Errorf("args %v: want %s %s", c.Args, flag, want)
+		}
+	}
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "KVGATE_REPLICA_SYNC_KEY" && e.ValueFrom.SecretKeyRef.Name == "sync-key"
+	}) {
+		t.Errorf("env %v: want KVGATE_REPLICA_SYNC_KEY from sync-key", c.Env)
+	}
+	var svc *corev1.Service
+	for _, s := range find[*corev1.Service](objs) {
+		if s.Name == "kvgate-sync" {
+			svc = s
+		}
+	}
+	if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses || svc.Spec.Ports[0].Port != 6222 {
+		t.Fatalf("want a headless sync Service on 6222 listing not-ready pods, got %+v", svc)
+	}
+	nps := find[*networkingv1.NetworkPolicy](objs)
+	if len(nps) != 1 || len(nps[0].Spec.Ingress[0].From) != 1 || nps[0].Spec.Ingress[0].Ports[0].Port.StrVal != "sync" {
+		t.Fatalf("want a NetworkPolicy admitting the sync port from the gateway pods, got %+v", nps)
+	}
+	objs = render(t, map[string]any{"replicaSync": map[string]any{"mode": "url", "url": "tls://nats.messaging:4222"}})
+	c = find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0]
+	if i := slices.Index(c.Args, "--replica-sync"); i < 0 || c.Args[i+1] != "tls://nats.messaging:4222" {
+		t.Errorf("args %v: want --replica-sync tls://nats.messaging:4222", c.Args)
+	}
+	if n := len(find[*networkingv1.NetworkPolicy](objs)); n != 0 {
+		t.Errorf("url mode rendered %d NetworkPolicies", n)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -104,6 +105,7 @@ var kinds = map[string]func() any{
 	"monitoring.coreos.com/v1/ServiceMonitor":      func() any { return &serviceMonitor{} },
 	"inference.networking.k8s.io/v1/InferencePool": func() any { return &inferencePool{} },
 	"keda.sh/v1alpha1/ScaledObject":                func() any { return &scaledObject{} },
+	"networking.k8s.io/v1/NetworkPolicy":           func() any { return &networkingv1.NetworkPolicy{} },
 }
 
 // object is one decoded manifest with where it came from.

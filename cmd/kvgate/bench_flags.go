@@ -153,6 +153,7 @@ type fleetFlags struct {
 	stickyPlace  string
 	kvEvents     fleet.KVEvents
 	warm         policy.WarmConfig
+	sync         fleet.SyncModel
 
 	suite          string
 	suiteWorkloads string
@@ -212,6 +213,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	// The warm-up flags are kvgate serve's: the fleet warms each engine --failover adds as the
 	// gateway warms a worker that joins.
 	addWarmFlags(fs, &ff.warm)
+	addFleetSyncFlags(fs, &ff.sync)
 	fs.StringVar(&ff.suite, "suite", "", "fleet: run a named suite of experiments and print its target table instead of one grid: "+strings.Join(suite.Names, ", ")+
 		" (the first of --policies against the oracle and baselines on every workload, shape, timing and seed; --trace FILE adds the conversation-trace rows; --duration and --warmup bound the synthetic rows, default 120s and 30s)")
 	fs.StringVar(&ff.suiteWorkloads, "suite-workloads", "", "fleet suite: comma-separated workloads (default all: "+strings.Join(suite.Workloads, ", ")+")")

@@ -16,6 +16,7 @@ func costFlags(fs *flag.FlagSet, c *policy.CostConfig, prefix string) {
 	fs.Float64Var(&c.FollowShare, "cost-follow-share", c.FollowShare, prefix+"cost: share of a prompt past the routing text taken as cached where all of the routing text is, in [0,1]")
 	fs.Float64Var(&c.DelayShare, "cost-delay-share", c.DelayShare, prefix+"cost: weight of the requests queued behind a prompt's prefill, each of which it delays, in [0,10] (0: each request's own wait only)")
 	fs.Float64Var(&c.MaxTokenUsage, "cost-max-token-usage", c.MaxTokenUsage, prefix+"cost: a worker reporting KV usage above this is no candidate while another is under it (1 = off)")
+	learnFlags(fs, c, prefix)
 	fs.Int64Var(&c.MaxWaiting, "cost-max-waiting", c.MaxWaiting, prefix+"cost: a worker reporting more waiting requests than this is no candidate while another is under it (0 = off)")
 	// The engine estimate's constants (loadmon.Estimate), which flow control reads too.
 	fs.Float64Var(&c.RateDecay, "cost-rate-decay", c.RateDecay, prefix+"cost: how much a worker's measured prefill rate decays per measured poll interval, in [0,1]")

@@ -19,6 +19,7 @@ import (
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/replicasync"
 	"github.com/kvgate/kvgate/internal/sim"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -46,6 +47,7 @@ type serveOptions struct {
 	sec             securityOptions
 	disc            discoveryOptions
 	kv              kvEventOptions
+	sync            replicaSyncOptions
 }
 
 // listFlag collects URLs given space- or comma-separated, over one or more uses of the flag.
@@ -161,6 +163,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	addAPIFlags(fs, g)
 	addDiscoveryFlags(fs, &o.disc)
 	registerKVEventFlags(fs, &o.kv)
+	registerReplicaSyncFlags(fs, &o.sync)
 	addLoraPDFlags(fs, g)
 	return fs
 }
@@ -199,6 +202,9 @@ func parseServe(args []string, stderr io.Writer) (*serveOptions, error) {
 	// bytes-to-tokens rule.
 	o.gw.Flow.Saturation.Estimate = o.pol.Cost.Estimate()
 	if err := o.kv.validate(); err != nil {
+		return nil, err
+	}
+	if _, err := o.sync.options(); err != nil {
 		return nil, err
 	}
 	if s := o.gw.AccessLogSample; s < 0 || s > 1 {
@@ -273,6 +279,14 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 	}
 	defer stopKV()
 	o.pol.KV = kv
+	plane, err := startReplicaSync(ctx, &o.sync, log)
+	if err != nil {
+		return err
+	}
+	if plane != nil {
+		defer plane.Close()
+		o.pol.Peers, o.gw.Sync = plane.Node(), plane.Node()
+	}
 	router, err := policy.NewRouter(o.policyName, o.pol)
 	if err != nil {
 		return err
@@ -288,6 +302,9 @@ func serve(ctx context.Context, o *serveOptions, log *slog.Logger, ready chan<- 
 		return err
 	}
 	registerKVEventMetrics(gw, kv)
+	if plane != nil {
+		gw.Metrics().Registry().MustRegister(replicasync.NewCollector(plane.Node()))
+	}
 
 	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

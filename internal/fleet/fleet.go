@@ -109,6 +109,8 @@ type Config struct {
 	// Warm warms each engine that Failover adds, as the gateway warms a worker that joins
 	// (warm.go); the zero value is off.
 	Warm policy.WarmConfig
+	// Sync models the replica sync plane between the gateways (sync.go); the zero value is off.
+	Sync SyncModel
 }
 
 // DefaultConfig returns the defaults: 8 engines, 1 gateway, cache_aware on effective load, 1 s
@@ -204,6 +206,9 @@ func (c Config) Validate() error {
 	if err := c.Warm.Validate(); err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
+	if err := c.Sync.Validate(); err != nil {
+		return err
+	}
 	return validateFailover(c)
 }
 
@@ -232,6 +237,9 @@ func (c Config) Label() string {
 	}
 	if c.Warm.Enabled() {
 		name += "+warm"
+	}
+	if c.Gateways > 1 {
+		name += c.Sync.label()
 	}
 	if c.LoadMode != loadmon.DefaultConfig().Mode {
 		name += "/" + c.LoadMode.String()

@@ -10,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/replicasync"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -41,6 +42,8 @@ type gateway struct {
 	// narrow, when not empty, are the candidates of the next pick: a request flow control
 	// dispatched picks among the engines that can start it (flow.go).
 	narrow []*worker.Worker
+	// node is this replica's end of the replica sync plane (sync.go); nil when it is off.
+	node *replicasync.Node
 	// pc is the configuration policies are built from (nil for the oracle), pols the adapters'
 	// own policies (lora.go).
 	pc   *policy.Config
@@ -80,6 +83,13 @@ func newGateway(s *sim, g int) (*gateway, error) {
 		if s.kv != nil {
 			gw.kv = newReplicaKV(gw, s.kv)
 			pc.KV = gw.kv
+		}
+		if s.bus != nil {
+			node, err := s.newSyncNode()
+			if err != nil {
+				return nil, fmt.Errorf("fleet: %w", err)
+			}
+			gw.node, pc.Peers = node, node
 		}
 		pol, err := policy.New(s.cfg.Policy, pc)
 		if err != nil {

@@ -194,6 +194,17 @@ func (r *replicaKV) Match(model string, toks []uint32, ids []string, out []int) 
 	return r.idx.Match(model, toks, ids, out, epoch.Add(r.g.s.now))
 }
 
+// CoversAny is the replica index's CoversAny.
+func (r *replicaKV) CoversAny(model string, ids []string) bool {
+	return r.idx.CoversAny(model, ids, epoch.Add(r.g.s.now))
+}
+
+// MatchEach is the replica index's MatchEach, after delivering what is due.
+func (r *replicaKV) MatchEach(model string, toks []uint32, ids []string, out []int) int {
+	r.deliver()
+	return r.idx.MatchEach(model, toks, ids, out, epoch.Add(r.g.s.now))
+}
+
 // takeCost returns the last pick's tokenization cost and resets it.
 func (r *replicaKV) takeCost() time.Duration {
 	c := r.cost

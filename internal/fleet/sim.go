@@ -30,6 +30,7 @@ const (
 	evWarmDeadline                  // a warm-up's time is up (idx: its index in sim.warms)
 	evFlowDeadline                  // a queued request's deadline (idx: the gateway; flow.go)
 	evFlowDispatch                  // capacity may have appeared: dispatch the gateway's queue
+	evSync                          // a replica sync batch reaches gateway idx (ver: its id; sync.go)
 )
 
 // event is one entry of the queue. seq breaks ties in insertion order, which keeps runs
@@ -110,6 +111,8 @@ type flight struct {
 	sent    time.Duration
 	eng     int
 	dec     policy.Decision // Predicted made a share of the whole prompt
+	// text is the routing text the policy saw, for learning from the answer.
+	text string
 	// extra is decision time the simulated engine did not see (tokenization), added to the
 	// request's latencies.
 	extra time.Duration
@@ -161,6 +164,8 @@ type sim struct {
 	warmStats *bench.WarmStats
 	// fq is the gateways' flow control (flow.go); nil when Config.Flow is off.
 	fq *flowSim
+	// bus is the modelled replica sync bus (sync.go); nil when Config.Sync is off.
+	bus *syncBus
 }
 
 var _ Truth = (*sim)(nil)
@@ -256,6 +261,9 @@ func (s *sim) build() error {
 	}
 	if usesEvents(s.cfg.Policy) {
 		s.kv = newKVFeed(s)
+	}
+	if s.cfg.Sync.Enabled {
+		s.bus = newSyncBus(s.cfg.Sync, s.cfg.Seed)
 	}
 	s.gws = make([]*gateway, s.cfg.Gateways)
 	for g := range s.gws {
@@ -393,6 +401,8 @@ func (s *sim) dispatch(ev event) {
 		s.change(ev.idx)
 	case evWarmDeadline:
 		s.warmDeadline(ev.idx)
+	case evSync:
+		s.deliverSync(ev.idx, ev.ver)
 	}
 }
 
@@ -438,7 +448,7 @@ func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, cla
 	}
 	id := s.nextID
 	s.nextID++
-	f := &flight{sess: a, gw: g, sent: arrived, wait: s.now - arrived, class: class, eng: idx, dec: gw.req.Decision}
+	f := &flight{sess: a, gw: g, sent: arrived, wait: s.now - arrived, class: class, eng: idx, dec: gw.req.Decision, text: gw.req.Text}
 	f.first, f.release = w.Track()
 	if gw.kv != nil {
 		// precise_prefix tokenized the prompt, and pays for that.
@@ -455,6 +465,9 @@ func (s *sim) submit(a *active, g int, t *bench.Turn, arrived time.Duration, cla
 		return
 	}
 	s.flights[id] = f
+	if s.bus != nil {
+		s.publish(g)
+	}
 	if s.fq != nil {
 		f.kv = float64(len(text)) / 4
 		uncached := f.kv
@@ -523,6 +536,10 @@ func (s *sim) finish(ev engine.Event) {
 		return
 	}
 	f.release()
+	if gw := s.gws[f.gw]; gw.node != nil {
+		gw.node.Finished(simModel, gw.workers[f.eng].ID, "")
+		s.publish(f.gw)
+	}
 	rec := bench.Record{
 		Sent: f.sent, TTFT: ev.TTFT + f.extra + f.wait, E2E: ev.At - f.sent + f.extra,
 		PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens, OutputTokens: ev.CompletionTokens,
@@ -540,6 +557,11 @@ func (s *sim) finish(ev engine.Event) {
 	if o, ok := s.gws[f.gw].pol.(policy.CacheObserver); ok && f.dec.HasPrediction && ev.PromptTokens > 0 {
 		// The gateway compares the same two shares once the answer's usage arrives.
 		o.Observed(f.dec.Predicted, float64(ev.CachedTokens)/float64(ev.PromptTokens))
+	}
+	if l, ok := policy.As[policy.AnswerLearner](s.gws[f.gw].pol); ok && f.dec.HasPrediction && ev.PromptTokens > 0 {
+		// The gateway learns from the same answer (policy.AnswerLearner).
+		req := policy.Request{Text: f.text, Decision: f.dec}
+		l.Learn(&req, policy.Answer{Worker: f.dec.Worker, PromptTokens: ev.PromptTokens, CachedTokens: ev.CachedTokens})
 	}
 	a := f.sess
 	if a.next >= len(a.s.Turns) {

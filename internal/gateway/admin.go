@@ -449,7 +449,7 @@ func (s *Server) workerReadiness(status string) readiness {
 // policies use. Without a load monitor it shows local in-flight counts only.
 func (s *Server) handleGetLoads(w http.ResponseWriter, _ *http.Request) {
 	if wl, ok := s.loads.(interface{ WorkerLoads() []loadmon.WorkerLoad }); ok {
-		writeJSON(w, http.StatusOK, map[string]any{"load_monitor": true, "workers": wl.WorkerLoads()})
+		s.writeLoads(w, true, wl.WorkerLoads())
 		return
 	}
 	all := s.reg.View().All
@@ -457,7 +457,7 @@ func (s *Server) handleGetLoads(w http.ResponseWriter, _ *http.Request) {
 	for _, wk := range all {
 		out = append(out, loadmon.WorkerLoad{ID: wk.ID, URL: wk.Spec.URL, Local: wk.Inflight(), Effective: wk.Inflight()})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"load_monitor": false, "workers": out})
+	s.writeLoads(w, false, out)
 }
 
 // RegisterUntilDone registers a configured worker, retrying while it cannot be reached (it may

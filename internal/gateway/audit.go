@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -51,8 +52,16 @@ type auditWriter struct {
 	policy    string
 	// ids, when not nil, turns on the audit headers: the request may see them.
 	ids *auditIDs
-	// observer, when the policy is one, hears the predicted and the reported share.
+	// observer, when the policy is one, hears the predicted and the reported share; learner,
+	// when it is one, the answer's cached tokens (answers.go).
 	observer policy.CacheObserver
+	learner  policy.AnswerLearner
+	// stripUsage: the gateway asked the stream for usage on the client's behalf, and removes
+	// the usage-only chunk (answers.go).
+	stripUsage bool
+	// silent, when set, notes the workers whose answers report no cached tokens.
+	silent *silentWorkers
+	log    *slog.Logger
 
 	status  int
 	sse     bool
@@ -135,6 +144,14 @@ func (a *auditWriter) Write(b []byte) (int, error) {
 		}
 		a.keep = append(a.keep, b...)
 	}
+	if a.sse && a.stripUsage {
+		if out := dropUsageEvents(b); len(out) != len(b) {
+			if _, err := a.ResponseWriter.Write(out); err != nil {
+				return 0, err
+			}
+			return len(b), nil
+		}
+	}
 	return a.ResponseWriter.Write(b)
 }
 
@@ -159,13 +176,14 @@ type auditDetails struct {
 	CachedTokens *int `json:"cached_tokens"`
 }
 
-// cachedShare returns the share of the prompt the worker reported as cached, from the last
-// "usage" object in what was kept; ok false when there is none or it lacks cached_tokens.
-func (a *auditWriter) cachedShare() (share float64, ok bool) {
+// answered returns the prompt and cached tokens the worker reported, from the last usage (or
+// /generate's meta_info) in what was kept; ok false when there is none or it lacks
+// cached_tokens.
+func (a *auditWriter) answered() (prompt, cached int, ok bool) {
 	if a.status != http.StatusOK || a.dropped || len(a.keep) == 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	return usageShare(a.keep)
+	return answerTokens(a.keep)
 }
 
 // usageShare finds the last `"usage":` in b and returns the cached share of the prompt it reports.
@@ -297,9 +315,12 @@ func (a *auditWriter) promptShare() float64 {
 // flight, sized for a stream's two windows.
 var auditBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2*auditTailMax); return &b }}
 
-// finish observes the prediction of a request relayed whole (ok) and recycles the buffer.
+// finish observes the prediction of a request relayed whole (ok), or of a stream the worker
+// finished, and recycles the buffer.
 func (a *auditWriter) finish(m *Metrics, model string, ok bool) {
-	if ok {
+	// A stream whose worker sent its end ([DONE]) was answered whole even when the client hung up
+	// before the relay finished (SDKs close the body at [DONE]): its usage is as good to learn from.
+	if ok || a.sse && a.status == http.StatusOK && bytes.Contains(a.keep, []byte("data: [DONE]")) {
 		a.observe(m, model)
 	}
 	if a.keep != nil && cap(a.keep) <= 4*auditTailMax {
@@ -316,11 +337,16 @@ func (a *auditWriter) observe(m *Metrics, model string) {
 	if !d.HasPrediction {
 		return
 	}
-	actual, ok := a.cachedShare()
+	prompt, cached, ok := a.answered()
 	if !ok {
 		m.child(hotKey{metric: hotPredMissing, label: a.policy, model: model}).counter.Inc()
+		if a.silent != nil && a.status == http.StatusOK && !a.dropped {
+			a.silent.note(a.log, d.Worker, model)
+		}
 		return
 	}
+	actual := min(max(float64(cached)/float64(prompt), 0), 1)
+	a.learn(prompt, cached)
 	predicted := a.promptShare()
 	m.child(hotKey{metric: hotPredError, label: a.policy, model: model}).observer.Observe(predicted - actual)
 	if a.observer != nil {

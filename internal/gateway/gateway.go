@@ -22,6 +22,9 @@ import (
 
 // Config configures the gateway's HTTP surface.
 type Config struct {
+	// Sync is the replica sync plane this replica shares its answers' ends and its
+	// conversations' bindings over (replicasync.go); nil shares nothing.
+	Sync ReplicaSync `yaml:"-"`
 	// APIKeys are the data-plane keys: a client must send one of them as "Authorization: Bearer
 	// KEY" (401 otherwise). Empty: the data plane needs no key. A key written "NAME=SECRET"
 	// names its tenant for flow control, "NAME+priority=SECRET" also lets it set priorities
@@ -130,6 +133,8 @@ type Server struct {
 	// loraLoads bounds and deduplicates the adapter loads on demand (loraload.go).
 	loraLoads *loraLoader
 	client    *http.Client
+	// silentWorkers are the workers whose answers report no cached tokens (answers.go).
+	silentWorkers silentWorkers
 
 	inflight  atomic.Int64
 	apiKeys   keySet

@@ -119,6 +119,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	*preq = policy.Request{Model: pool.Model, Text: p.Text, Chat: kind == kindChat, Body: body, PromptBytes: len(body), Adapter: adapterOf(pool), Salt: p.Salt, Salted: p.Salted}
 	preq.Key, preq.Affinity = s.sessionKeys(r.Header, &p)
 	id := requestID(r)
+	preq.ID = id
 	w.Header().Set("X-Request-Id", id)
 	aw := &rq.audit
 	var ids *auditIDs
@@ -143,6 +144,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	rq.forward = proxy.Request{
 		Path: upstreamPath(path, r), Header: r.Header, Body: body, BodyRef: rb, RequestID: id, ClientIP: clientIP(r), Stream: p.Stream,
 	}
+	if fb, ref := s.learnFrom(aw, pol, kind, p.Stream, body); !ref {
+		rq.forward.Body, rq.forward.BodyRef = fb, nil // answers.go: the stream is asked for usage
+	}
 	var res proxy.Result
 	if kind == kindResponses {
 		res = s.forwardResponses(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket), candidates, &p, preq, pol.Name(), tr)
@@ -150,6 +154,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 		res = s.fwd.Forward(r.Context(), aw, &rq.forward, s.picker(r.Context(), pol, candidates, preq, tr, &rq.ticket))
 	}
 	s.finish(w, r, res, pool.Model, p.Stream, id)
+	s.finishedOn(pool.Model, res.Worker, id)
 	s.calibrate(&preq.Decision, &res, p.Stream)
 	if s.cfg.AccessLogSample > 0 {
 		o.usage, o.hasUsage = aw.usage() // before finish recycles what it kept

@@ -134,12 +134,13 @@ var (
 	descUsage     = prometheus.NewDesc("kvgate_worker_token_usage", "KV-cache usage the worker last reported (absent when stale).", []string{"worker"}, nil)
 	descDecisions = prometheus.NewDesc("kvgate_policy_decisions_total", "Policy decisions by branch.", []string{"policy", "model", "branch"}, nil)
 	descTree      = prometheus.NewDesc("kvgate_policy_tree_chars", "Characters held in the prefix tree per worker.", []string{"policy", "model", "worker"}, nil)
+	descCalib     = prometheus.NewDesc("kvgate_prefix_prediction_bias", "Moving average over a worker's last 256 answers of the predicted minus the reported cached share of the prompt (positive: the policy believes the worker holds more than it does).", []string{"policy", "model", "worker"}, nil)
 	descTreeHeld  = prometheus.NewDesc("kvgate_policy_tree_held_chars", "Characters held by every prefix tree of the gateway together.", nil, nil)
 	descTreeMax   = prometheus.NewDesc("kvgate_policy_tree_budget_chars", "The gateway-wide prefix-tree budget (--tree-budget); absent when there is none.", nil, nil)
 )
 
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descReportAge, descUsage, descDecisions, descTree, descTreeHeld, descTreeMax} {
+	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descReportAge, descUsage, descDecisions, descTree, descCalib, descTreeHeld, descTreeMax} {
 		ch <- d
 	}
 }
@@ -185,6 +186,11 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 		if t, ok := p.(policy.TreeReporter); ok {
 			for wid, n := range t.TreeSizes() {
 				ch <- prometheus.MustNewConstMetric(descTree, prometheus.GaugeValue, float64(n), p.Name(), model, wid)
+			}
+		}
+		if c, ok := p.(policy.Calibrator); ok {
+			for wid, e := range c.Calibration() {
+				ch <- prometheus.MustNewConstMetric(descCalib, prometheus.GaugeValue, e, p.Name(), model, wid)
 			}
 		}
 	}

@@ -160,7 +160,7 @@ func (a *responseAffinity) drop(e *list.Element) {
 // follows, while that worker is a candidate and available; every other pick (no such worker, a
 // retry) is the policy's.
 func (s *Server) responsePicker(next proxy.Picker, candidates []*worker.Worker, prev string, req *policy.Request, polName string, tr *tracing.Request) proxy.Picker {
-	id, ok := s.responses.lookup(prev)
+	id, ok := s.responseWorker(prev)
 	if !ok {
 		return next
 	}
@@ -295,7 +295,7 @@ func (s *Server) forwardResponses(ctx context.Context, aw *auditWriter, fr *prox
 	if p.PreviousResponseID != "" {
 		pick = s.responsePicker(pick, candidates, p.PreviousResponseID, req, polName, tr)
 	}
-	rw := &responseIDWriter{ResponseWriter: aw, remember: s.responses.remember}
+	rw := &responseIDWriter{ResponseWriter: aw, remember: s.rememberResponse}
 	return s.fwd.Forward(ctx, rw, fr, func(tried []*worker.Worker) *worker.Worker {
 		rw.worker = pick(tried)
 		return rw.worker

@@ -405,29 +405,57 @@ func (x *Index) holdersOf(dst []*holder, model, worker string, now time.Time) (_
 // walk of the prompt per size), so that one stream's odd block size — an engine configured
 // differently, or a malformed stream — changes nothing for the others. now is the current time.
 func (x *Index) Match(model string, toks []uint32, workers []string, out []int, now time.Time) bool {
-	return x.match(model, keySeed, toks, workers, out, now)
+	return x.match(model, keySeed, toks, workers, out, now, false) == len(workers)
+}
+
+// CoversAny reports whether MatchEach can answer for at least one of workers now.
+func (x *Index) CoversAny(model string, workers []string, now time.Time) bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for _, w := range workers {
+		if _, ok := x.holdersOf(nil, model, w, now); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// MatchEach is Match for each worker on its own: out[i] is −1 for a worker the index cannot
+// answer for (no event stream yet, or one being resynchronized), and the others are matched as
+// Match does. It returns how many workers it answered for.
+func (x *Index) MatchEach(model string, toks []uint32, workers []string, out []int, now time.Time) int {
+	return x.match(model, keySeed, toks, workers, out, now, true)
 }
 
 // MatchSalted is Match for a prompt with a cache salt of digest salt (SaltDigest): it meets only
 // the blocks stored under that salt.
 func (x *Index) MatchSalted(model string, salt uint64, toks []uint32, workers []string, out []int, now time.Time) bool {
-	return x.match(model, saltSeed(keySeed, salt), toks, workers, out, now)
+	return x.match(model, saltSeed(keySeed, salt), toks, workers, out, now, false) == len(workers)
 }
 
-func (x *Index) match(model string, seed uint64, toks []uint32, workers []string, out []int, now time.Time) bool {
+// match is Match, MatchSalted (seed: the blocks' key seed) and MatchEach. It returns how many
+// workers it answered for; each false stops at the first it cannot answer
+// for (Match), each true marks that one −1 and goes on (MatchEach).
+func (x *Index) match(model string, seed uint64, toks []uint32, workers []string, out []int, now time.Time, each bool) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	var hbuf [16]*holder
 	var obuf [16]int
 	var sbuf [4]int
 	hs, owner, sizes := hbuf[:0], obuf[:0], sbuf[:0] // hs[j] belongs to workers[owner[j]]
+	answered := 0
 	for i, w := range workers {
 		out[i] = 0
 		n := len(hs)
 		var ok bool
 		if hs, ok = x.holdersOf(hs, model, w, now); !ok {
-			return false
+			if !each {
+				return answered
+			}
+			hs, out[i] = hs[:n], -1
+			continue
 		}
+		answered++
 		for _, h := range hs[n:] {
 			owner = append(owner, i)
 			if h.bs != 0 && !slices.Contains(sizes, h.bs) {
@@ -443,7 +471,7 @@ func (x *Index) match(model string, seed uint64, toks []uint32, workers []string
 	for _, bs := range sizes {
 		x.walk(bs, seed, toks, hs, owner, out, alive)
 	}
-	return true
+	return answered
 }
 
 // walk extends out with the blocks of bs tokens that the holders of that block size hold from

@@ -127,3 +127,21 @@ func BenchmarkIndexApply(b *testing.B) {
 		})
 	}
 }
+
+// MatchEach answers for the workers that have published and marks the others −1, where Match
+// refuses the whole fleet.
+func TestMatchEachAnswersPerWorker(t *testing.T) {
+	x := NewIndex(100, 4)
+	x.Apply(Source{Worker: "a"}, []Event{stored([]uint64{1, 2}, 0, false, 4, 1)})
+	ids := []string{"a", "quiet"}
+	out := make([]int, 2)
+	if x.Match("", prompt(4, 1, 2), ids, out, time.Now()) {
+		t.Fatal("Match answered for a worker that never published")
+	}
+	if !x.CoversAny("", ids, time.Now()) || x.CoversAny("", ids[1:], time.Now()) {
+		t.Fatal("CoversAny wrong")
+	}
+	if n := x.MatchEach("", prompt(4, 1, 2), ids, out, time.Now()); n != 1 || out[0] != 8 || out[1] != -1 {
+		t.Fatalf("MatchEach = %d, %v; want 1, [8 -1]", n, out)
+	}
+}

@@ -65,12 +65,16 @@ func (s *Service) sweep() {
 			continue
 		}
 		t.silent = true
-		where := "nowhere (no --kv-events-bind, --kv-events-port or " + EndpointLabel + " label)"
+		var where string
 		switch {
 		case t.endpoint != "":
 			where = "its publisher " + t.endpoint
 		case s.BindAddr != "":
 			where = "this gateway's --kv-events-bind " + s.BindAddr
+		default:
+			// Nothing was meant to send this worker's events (no --kv-events-bind,
+			// --kv-events-port or label): routing on the tree is what was configured.
+			continue
 		}
 		s.cfg.Logger.Warn("kv events: no events from a worker since it was registered: its requests route on the prefix tree "+
 			"(fallback_no_events); check that its engine publishes to "+where+" with topic kv@"+t.hostPort+"@<model>",

@@ -214,6 +214,16 @@ func (v *View) Match(model string, toks []uint32, workers []string, out []int) b
 	return v.Service.idx.Match(model, toks, workers, out, v.now())
 }
 
+// CoversAny is Index.CoversAny at the current time.
+func (v *View) CoversAny(model string, workers []string) bool {
+	return v.Service.idx.CoversAny(model, workers, v.now())
+}
+
+// MatchEach is Index.MatchEach at the current time.
+func (v *View) MatchEach(model string, toks []uint32, workers []string, out []int) int {
+	return v.Service.idx.MatchEach(model, toks, workers, out, v.now())
+}
+
 // MatchSalted is Index.MatchSalted at the current time (policy.SaltedMatcher).
 func (v *View) MatchSalted(model string, salt uint64, toks []uint32, workers []string, out []int) bool {
 	return v.Service.idx.MatchSalted(model, salt, toks, workers, out, v.now())

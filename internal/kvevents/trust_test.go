@@ -274,6 +274,19 @@ func TestSilentWorkerIsWarnedOnce(t *testing.T) {
 	}
 }
 
+// A worker for which no events were configured (no bind, no port, no label) is not warned
+// about: routing its requests on the prefix tree is what was asked for.
+func TestUnconfiguredWorkerIsNotWarned(t *testing.T) {
+	logs := &logBuffer{}
+	r := newRig(t, Config{SilentAfter: time.Minute, Logger: logs.logger()})
+	r.svc.Track(newWorker(t, "http://127.0.0.1:9406", nil))
+	r.clock.Add(2 * time.Minute)
+	r.svc.sweep()
+	if strings.Contains(logs.String(), "no events") {
+		t.Fatalf("warned where no events were configured:\n%s", logs)
+	}
+}
+
 // --kv-events-port with several engines on one host: the workers share one connection to the
 // endpoint, the topic's address credits each event to its worker, and a bare topic that cannot
 // tell them apart is refused with a warning instead of being credited to the wrong one.

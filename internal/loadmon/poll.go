@@ -54,6 +54,8 @@ type pollState struct {
 	// The last GenTokensTotal seen and its PolledAt, for deriveThroughput.
 	genTotal int64
 	genAt    time.Time
+	// The last prefill counters seen, for derivePrefillRate (prefillrate.go).
+	prefill prefillCounters
 }
 
 // sources is the one place where a load source is defined: the path it is polled on and how its
@@ -180,6 +182,7 @@ func (m *Monitor) pollWorker(ctx context.Context, st *pollState, sc *scratch) re
 		if err == nil {
 			rep.PolledAt, rep.InflightAtPoll = sent, inflight
 			st.deriveThroughput(&rep, m.cfg.StaleAfter)
+			st.prefill.derive(&rep, m.cfg.StaleAfter)
 			st.source = src
 			return result{at: start, entry: Entry{Report: rep, Source: src, Runtime: rt, Latency: m.cfg.Now().Sub(start)}}
 		}

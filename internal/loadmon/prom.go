@@ -18,18 +18,20 @@ const (
 type promField uint8
 
 const (
-	fNone       promField = iota
-	fRunning              // vllm:num_requests_running, sglang num_running_reqs
-	fWaiting              // vllm:num_requests_waiting, sglang num_queue_reqs
-	fUsage                // vllm:kv_cache_usage_perc, sglang token_usage
-	fUsageOld             // vllm:gpu_cache_usage_perc (vLLM before kv_cache_usage_perc)
-	fHits                 // vllm:prefix_cache_hits_total
-	fQueries              // vllm:prefix_cache_queries_total
-	fThroughput           // sglang gen_throughput
-	fHitRate              // sglang cache_hit_rate
-	fUsedTokens           // sglang num_used_tokens
-	fGenTokens            // vllm:generation_tokens_total
-	fLoRA                 // vllm:lora_requests_info (labels read by lora.go)
+	fNone         promField = iota
+	fRunning                // vllm:num_requests_running, sglang num_running_reqs
+	fWaiting                // vllm:num_requests_waiting, sglang num_queue_reqs
+	fUsage                  // vllm:kv_cache_usage_perc, sglang token_usage
+	fUsageOld               // vllm:gpu_cache_usage_perc (vLLM before kv_cache_usage_perc)
+	fHits                   // vllm:prefix_cache_hits_total
+	fQueries                // vllm:prefix_cache_queries_total
+	fThroughput             // sglang gen_throughput
+	fHitRate                // sglang cache_hit_rate
+	fUsedTokens             // sglang num_used_tokens
+	fGenTokens              // vllm:generation_tokens_total
+	fLoRA                   // vllm:lora_requests_info (labels read by lora.go)
+	fPromptTokens           // vllm:prompt_tokens_total
+	fPrefillSecs            // vllm:request_prefill_time_seconds_sum
 	nPromFields
 )
 
@@ -59,6 +61,7 @@ var (
 		promName{"kv_cache_usage_perc", fUsage}, promName{"gpu_cache_usage_perc", fUsageOld},
 		promName{"prefix_cache_hits_total", fHits}, promName{"prefix_cache_queries_total", fQueries},
 		promName{"generation_tokens_total", fGenTokens}, promName{"lora_requests_info", fLoRA},
+		promName{"prompt_tokens_total", fPromptTokens}, promName{"request_prefill_time_seconds_sum", fPrefillSecs},
 	)
 	sglangNames = byFirstByte(
 		promName{"num_running_reqs", fRunning}, promName{"num_queue_reqs", fWaiting}, promName{"token_usage", fUsage},
@@ -170,6 +173,10 @@ func (s *promSums) add(f promField, v float64) {
 		s.r.UsedTokens = satAdd(s.r.UsedTokens, clampCount(v))
 	case fGenTokens:
 		s.r.GenTokensTotal = satAdd(s.r.GenTokensTotal, clampCount(v))
+	case fPromptTokens:
+		s.r.PromptTokensTotal = satAdd(s.r.PromptTokensTotal, clampCount(v))
+	case fPrefillSecs:
+		s.r.PrefillSecondsTotal = min(s.r.PrefillSecondsTotal+max(v, 0), maxPrefillSeconds)
 	case fThroughput:
 		s.sum[f] = clampRate(s.sum[f] + clampRate(v))
 	case fHits, fQueries:
@@ -202,6 +209,12 @@ func (s *promSums) report() (Report, error) {
 		r.GenThroughput = sum[fThroughput]
 		r.HasTokenData = true
 	}
+	if n[fHits] > 0 {
+		r.PrefixHitTokensTotal = clampCount(sum[fHits])
+	}
+	// A labelled histogram appears only once observed: an idle engine's page lacks the
+	// prefill time, which is then 0.
+	r.prefillCounted = n[fPromptTokens] > 0
 	return r, nil
 }
 

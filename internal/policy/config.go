@@ -27,6 +27,9 @@ type Config struct {
 	// Config; nil bounds only each share (MaxTreeSize). NewRouter sets it from
 	// CacheAware.TreeBudget when nil.
 	Budget *TreeBudget `yaml:"-"`
+	// Peers is the replica sync plane the cost-based policies count the other replicas'
+	// decisions from (peers.go); nil: no sync, the others are estimated.
+	Peers Peers `yaml:"-"`
 
 	CacheAware CacheAwareConfig `yaml:",inline"`
 	Cost       CostConfig       `yaml:",inline"`

@@ -76,6 +76,14 @@ type CostConfig struct {
 	// conversation resends its history, so what follows a fully matched opening was most
 	// likely sent along with it. Default 1.
 	FollowShare float64 `yaml:"follow_share"`
+	// FollowFixed keeps F at FollowShare. Default false: F is learned from what the answers
+	// report cached past the routing text, with FollowShare as its prior (learn.go).
+	FollowFixed bool `yaml:"follow_fixed"`
+	// FollowRouteLearned prices Ĉ with the learned F. Default false: Ĉ counts FollowShare of
+	// what follows a wholly held routing text, as before, and only the prediction (the audit,
+	// the calibration) uses the learned F; measured in docs/routing.md §8.1, the learned F in the
+	// cost gives up hits an overloaded fleet needs.
+	FollowRouteLearned bool `yaml:"follow_route_learned"`
 	// RateDecay is how much a worker's measured μ (the peak of its backlog's falls) decays per
 	// measured poll interval, in [0,1]. Default 0.01 (an engine that slows to half is seen
 	// to within about 70 busy intervals).
@@ -180,9 +188,12 @@ type Terms struct {
 	Worker string
 	// Queued is Q, the reported queued uncached prefill, in tokens.
 	Queued float64
-	// Sent is S, the uncached prefill this replica sent since the report (scaled by the
-	// replica estimate), in tokens.
+	// Sent is S, the uncached prefill sent since the report, in tokens: this replica's scaled
+	// by the replica estimate, or, with the replica sync plane active, this replica's plus what
+	// its peers sent (PeerSent of it).
 	Sent float64
+	// PeerSent is the part of Sent that peers sent (replica sync), in tokens; 0 without sync.
+	PeerSent float64
 	// Prompt is P, the prompt, in tokens.
 	Prompt float64
 	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens, Follow and
@@ -242,12 +253,14 @@ type report struct {
 	gen, usage, replicas                             float64
 	tokenData, hasUncached                           bool
 	lora                                             *loadmon.LoRA // nil: none reported (costlora.go)
+	// rate is the engine's prefill rate read from its counters (Report.PrefillRate), 0 unknown.
+	rate float64
 }
 
 func reportOf(r *loadmon.Report) report {
 	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
 		inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
-		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens, lora: r.LoRA}
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens, lora: r.LoRA, rate: r.PrefillRate}
 }
 
 // costCand is one candidate during a decision.
@@ -262,7 +275,12 @@ type costCand struct {
 	ahead float64
 	// idHash is the worker id's rendezvous hash (idHash).
 	idHash uint64
-	t      Terms
+	// basis is what Ĉ (t.Cached) was made of, for learning from the answer (learn.go).
+	basis Basis
+	// peerTok and peerReq are what the peers sent w since its report (Peers.SentSinceAll),
+	// when the sync plane is active; r.replicas is then 1.
+	peerTok, peerReq float64
+	t                Terms
 }
 
 // workerCost is what a replica remembers of one worker between decisions.
@@ -283,6 +301,8 @@ type scorer struct {
 	est   loadmon.EstimateConfig // cfg.Estimate()
 	loads Loads
 	now   func() time.Time
+	// peers is the replica sync plane, nil without one (peers.go).
+	peers Peers
 
 	mu sync.Mutex
 	ws map[string]*workerCost
@@ -403,7 +423,8 @@ func finite(x float64) float64 {
 
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
-// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, and L in seconds where it is not 0. Every value is a number or the worker's id (a hash, no address), so it is safe
+// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, L in seconds where it is
+// not 0, and with replica sync the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -422,6 +443,10 @@ func (t Terms) String() string {
 	if t.Adapter != 0 { // L, for an adapter's request where it does not run (costlora.go)
 		b = append(b, " l="...)
 		b = strconv.AppendFloat(b, t.Adapter, 'f', 3, 64)
+	}
+	if t.PeerSent > 0 {
+		b = append(b, " sp="...)
+		b = strconv.AppendFloat(b, t.PeerSent, 'f', 0, 64)
 	}
 	return string(b)
 }

@@ -62,6 +62,19 @@ func monitoredFleet(b *testing.B, n int) ([]*worker.Worker, *loadmon.Monitor) {
 	return ws, mon
 }
 
+// mooncakeTexts returns 2,048 Mooncake-like routing texts: one shared 2 KB opening and a 6 KB
+// tail each, drawn from a fixed pool.
+func mooncakeTexts() []string {
+	r := rand.New(rand.NewPCG(14, 14))
+	pool := benchPool(r, 8<<20)
+	texts := make([]string, 2048)
+	for i := range texts {
+		off := r.IntN(len(pool) - 6144)
+		texts[i] = pool[:2048] + pool[off:off+6144]
+	}
+	return texts
+}
+
 // BenchmarkDecisionWithMonitor times one decision of the cost-based policies against a real
 // load monitor holding a fresh report for every worker, at 64 and 256 workers, beside
 // round_robin's in the same run (targets: the default ≤ 20 µs at 64, ≤ 60 µs at 256). Prompts
@@ -70,13 +83,7 @@ func monitoredFleet(b *testing.B, n int) ([]*worker.Worker, *loadmon.Monitor) {
 //
 //	go test -run XXX -bench DecisionWithMonitor ./internal/policy/
 func BenchmarkDecisionWithMonitor(b *testing.B) {
-	r := rand.New(rand.NewPCG(14, 14))
-	pool := benchPool(r, 8<<20)
-	texts := make([]string, 2048)
-	for i := range texts {
-		off := r.IntN(len(pool) - 6144)
-		texts[i] = pool[:2048] + pool[off:off+6144]
-	}
+	texts := mooncakeTexts()
 	for _, n := range []int{64, 256} {
 		ws, mon := monitoredFleet(b, n)
 		for _, name := range []string{"round_robin", "least_load", "cache_aware_hash", "cache_aware"} {

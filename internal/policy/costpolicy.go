@@ -83,6 +83,9 @@ type Cost struct {
 	kv          KVView
 	dec         *counters
 	unpred      unpredicted
+	// follow is the learned F, calib each worker's prediction error (learn.go).
+	follow follower
+	calib  calibration
 	// decideNS sums the time precise decisions took, tokenization and matching included;
 	// decided counts them.
 	decideNS, decided atomic.Int64
@@ -116,12 +119,15 @@ var (
 	_ DecisionReporter = (*Cost)(nil)
 	_ Recorder         = (*Cost)(nil)
 	_ CacheObserver    = (*Cost)(nil)
+	_ AnswerLearner    = (*Cost)(nil)
+	_ Calibrator       = (*Cost)(nil)
 )
 
 func newCost(name string, src source, cfg Config) *Cost {
 	c := cfg.withDefaults()
 	p := &Cost{name: name, src: src, sc: newScorer(c.Cost, c.Loads, c.Now), kv: c.KV,
 		dec: newCounters(BranchCacheHit, BranchCacheMiss, BranchSpill)}
+	p.sc.peers = c.Peers
 	if src != fromNothing {
 		p.prefixTree = newPrefixTree(c)
 	}
@@ -154,6 +160,7 @@ func (p *Cost) Forget(workerID string) {
 		p.tree.Remove(workerID)
 	}
 	p.sc.forget(workerID)
+	p.calib.forget(workerID)
 }
 
 // Close stops the tree's eviction loop, if there is one.
@@ -260,6 +267,9 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 		req.Decision.Predicted, req.Decision.HasPrediction, req.Decision.WholePrompt = c.t.Cached/c.t.Prompt, true, true
 	}
 	p.sc.commit(c, c.t.Prompt-c.t.Cached)
+	if p.sc.peers != nil {
+		p.sc.peers.Decided(req.Model, w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+	}
 }
 
 // unpredicted is a moving average of the share of the prompt that the engines reported cached

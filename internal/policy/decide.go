@@ -157,7 +157,7 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
 		return nil, coNoEvents
 	}
-	if via == nil || !p.kv.Covers(req.Model, ids) {
+	if via == nil || !p.covers(req.Model, ids, req.Salted) { // partialkv.go: some engines may not have published
 		return nil, coNoEvents
 	}
 	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())
@@ -212,6 +212,9 @@ func (s *scorer) gather(dst []costCand, candidates []*worker.Worker, prompt floa
 	n := len(av)
 	av = s.capped(av)
 	req.Decision.Filtered[FilterCapped] += int32(n - len(av))
+	if s.peers != nil && s.peers.Active() {
+		peerSent(s.peers, av) // the peers' sends are counted, not estimated (peers.go)
+	}
 	gen := s.cfg.fleetGen(av)
 	now := s.now()
 	for i := range av {
@@ -306,6 +309,9 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	}
 	if r.polled.After(st.est.Polled()) {
 		st.est.Observe(r.polled, q, r.running, r.waiting, &s.est)
+		if r.rate > 0 {
+			st.est.ObserveRate(r.rate, &s.est) // the engine's own counters (loadmon/prefillrate.go)
+		}
 	}
 	t.Rate = st.est.Rate(&s.est)
 	if st.est.Follows(r.polled) {
@@ -313,11 +319,20 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// was sent it since, is that much less now (a report up to a poll interval old would
 		// otherwise push work off an engine that has long finished it).
 		t.Queued, t.Sent = st.est.Prefill(now, r.replicas, &s.est)
+		if c.peerTok > 0 {
+			// The peers' sends join S before what the engine prefilled past Q since the report
+			// is taken off, as this replica's own are (Prefill at the report's instant is the
+			// own share before any is taken off).
+			_, own := st.est.Prefill(r.polled, r.replicas, &s.est)
+			past := max(t.Rate*max(now.Sub(r.polled).Seconds(), 0)-q, 0)
+			t.Sent = max(own+c.peerTok-past, 0)
+			t.PeerSent = min(c.peerTok, t.Sent)
+		}
 	} else {
 		t.Queued = max(q-t.Rate*max(now.Sub(r.polled).Seconds(), 0), 0) // an older report than the estimate's
 	}
 	// The requests at the engine now (loadmon.Estimate.Requests), beyond what the report counts.
-	c.ahead = st.est.RequestsAt(r.running+r.waiting, r.inflightAtPoll, r.replicas, c.w.Inflight()) - float64(r.running+r.waiting)
+	c.ahead = st.est.RequestsAt(r.running+r.waiting, r.inflightAtPoll, r.replicas, c.w.Inflight()) + c.peerReq - float64(r.running+r.waiting)
 	if gen > 0 {
 		// A decode step lasts about (requests in the batch) ÷ (tokens per second per request
 		// the fleet generates): the batch joined, with what was sent since the report, over the
@@ -359,8 +374,12 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 		ids = append(ids, av[i].w.ID)
 		out = append(out, 0)
 	}
+	partial := false
 	if !p.matchEvents(req, toks, ids, out) {
-		return nil, false
+		// Salted prompts match only whole-fleet answers: the per-worker path meets unsalted blocks.
+		if partial = !req.Salted && p.matchEach(req.Model, toks, ids, out); !partial { // partialkv.go
+			return nil, false
+		}
 	}
 	// A chat request's whole messages were tokenized; other prompts only their routing text,
 	// whose tail past it is counted in bytes.
@@ -377,6 +396,9 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 			t.Follow = p.sc.cfg.FollowShare * rest
 			t.Cached += t.Follow
 		}
+	}
+	if partial {
+		p.treeFill(av, req, out) // the engines without events, from the tree
 	}
 	p.decideNS.Add(int64(time.Since(start)))
 	p.decided.Add(1)
@@ -398,13 +420,28 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 			av[i].t.Cached = float64(req.promptChars(chars))
 		}
 	}, func(m *radix.Match) string {
+		if p.sc.peers != nil && p.sc.peers.Active() {
+			peerPlaced(p.sc.peers, av, req, m.Total)
+		}
 		known := 0.0 // the longest prefix the tree places on any candidate, in tokens
+		class := followOwn
+		if m.Shared >= m.Total {
+			class = followShared
+		}
+		f := p.followShare(class) // F, learned from the answers (learn.go)
 		for i := range av {
 			c := &av[i].t
 			full := int(c.Cached) >= req.promptChars(m.Total)
+			b := &av[i].basis
+			*b = Basis{RoutedChars: int(c.Cached), Rest: rest}
 			c.Cached = p.sc.est.Tokens(int64(c.Cached))
+			b.Routed = c.Cached
 			if full && c.Cached > 0 {
-				c.Follow = p.sc.cfg.FollowShare * rest
+				b.Follow, b.RouteFollow, b.Class = p.expectedFollow(class, f)*rest, f*rest, class
+				if !p.sc.cfg.FollowRouteLearned {
+					b.RouteFollow = p.sc.cfg.FollowShare * rest
+				}
+				c.Follow = b.RouteFollow
 				c.Cached += c.Follow
 			}
 			known = max(known, c.Cached)
@@ -478,8 +515,12 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 	}
 	if p.src != fromNothing && c.t.Prompt > 0 {
 		// The prediction audited against what the engine reports is the tree's or the events'
-		// own: the owner's credit is an expectation learned from that audit, kept out of it.
-		d.Predicted, d.HasPrediction, d.WholePrompt = min(c.t.Cached-c.t.Credit, c.t.Prompt)/c.t.Prompt, true, true
+		// own, with the share of the owner's credit and of the tail past the routing text that
+		// the answers showed held (learn.go).
+		expected := c.t.Cached - c.t.Credit + p.ownerHeld(c.t.Credit) - c.basis.RouteFollow + c.basis.Follow
+		d.Predicted, d.HasPrediction, d.WholePrompt = min(max(expected, 0), c.t.Prompt)/c.t.Prompt, true, true
+		d.Basis, d.At = c.basis, p.sc.now()
+		d.Basis.Credit = c.t.Credit
 	}
 	if counted != coNoEvents && counted != coTokenizer {
 		counted = branch
@@ -488,6 +529,9 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 		p.dec.add(counted)
 		p.countFiltered(&req.Decision)
 		p.sc.commit(c, c.t.Prompt-c.t.Cached)
+		if p.sc.peers != nil {
+			p.sc.peers.Decided(req.Model, c.w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+		}
 		p.sc.sentAdapter(c, req.Adapter)
 		if precise {
 			p.tree.Insert(req.Text, c.w.ID) // keep the fallback's tree as warm as the default's

@@ -43,6 +43,9 @@ type Request struct {
 	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
 	// policy how much prefill the request carries past it.
 	PromptBytes int
+	// ID is the request's id as the gateway logs it, "" when unknown: the replica sync plane
+	// names the decision by it.
+	ID string
 	// Adapter is the LoRA adapter the request names as its model ("" the base model, or no
 	// worker lists the model with a parent): the cost's adapter term L prices it (costlora.go).
 	Adapter string
@@ -82,6 +85,10 @@ type Decision struct {
 	HasCost bool
 	// Chosen and RunnerUp are the cost terms of the chosen worker and of the runner-up.
 	Chosen, RunnerUp Terms
+	// Basis is what the chosen worker's Ĉ was made of, and At when the decision was made, for
+	// learning from the answer (learn.go); zero for a policy that keeps no tree.
+	Basis Basis
+	At    time.Time
 	// Filtered counts the candidates each filter reason (Filter*, by index) left out of the
 	// decision.
 	Filtered [NumFilters]int32

@@ -125,6 +125,8 @@ type SessionStats struct {
 type Sticky struct {
 	inner Policy
 	rec   Recorder // inner as a Recorder, or nil
+	// share is Config.Peers as a SessionShare (replica sync), or nil.
+	share SessionShare
 	cfg   StickyConfig
 	bal   CacheAwareConfig
 	loads Loads
@@ -189,6 +191,7 @@ func NewSticky(inner Policy, cfg Config) *Sticky {
 		table: map[string]*session{},
 	}
 	p.rec, _ = inner.(Recorder)
+	p.share, _ = c.Peers.(SessionShare)
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	return p
 }
@@ -214,6 +217,13 @@ func (p *Sticky) Pick(ctx context.Context, candidates []*worker.Worker, req *Req
 		bound = s.worker
 	}
 	p.mu.Unlock()
+	if bound == "" && p.share != nil {
+		// Another replica may have bound it: the session's earlier turns reached it.
+		if id, ok := p.share.SessionWorker(key); ok {
+			bound = id
+			p.bindLocal(key, id, now)
+		}
+	}
 	if bound == "" {
 		if p.cfg.Placement == PlacePolicy {
 			w := p.pickInner(ctx, candidates, req)
@@ -336,6 +346,14 @@ func (p *Sticky) lookup(key string, now time.Time) *session {
 // bind binds key to worker id as of now, making it the most recent session and dropping the
 // least recent ones (or expired ones) past MaxSessions.
 func (p *Sticky) bind(key, id string, now time.Time) {
+	p.bindLocal(key, id, now)
+	if p.share != nil {
+		p.share.BindSession(key, id)
+	}
+}
+
+// bindLocal is bind without telling the peers.
+func (p *Sticky) bindLocal(key, id string, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.table[key]
@@ -474,6 +492,22 @@ func (p *Sticky) Observed(predicted, reported float64) {
 	if o, ok := p.inner.(CacheObserver); ok {
 		o.Observed(predicted, reported)
 	}
+}
+
+// Learn tells the wrapped policy, if it learns from the answers (AnswerLearner).
+func (p *Sticky) Learn(req *Request, a Answer) {
+	if l, ok := p.inner.(AnswerLearner); ok {
+		l.Learn(req, a)
+	}
+}
+
+// Calibration asks the wrapped policy, if it keeps each worker's prediction error (Calibrator);
+// nil otherwise.
+func (p *Sticky) Calibration() map[string]float64 {
+	if c, ok := p.inner.(Calibrator); ok {
+		return c.Calibration()
+	}
+	return nil
 }
 
 // BestCost asks the wrapped policy, if it prices its decisions (Coster); ok false otherwise.

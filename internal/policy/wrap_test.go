@@ -43,6 +43,8 @@ func (e *everything) BestCost(context.Context, []*worker.Worker, *Request) (floa
 }
 func (e *everything) DecisionTime() (int64, time.Duration) { e.hit("DecisionTime"); return 1, 1 }
 func (e *everything) Close() error                         { e.hit("Close"); return nil }
+func (e *everything) Learn(*Request, Answer)               { e.hit("Learn") }
+func (e *everything) Calibration() map[string]float64      { e.hit("Calibration"); return nil }
 
 // TestWrappersForwardEveryInterface reads the package's source for every interface it declares
 // and checks that the sticky wrapper implements each optional one and that calling it reaches
@@ -50,7 +52,7 @@ func (e *everything) Close() error                         { e.hit("Close"); ret
 // as not a policy's (an input such as Loads).
 func TestWrappersForwardEveryInterface(t *testing.T) {
 	notOptional := map[string]bool{
-		"Policy": true, "Loads": true, "LazyLoads": true, "KVView": true, "SaltedMatcher": true, // the interface itself and inputs
+		"Policy": true, "Loads": true, "LazyLoads": true, "KVView": true, "SaltedMatcher": true, "Peers": true, "SessionShare": true, "PartialKVView": true, // the interface itself and inputs
 		"SessionReporter": true, // the wrapper's own
 		"Unwrapper":       true, // the wrapper's own
 	}
@@ -67,6 +69,8 @@ func TestWrappersForwardEveryInterface(t *testing.T) {
 		},
 		"Coster":        func(p Policy) { p.(Coster).BestCost(context.Background(), nil, &Request{}) },
 		"DecisionTimer": func(p Policy) { p.(DecisionTimer).DecisionTime() },
+		"AnswerLearner": func(p Policy) { p.(AnswerLearner).Learn(&Request{}, Answer{}) },
+		"Calibrator":    func(p Policy) { p.(Calibrator).Calibration() },
 	}
 	fset := token.NewFileSet()
 	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {

@@ -154,12 +154,19 @@ func (o Options) gridCase(wl string, win time.Duration, shape string, tm engine.
 }
 
 // replicaCase is long-context with 48 tenants of 2,000 words at 16 req/s on 4 engines of 8
-// slots under the per-slot timing model: the shape of the live llm-d-inference-sim runs.
+// slots under the per-slot timing model: the shape of the live llm-d-inference-sim runs, with
+// their caches (32,768 tokens each) and timing (1,000 prefill tokens/s, 10 ms prefill overhead,
+// 5 ms decode steps). The 48 contexts fill 96k of the fleet's 128k cached tokens: they fit once,
+// not twice, so two replicas that each place a context on a different engine overflow the
+// caches (the live gap). The row runs 1 and 2 replicas, and 2 sharing their decisions over
+// the replica sync plane (1 ms bus).
 func (o Options) replicaCase(seed uint64) caseSpec {
 	c := caseSpec{kind: replicaCase, name: "long-context 48x2000 4x8", workload: "long-context", shape: "4x8",
 		timing: engine.TimingPerSlot, seed: seed, base: o.Base}
 	c.base.EngineMix, c.base.GatewayWeights = nil, nil
 	c.base.Engines, c.base.Engine.MaxRunning, c.base.Engine.Timing, c.base.LoadMode = 4, 8, engine.TimingPerSlot, o.LoadMode
+	c.base.Engine.KVTokens, c.base.Engine.PrefillTPS, c.base.Engine.PrefillOverhead = 32768, 1000, 10*time.Millisecond
+	c.base.Engine.DecodeBase, c.base.Engine.DecodePerReq = 5*time.Millisecond, 0
 	c.spec = bench.Spec{Name: "long-context", Prefixes: 48, PrefixWords: 2000, Seed: seed}
 	c.arr = bench.Arrivals{Rate: 16}
 	c.lim = bench.Limits{Duration: o.Duration, Warmup: o.Warmup}
@@ -207,8 +214,17 @@ func (o Options) runCase(ctx context.Context, pol string, c caseSpec, res *Resul
 			Ratio: ratio(split.HitRate, even.HitRate)})
 	case replicaCase:
 		one, two := t.get(pol, 1, ""), t.get(pol, 2, "")
+		xs := *x
+		xs.Base.Sync = fleet.SyncModel{Enabled: true, Delay: time.Millisecond}
+		xs.Gateways = []int{2}
+		synced, err := xs.Run(ctx)
+		if err != nil {
+			return err
+		}
+		sy := table(synced).get(pol, 2, "")
 		res.Replicas = append(res.Replicas, PairRow{Name: c.name, Timing: c.timing.String(), Seed: c.seed,
-			P99One: one.TTFTP99, P99Two: two.TTFTP99, Ratio: ratio(two.TTFTP99, one.TTFTP99)})
+			P99One: one.TTFTP99, P99Two: two.TTFTP99, Ratio: ratio(two.TTFTP99, one.TTFTP99),
+			P99Sync: sy.TTFTP99, RatioSync: ratio(sy.TTFTP99, one.TTFTP99)})
 	}
 	return nil
 }

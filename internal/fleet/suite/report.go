@@ -62,6 +62,10 @@ type PairRow struct {
 	P99One float64 `json:"ttft_p99_g1_ms"`
 	P99Two float64 `json:"ttft_p99_g2_ms"`
 	Ratio  float64 `json:"ratio"`
+	// P99Sync is the p99 of 2 gateways sharing their decisions (replica sync, 1 ms bus);
+	// RatioSync it over P99One.
+	P99Sync   float64 `json:"ttft_p99_g2_sync_ms"`
+	RatioSync float64 `json:"ratio_sync"`
 }
 
 // SLO is the TTFT objective of the within-SLO shares, in milliseconds.
@@ -179,9 +183,10 @@ func (r *Result) WriteTable(w io.Writer) error {
 	if len(r.Replicas) > 0 {
 		fmt.Fprintln(w, "\nTTFT p99 behind 2 gateways against 1 (policy under test)")
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "row\ttiming\tseed\tp99 g1\tp99 g2\tg2÷g1\t")
+		fmt.Fprintln(tw, "row\ttiming\tseed\tp99 g1\tp99 g2\tg2÷g1\tp99 g2 sync\tsync÷g1\t")
 		for _, x := range r.Replicas {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t\n", x.Name, x.Timing, x.Seed, msCell(x.P99One), msCell(x.P99Two), mark(x.Ratio, x.Ratio <= 1.2))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", x.Name, x.Timing, x.Seed, msCell(x.P99One), msCell(x.P99Two),
+				mark(x.Ratio, x.Ratio <= 1.2), msCell(x.P99Sync), mark(x.RatioSync, x.RatioSync <= 1.2))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -1,0 +1,14 @@
+package main
+
+import (
+	"flag"
+
+	"github.com/kvgate/kvgate/internal/policy"
+)
+
+// learnFlags registers what the cost learns from the answers (policy/learn.go) on fs.
+// Operators only: a flag, never a request field, so no client can change it.
+func learnFlags(fs *flag.FlagSet, c *policy.CostConfig, prefix string) {
+	fs.BoolVar(&c.FollowRouteLearned, "cost-follow-route-learned", c.FollowRouteLearned, prefix+"cost: price the share past the routing text with the share learned from the answers, not --cost-follow-share (which the prediction always learns from)")
+	fs.BoolVar(&c.FollowFixed, "cost-follow-fixed", c.FollowFixed, prefix+"cost: keep the share past the routing text at --cost-follow-share instead of learning it from what the answers report cached")
+}

@@ -1,0 +1,128 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// polledGateway is a gateway running the default policy on a load monitor that polls only when
+// the test says (PollOnce), over one worker at url of runtime rt; the audit headers are on for
+// its bearer.
+func polledGateway(t *testing.T, url, rt string) (srv *httptest.Server, mon *loadmon.Monitor, w *worker.Worker, bearer string) {
+	t.Helper()
+	reg := worker.NewRegistry()
+	mon = loadmon.New(reg, loadmon.Config{Interval: time.Hour, Mode: loadmon.ModeScaled})
+	pc := policy.DefaultConfig()
+	pc.NoBackground, pc.Loads = true, mon
+	router, err := policy.NewRouter("cache_aware_hash", pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	cfg := Config{AuditHeaders: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	bearer = auditClient(&cfg)
+	s := New(cfg, reg, router, mon)
+	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: url, Runtime: rt}); err != nil {
+		t.Fatal(err)
+	}
+	srv = httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	mon.PollOnce(context.Background())
+	return srv, mon, reg.View().All[0], bearer
+}
+
+// TestPrefillRateFromLLMDSimCounters: llm-d-inference-sim (skipped where absent) prefills at
+// 1 ms a token and reports only vLLM's Prometheus metrics; after one round of load the gateway
+// reads its prefill rate from them within 20 % of 1,000 tokens/s, and the next decision's
+// x-kvgate-cost prices it (mu=…), not the 8,000 tokens/s default.
+func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
+	eng := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--mode", "random", "--seed", "7",
+		"--max-num-seqs", "8", "--max-model-len", "16384", "--latency-calculator", "per-token",
+		"--prefill-overhead", "5ms", "--prefill-time-per-token", "1ms", "--inter-token-latency", "1ms")
+	srv, mon, w, bearer := polledGateway(t, eng.URL, "")
+
+	post := func(i int) http.Header {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":%q}]}`,
+			fmt.Sprintf("prompt %d ", i)+strings.Repeat("some words to prefill ", 60))
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+bearer)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.Header
+	}
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() { post(i) })
+	}
+	wg.Wait()
+	mon.PollOnce(context.Background())
+	r, ok := mon.Report(w)
+	if !ok || r.PrefillRate < 800 || r.PrefillRate > 1200 {
+		t.Fatalf("prefill rate %.0f (report %v), want 1,000 ± 20 %%:\n%+v", r.PrefillRate, ok, r)
+	}
+	cost := post(99).Get(headerCost)
+	i := strings.Index(cost, "mu=")
+	if i < 0 {
+		t.Fatalf("x-kvgate-cost %q has no mu", cost)
+	}
+	t.Logf("x-kvgate-cost: %s; report prefill_rate %.0f", cost, r.PrefillRate)
+	f := strings.Fields(cost[i+3:])
+	mu, _ := strconv.ParseFloat(f[0], 64)
+	if mu < 800 || mu > 1200 {
+		t.Fatalf("the decision priced mu=%v (%q), want the engine's 1,000 ± 20 %%", mu, cost)
+	}
+}
+
+// TestPrefillRateFromSimVLLMCounters: `kvgate sim --flavor vllm` exports the same counters, so
+// the gateway reads its prefill rate from /metrics (which has no queued uncached tokens) within
+// 20 % of the engine's configured rate.
+func TestPrefillRateFromSimVLLMCounters(t *testing.T) {
+	const rate = 20000 // tokens/s
+	eng := sim.NewServer(sim.Config{Model: "m", Flavor: sim.FlavorVLLM, Engine: engine.Config{PrefillTPS: rate}})
+	t.Cleanup(eng.Close)
+	es := httptest.NewServer(eng)
+	t.Cleanup(es.Close)
+	srv, mon, w, bearer := polledGateway(t, es.URL, "vllm")
+	for i := range 3 {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":%q}`, fmt.Sprintf("prompt %d ", i)+strings.Repeat("x", 16000))
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+bearer)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	mon.PollOnce(context.Background())
+	r, ok := mon.Report(w)
+	if !ok || r.PrefillRate < 0.8*rate || r.PrefillRate > 1.2*rate {
+		t.Fatalf("prefill rate %.0f (report %v), want %d ± 20 %%:\n%+v", r.PrefillRate, ok, rate, r)
+	}
+}

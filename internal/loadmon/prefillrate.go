@@ -1,0 +1,51 @@
+package loadmon
+
+import "time"
+
+// An engine's prefill rate from its own counters. vLLM (and llm-d-inference-sim) count the
+// prompt tokens they were sent (prompt_tokens_total), those served from the prefix cache
+// (prefix_cache_hits_total) and the seconds requests spent in prefill
+// (request_prefill_time_seconds, a histogram whose _sum grows by each request's prefill time).
+// Between two polls,
+//
+//	μ = Δ(prompt tokens − prefix-cache hits) ÷ Δ(prefill seconds)
+//
+// in uncached tokens per second of a request's prefill: the rate at which a prompt of P − Ĉ
+// uncached tokens gets its first token once the engine starts it, which is what the cost
+// divides by. Every replica reads the same counters, so all of them see one μ. Engines that
+// prefill several prompts at once in one batch count each prompt's whole wall time, so this
+// is each prompt's rate, not the batch's.
+
+// maxPrefillSeconds bounds a reported prefill-time total (about 300 years): a hostile counter
+// cannot overflow the difference.
+const maxPrefillSeconds = 1e10
+
+// minPrefillSeconds is the least growth of the prefill-time total, in seconds, over which μ is
+// measured: less is one short prompt's prefill, whose overhead dominates its rate.
+const minPrefillSeconds = 0.05
+
+// prefillCounters is what the previous poll's counters were.
+type prefillCounters struct {
+	uncached int64 // prompt tokens less prefix-cache hits
+	seconds  float64
+	at       time.Time
+}
+
+// derive sets r.PrefillRate from the counters' growth since the previous poll, and keeps r's
+// counters for the next. The first poll, a counter that went back (a restarted engine), polls
+// more than maxGap apart and less than minPrefillSeconds of prefill give no rate.
+func (c *prefillCounters) derive(r *Report, maxGap time.Duration) {
+	// Every poll is kept, with the counters at 0 where the page lacked them: a labelled
+	// counter appears only once it counted something, so an idle engine's page has none.
+	prev := *c
+	c.uncached = max(r.PromptTokensTotal-r.PrefixHitTokensTotal, 0)
+	c.seconds, c.at = r.PrefillSecondsTotal, r.PolledAt
+	if !r.prefillCounted || prev.at.IsZero() || r.PolledAt.Sub(prev.at) > maxGap || r.PolledAt.Sub(prev.at) <= 0 {
+		return
+	}
+	dTok, dSec := c.uncached-prev.uncached, c.seconds-prev.seconds
+	if dTok <= 0 || dSec < minPrefillSeconds {
+		return
+	}
+	r.PrefillRate = clampRate(float64(dTok) / dSec)
+}

@@ -1,0 +1,49 @@
+package loadmon
+
+import (
+	"strconv"
+	"testing"
+	"time"
+)
+
+// The prefill rate comes from the growth of vLLM's counters between two polls, with the prefix
+// cache's hits taken out; a restarted engine, a first poll and a gap give none.
+func TestPrefillRateFromVLLMCounters(t *testing.T) {
+	page := func(prompt, hits int, secs float64) string {
+		return "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n" +
+			"vllm:prompt_tokens_total{model_name=\"m\"} " + itoa(prompt) + "\n" +
+			"vllm:prefix_cache_hits_total{model_name=\"m\"} " + itoa(hits) + "\n" +
+			"vllm:request_prefill_time_seconds_bucket{le=\"+Inf\"} 3\n" +
+			"vllm:request_prefill_time_seconds_sum{model_name=\"m\"} " + ftoa(secs) + "\n"
+	}
+	var c prefillCounters
+	at := time.Unix(1000, 0)
+	poll := func(body string, dt time.Duration) Report {
+		t.Helper()
+		r, err := ParsePrometheus([]byte(body), RuntimeVLLM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at = at.Add(dt)
+		r.PolledAt = at
+		c.derive(&r, 10*time.Second)
+		return r
+	}
+	if r := poll(page(1000, 0, 1), time.Second); r.PrefillRate != 0 || r.PromptTokensTotal != 1000 || r.PrefillSecondsTotal != 1 {
+		t.Fatalf("first poll: %+v", r)
+	}
+	// 3,000 more prompt tokens, 1,000 of them hits, in 2 s of prefill: 1,000 tokens/s.
+	if r := poll(page(4000, 1000, 3), time.Second); r.PrefillRate != 1000 {
+		t.Fatalf("rate %v, want 1000", r.PrefillRate)
+	}
+	if r := poll(page(10, 0, 0.1), time.Second); r.PrefillRate != 0 {
+		t.Fatalf("after a restart: rate %v, want none", r.PrefillRate)
+	}
+	if r := poll(page(5000, 0, 5), time.Minute); r.PrefillRate != 0 {
+		t.Fatalf("across a gap: rate %v, want none", r.PrefillRate)
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func ftoa(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
