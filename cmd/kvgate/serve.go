@@ -48,6 +48,7 @@ type serveOptions struct {
 	disc            discoveryOptions
 	kv              kvEventOptions
 	sync            replicaSyncOptions
+	memHeadroom     int64 // --memory-limit-headroom (memlimit.go)
 }
 
 // listFlag collects URLs given space- or comma-separated, over one or more uses of the flag.
@@ -104,6 +105,7 @@ func newServeFlags(o *serveOptions, stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&o.configFile, "config", "", "YAML file with the same keys as these flags (flags override it)")
 	fs.Int64Var(&g.MaxPayloadSize, "max-payload-size", g.MaxPayloadSize, "largest request body in bytes")
 	hostileFlags(fs, g)
+	memoryFlags(fs, &o.memHeadroom)
 	fs.DurationVar(&g.Proxy.RequestTimeout, "request-timeout", g.Proxy.RequestTimeout, "bound on one request, retries included")
 	fs.DurationVar(&g.Proxy.AttemptTimeout, "attempt-timeout", 0, "bound on one attempt up to the response headers (0 = request-timeout only)")
 	fs.DurationVar(&g.Proxy.StreamIdleTimeout, "stream-idle-timeout", g.Proxy.StreamIdleTimeout, "end a streamed answer on which the worker sent nothing for this long, with an SSE error event (0 = off)")
@@ -256,6 +258,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// connection: through proxy.StdLog that reaches the gateway's log without the bytes.
 	stdlog.SetFlags(0)
 	stdlog.SetOutput(proxy.StdLog(log))
+	setMemoryLimit(o.gw.BodyBudget.Bytes, o.memHeadroom, log)
 	return serve(ctx, o, log, nil)
 }
 

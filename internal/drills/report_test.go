@@ -53,6 +53,7 @@ func table() string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	removeBuilt()
 	if len(rows) > 0 {
 		t := table()
 		fmt.Print("\nDrill table\n\n" + t)

@@ -1,12 +1,9 @@
 package drills
 
 import (
-	"bufio"
 	"context"
-	"io"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -30,36 +27,29 @@ type kvgate struct {
 // once it listens. A cleanup kills it if the test has not ended it.
 func startKvgate(t *testing.T, args ...string) *kvgate {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "kvgate")
-	bctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if out, err := exec.CommandContext(bctx, "go", "build", "-o", bin, "github.com/kvgate/kvgate/cmd/kvgate").CombinedOutput(); err != nil {
-		t.Fatalf("building kvgate: %v\n%s", err, out)
-	}
+	return runKvgate(t, buildKvgate(t), args...)
+}
+
+// runKvgate runs `bin serve args…` on a free port, returning once it listens. A cleanup kills it
+// if the test has not ended it.
+func runKvgate(t *testing.T, bin string, args ...string) *kvgate {
+	t.Helper()
 	k := &kvgate{cmd: exec.Command(bin, append([]string{"serve", "--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "-1"}, args...)...),
 		exited: make(chan error, 1)}
 	stderr, err := k.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := k.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	addr := make(chan string, 1)
-	go func() { // owns stderr until the process closes it
-		sc := bufio.NewScanner(stderr)
-		re := regexp.MustCompile(`api=http://(\S+)`)
-		for sc.Scan() {
-			k.logMu.Lock()
-			k.logs.WriteString(sc.Text() + "\n")
-			k.logMu.Unlock()
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
+	re := regexp.MustCompile(`api=http://(\S+)`)
+	scanLines(t, k.cmd, stderr, func(line string) {
+		k.logMu.Lock()
+		k.logs.WriteString(line + "\n")
+		k.logMu.Unlock()
+		if m := re.FindStringSubmatch(line); m != nil {
+			addr <- m[1]
 		}
-		_, _ = io.Copy(io.Discard, stderr)
-		k.exited <- k.cmd.Wait()
-	}()
+	}, k.exited)
 	t.Cleanup(func() {
 		_ = k.cmd.Process.Kill()
 		testutil.Recv(t, k.exited, "the killed gateway's exit")

@@ -51,6 +51,8 @@ type bodyPool struct {
 	// memory bounds the buffers of every body read, held until the body's last Release
 	// (bodybudget.go); nil means no bound.
 	memory *bodyBudget
+	// big holds the free buffers above maxClass (bigbody.go).
+	big bigPools
 }
 
 // reserve takes n bytes of the budget for a buffer given ahead of its bytes, and reports
@@ -85,8 +87,7 @@ func classOf(n int) int {
 func (p *bodyPool) get(n int) *[]byte {
 	c := classOf(n)
 	if c < 0 {
-		b := make([]byte, n)
-		return &b
+		return p.big.getBig(n)
 	}
 	if v := p.classes[c].Get(); v != nil {
 		return v.(*[]byte)
@@ -95,17 +96,23 @@ func (p *bodyPool) get(n int) *[]byte {
 	return &b
 }
 
-// put returns buf to its class; a buffer of no class is left to the garbage collector.
+// put returns buf to its class (or its step above maxClass); any other buffer is left to the
+// garbage collector.
 func (p *bodyPool) put(buf *[]byte) {
 	n := len(*buf)
 	c := classOf(n)
-	if c < 0 || n != 1<<(c+minClassShift) {
+	big := c < 0 && n>>bigStepShift > 1 && n&(1<<bigStepShift-1) == 0
+	if !big && (c < 0 || n != 1<<(c+minClassShift)) {
 		return
 	}
 	if p.scribble {
 		for i := range *buf {
 			(*buf)[i] = 0xAA
 		}
+	}
+	if big {
+		p.big.putBig(buf)
+		return
 	}
 	p.classes[c].Put(buf)
 }
@@ -218,7 +225,7 @@ func bufferSize(n int) int64 {
 	if c := classOf(n); c >= 0 {
 		return 1 << (c + minClassShift)
 	}
-	return int64(n)
+	return bigSize(n)
 }
 
 // errBodyBudget is readBody's error for a body refused because the gateway-wide memory budget
