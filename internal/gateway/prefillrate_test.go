@@ -49,8 +49,10 @@ func polledGateway(t *testing.T, url, rt string) (srv *httptest.Server, mon *loa
 
 // TestPrefillRateFromLLMDSimCounters: llm-d-inference-sim (skipped where absent) prefills at
 // 1 ms a token and reports only vLLM's Prometheus metrics; after one round of load the gateway
-// reads its prefill rate from them within 20 % of 1,000 tokens/s, and the next decision's
-// x-kvgate-cost prices it (mu=…), not the 8,000 tokens/s default.
+// reads its prefill rate from them, and the next decision's x-kvgate-cost prices it (mu=…), not
+// the 8,000 tokens/s default. The engine times its prefill on the wall clock, so a loaded
+// machine can only make it slower: the rate must be within 20 % above 1,000 tokens/s, and at
+// least 400 (read 598 once beside a full -race suite; 952–978 on a quiet box).
 func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 	eng := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--mode", "random", "--seed", "7",
 		"--max-num-seqs", "8", "--max-model-len", "16384", "--latency-calculator", "per-token",
@@ -79,8 +81,8 @@ func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 	wg.Wait()
 	mon.PollOnce(context.Background())
 	r, ok := mon.Report(w)
-	if !ok || r.PrefillRate < 800 || r.PrefillRate > 1200 {
-		t.Fatalf("prefill rate %.0f (report %v), want 1,000 ± 20 %%:\n%+v", r.PrefillRate, ok, r)
+	if !ok || r.PrefillRate < minLLMDRate || r.PrefillRate > 1200 {
+		t.Fatalf("prefill rate %.0f (report %v), want the engine's 1,000 (at most 1,200, at least %d):\n%+v", r.PrefillRate, ok, minLLMDRate, r)
 	}
 	cost := post(99).Get(headerCost)
 	i := strings.Index(cost, "mu=")
@@ -90,10 +92,14 @@ func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 	t.Logf("x-kvgate-cost: %s; report prefill_rate %.0f", cost, r.PrefillRate)
 	f := strings.Fields(cost[i+3:])
 	mu, _ := strconv.ParseFloat(f[0], 64)
-	if mu < 800 || mu > 1200 {
-		t.Fatalf("the decision priced mu=%v (%q), want the engine's 1,000 ± 20 %%", mu, cost)
+	if mu < minLLMDRate || mu > 1200 {
+		t.Fatalf("the decision priced mu=%v (%q), want the engine's 1,000 (at most 1,200, at least %d)", mu, cost, minLLMDRate)
 	}
 }
+
+// minLLMDRate is the least prefill rate TestPrefillRateFromLLMDSimCounters accepts, in tokens/s:
+// far below the engine's 1,000 but far above nothing, and far from the 8,000 default.
+const minLLMDRate = 400
 
 // TestPrefillRateFromSimVLLMCounters: `kvgate sim --flavor vllm` exports the same counters, so
 // the gateway reads its prefill rate from /metrics (which has no queued uncached tokens) within
