@@ -28,9 +28,18 @@ type eventRig struct {
 
 func startEventRig(t *testing.T, engines, replicas int) *eventRig {
 	t.Helper()
+	return startEventRigWith(t, engines, replicas, nil)
+}
+
+// startEventRigWith is startEventRig with the engines' configuration changed by edit (nil: none).
+func startEventRigWith(t *testing.T, engines, replicas int, edit func(*sim.Config)) *eventRig {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := sim.Config{MaxTokens: 2, Events: sim.Events{Port: -1}}
 	cfg.Engine = engine.Config{KVTokens: 96 * 16, PrefillTPS: 1e7, DecodeBase: time.Millisecond}
+	if edit != nil {
+		edit(&cfg)
+	}
 	fleet, err := sim.StartFleet(ctx, engines, "127.0.0.1", 0, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -105,11 +114,17 @@ func (r *eventRig) sync(t *testing.T) {
 // ask sends a prompt to base (a gateway or an engine) and returns the cached prompt tokens.
 func ask(t *testing.T, base, prompt string) int64 {
 	t.Helper()
+	return askModel(t, base, sim.DefaultModel, prompt)
+}
+
+// askModel is ask for model (an adapter's name, or the base model's).
+func askModel(t *testing.T, base, model, prompt string) int64 {
+	t.Helper()
 	c := openai.NewClient(option.WithBaseURL(base+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	res, err := c.Completions.New(ctx, openai.CompletionNewParams{
-		Model:     openai.CompletionNewParamsModel(sim.DefaultModel),
+		Model:     openai.CompletionNewParamsModel(model),
 		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
 		MaxTokens: openai.Int(2),
 	})

@@ -24,81 +24,129 @@ import (
 func TestLLMDKVEventsBothEncodings(t *testing.T) {
 	for _, enc := range []string{"array", "map"} {
 		t.Run(enc, func(t *testing.T) {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			bind := "tcp://" + l.Addr().String()
-			l.Close()
-			o, err := parseServe([]string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "0",
-				"--admin-key", "adminsecret", "--kv-events-bind", bind, "--api-key", "audit=auditsecret", "--audit-headers",
-				"--audit-headers-clients", "audit", "--worker-urls", "http://127.0.0.1:1"}, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			msgs := make(chan struct{}, 1<<12)
-			o.kv.events.AfterMessage = func() { msgs <- struct{}{} }
-			var logs testutil.SyncBuffer
-			log := slog.New(slog.NewTextHandler(&logs, nil))
-			o.gw.Logger = log
-			ctx, cancel := context.WithCancel(context.Background())
-			done, ready := make(chan error, 1), make(chan listenAddrs, 1)
-			go func() { done <- serve(ctx, o, log, ready) }()
-			t.Cleanup(func() { cancel(); testutil.Recv(t, done, "the gateway's exit") })
-			addrs := testutil.Recv(t, ready, "the gateway's listeners")
-
-			args := []string{"--enable-kvcache", "--kv-cache-size", "512", "--block-size", "16", "--zmq-endpoint", bind}
-			if enc == "map" {
-				args = append(args, "--use-vllm-map-event-format")
-			}
-			e := testutil.StartLLMDSim(t, "m", args...)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("gateway log:\n%s", logs.String())
-				}
-			})
-			reg, _ := http.NewRequest(http.MethodPost, "http://"+addrs.admin+"/workers", strings.NewReader(fmt.Sprintf(`{"url":%q}`, e.URL)))
-			reg.Header.Set("Authorization", "Bearer adminsecret")
-			reg.Header.Set("Content-Type", "application/json")
-			resp, err := http.DefaultClient.Do(reg)
-			if err != nil || resp.StatusCode/100 != 2 {
-				t.Fatalf("registering the engine: %v %v", err, resp)
-			}
-			resp.Body.Close()
-
+			g := startLLMDEventGateway(t, "m", llmdEventArgs(enc)...)
 			prompt := strings.Repeat("events from an engine we did not write ", 12)
-			body := fmt.Sprintf(`{"model":"m","max_tokens":2,"prompt":%q}`, prompt)
-			// The engine serves the prompt directly: only its events tell the gateway.
-			resp, err = http.Post(e.URL+"/v1/completions", "application/json", strings.NewReader(body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			testutil.Recv(t, msgs, "an event message from the engine")
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				req, _ := http.NewRequest(http.MethodPost, "http://"+addrs.api+"/v1/completions", strings.NewReader(body))
-				req.Header.Set("Authorization", "Bearer auditsecret")
-				req.Header.Set("Content-Type", "application/json")
-				resp, err = http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				route, hit := resp.Header.Get("X-Kvgate-Route"), resp.Header.Get("X-Kvgate-Predicted-Hit")
-				if h, _ := strconv.ParseFloat(hit, 64); resp.StatusCode == 200 && strings.HasSuffix(route, "precise_hit") && h >= 0.5 {
-					return
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the gateway never predicted the engine's events: status %d, route %q, predicted %q", resp.StatusCode, route, hit)
-				}
-				select {
-				case <-msgs:
-				case <-time.After(100 * time.Millisecond):
-				}
-			}
+			g.serveDirect(t, "m", prompt)
+			g.waitPredicted(t, "m", prompt)
 		})
+	}
+}
+
+// llmdEventArgs are the engine flags of a 512-block KV cache publishing events in encoding enc
+// ("array" or "map"), then extra.
+func llmdEventArgs(enc string, extra ...string) []string {
+	args := []string{"--enable-kvcache", "--kv-cache-size", "512", "--block-size", "16"}
+	if enc == "map" {
+		args = append(args, "--use-vllm-map-event-format")
+	}
+	return append(args, extra...)
+}
+
+// llmdEventGateway is a gateway binding --kv-events-bind and one llm-d-inference-sim engine
+// dialing it, registered through the admin API.
+type llmdEventGateway struct {
+	addrs listenAddrs
+	e     *testutil.LLMDSim
+	msgs  chan struct{} // one send per event message handled
+}
+
+// startLLMDEventGateway starts the gateway, then the engine for model with args (and the
+// gateway's bind as its --zmq-endpoint), and registers it.
+func startLLMDEventGateway(t *testing.T, model string, args ...string) *llmdEventGateway {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bind := "tcp://" + l.Addr().String()
+	l.Close()
+	o, err := parseServe([]string{"--host", "127.0.0.1", "--port", "0", "--prometheus-port", "0", "--admin-port", "0",
+		"--admin-key", "adminsecret", "--kv-events-bind", bind, "--api-key", "audit=auditsecret", "--audit-headers",
+		"--audit-headers-clients", "audit", "--worker-urls", "http://127.0.0.1:1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &llmdEventGateway{msgs: make(chan struct{}, 1<<12)}
+	o.kv.events.AfterMessage = func() { g.msgs <- struct{}{} }
+	var logs testutil.SyncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	o.gw.Logger = log
+	ctx, cancel := context.WithCancel(context.Background())
+	done, ready := make(chan error, 1), make(chan listenAddrs, 1)
+	go func() { done <- serve(ctx, o, log, ready) }()
+	t.Cleanup(func() { cancel(); testutil.Recv(t, done, "the gateway's exit") })
+	g.addrs = testutil.Recv(t, ready, "the gateway's listeners")
+	g.e = testutil.StartLLMDSim(t, model, append(args, "--zmq-endpoint", bind)...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("gateway log:\n%s", logs.String())
+		}
+	})
+	reg, _ := http.NewRequest(http.MethodPost, "http://"+g.addrs.admin+"/workers", strings.NewReader(fmt.Sprintf(`{"url":%q}`, g.e.URL)))
+	reg.Header.Set("Authorization", "Bearer adminsecret")
+	reg.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(reg)
+	if err != nil || resp.StatusCode/100 != 2 {
+		t.Fatalf("registering the engine: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	return g
+}
+
+// serveDirect has the engine serve prompt for model directly, so that only its events tell the
+// gateway, and waits for an event message.
+func (g *llmdEventGateway) serveDirect(t *testing.T, model, prompt string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"prompt":%q}`, model, prompt)
+	resp, err := http.Post(g.e.URL+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the engine answered %d for model %q", resp.StatusCode, model)
+	}
+	testutil.Recv(t, g.msgs, "an event message from the engine")
+}
+
+// route sends prompt for model through the gateway and returns its audit headers' route and
+// predicted hit.
+func (g *llmdEventGateway) route(t *testing.T, model, prompt string) (route string, hit float64) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"prompt":%q}`, model, prompt)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+g.addrs.api+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer auditsecret")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("the gateway answered %d for model %q", resp.StatusCode, model)
+	}
+	hit, _ = strconv.ParseFloat(resp.Header.Get("X-Kvgate-Predicted-Hit"), 64)
+	return resp.Header.Get("X-Kvgate-Route"), hit
+}
+
+// waitPredicted sends prompt for model through the gateway until it is predicted from the
+// engine's events (a precise hit of at least half the prompt), within a bound.
+func (g *llmdEventGateway) waitPredicted(t *testing.T, model, prompt string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		route, hit := g.route(t, model, prompt)
+		if strings.HasSuffix(route, "precise_hit") && hit >= 0.5 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("model %q: the gateway never predicted the engine's events: route %q, predicted %v", model, route, hit)
+		}
+		select {
+		case <-g.msgs:
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/gateway"
@@ -49,6 +50,8 @@ func addLoraPDFlags(fs *flag.FlagSet, g *gateway.Config) {
 		return err
 	})
 	fs.IntVar(&g.LoRA.MaxLoads, "lora-max-loads", 2, "adapter loads on demand in flight at once, gateway-wide; past it a request that needs one is answered 503")
+	fs.IntVar(&g.LoRA.MaxLoaded, "lora-max-loaded", 0, "adapters --lora-load-on-demand keeps loaded on one worker (the engine's --max-cpu-loras); at the bound one idle past --lora-idle-unload is unloaded (POST /v1/unload_lora_adapter) to make room (0: no bound, nothing unloaded)")
+	fs.DurationVar(&g.LoRA.IdleUnload, "lora-idle-unload", 10*time.Minute, "how long an adapter loaded on demand goes without a request through this gateway before --lora-max-loaded may unload it")
 	g.PDProtocol = gateway.PDAuto
 	fs.Func("pd-protocol", "prefill/decode protocol of disaggregated pools: auto (by the prefill worker's runtime: vllm for vLLM, else sglang), sglang (bootstrap host/port/room) or vllm (kv_transfer_params, two steps); a worker's pd_protocol label overrides it (default auto)", func(v string) error {
 		p, err := gateway.ParsePDProtocol(v)

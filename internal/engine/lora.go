@@ -86,6 +86,13 @@ func (e *Engine) loraRelease(r *req) {
 	}
 }
 
+// AdapterObserver is a CacheObserver that is also told the LoRA adapter of each block of an
+// adapter's prompt, just before BlockStored reports it (vLLM's BlockStored carries the
+// adapter's id and name); a base model's block is reported without the call.
+type AdapterObserver interface {
+	StoredAdapter(adapter string)
+}
+
 // loraKeys re-seeds a prompt's block keys with its adapter's name, so that they match only the
 // same adapter's blocks.
 func loraKeys(keys []uint64, adapter string) {

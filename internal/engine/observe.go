@@ -37,5 +37,10 @@ func (e *Engine) stored(r *req, j int) {
 			so.StoredSalt(r.salt)
 		}
 	}
+	if r.adapter != "" {
+		if ao, ok := e.cache.obs.(AdapterObserver); ok {
+			ao.StoredAdapter(r.adapter) // lora.go
+		}
+	}
 	e.cache.obs.BlockStored(e.cache.at, r.keys[j], parent, j > 0, r.toks[j*bs:(j+1)*bs])
 }

@@ -135,11 +135,14 @@ type flowSim struct {
 	keys      []uint64
 }
 
-// gwFlow is one replica's queue.
+// gwFlow is one replica's admission (package flow's, as the gateway's) and what it reads.
 type gwFlow struct {
-	q *flow.Queue
+	a *flow.Admission
+	q *flow.Queue // a.Queue
 	// eng is the replica's estimate of each engine between polls, as the gateway keeps it.
 	eng []loadmon.Estimate
+	// pool is the replica's engines as its admission reads them.
+	pool replicaPool
 	// open are the candidates that could start a request at the last judgement: a dispatched
 	// request picks among them, as in the gateway.
 	open     []*worker.Worker
@@ -198,9 +201,15 @@ func newFlowSim(s *sim) *flowSim {
 	}
 	fs.waits = make([][]float64, len(fs.classes))
 	fs.shareTok = make([]float64, len(fs.classes))
-	for range s.gws {
+	cfg := m.Config
+	cfg.Saturation = fs.sat
+	clock := func() time.Time { return epoch.Add(s.now) }
+	for g := range s.gws {
 		n := len(s.engines)
-		fs.gws = append(fs.gws, &gwFlow{q: flow.NewQueue(m.Config), eng: make([]loadmon.Estimate, n), queuedBy: make([]int, len(fs.classes))})
+		a := flow.NewAdmission(cfg, clock)
+		gf := &gwFlow{a: a, q: a.Queue, eng: make([]loadmon.Estimate, n), queuedBy: make([]int, len(fs.classes))}
+		gf.pool = replicaPool{fs: fs, g: g}
+		fs.gws = append(fs.gws, gf)
 	}
 	return fs
 }
@@ -295,38 +304,40 @@ func (fs *flowSim) expire(g int) {
 	fs.arm(g)
 }
 
-// dispatch submits queued turns of replica g, best first, while some engine has headroom.
+// dispatch submits queued turns of replica g, best first, while some engine has headroom
+// (flow.Admission.Dispatch, the gateway's), and asks for a dispatch when only the engines'
+// prefill stands in the way: it drains without an event.
 func (fs *flowSim) dispatch(g int) {
 	gf := fs.gws[g]
-	now := epoch.Add(fs.s.now)
-	for gf.q.Len() > 0 {
-		room, next := fs.headroom(g)
-		if room < 1 {
-			if next > 0 {
-				// Only the engines' prefill stands in the way: it drains without an event.
-				fs.kickAt(g, fs.s.now+next)
-			}
-			return
-		}
-		backlogged := true
-		for _, n := range gf.queuedBy {
-			backlogged = backlogged && n > 0
-		}
-		e := gf.q.Pop(now)
-		h := e.Owner.(*held)
-		gf.queuedBy[h.class]--
-		if backlogged && len(gf.queuedBy) > 1 {
-			fs.shareTok[h.class] += e.Cost
-		}
-		if fs.s.now >= fs.s.coll.Warmup {
-			fs.waits[h.class] = append(fs.waits[h.class], (fs.s.now - h.arrived).Seconds())
-		}
-		// Late binding picks among the engines that can start the request, as the gateway's does.
-		gw := fs.s.gws[g]
-		gw.narrow = gf.open
-		fs.s.submit(h.a, h.g, h.turn, h.arrived, h.class)
-		gw.narrow = nil
+	if next := gf.a.Dispatch(gf.pool.judged(), nil, func(e *flow.Entry, _ time.Time) { fs.grant(g, e) }); next > 0 {
+		fs.kickAt(g, fs.s.now+next)
 	}
+}
+
+// grant submits the queued turn of e, which replica g's admission granted.
+func (fs *flowSim) grant(g int, e *flow.Entry) {
+	gf := fs.gws[g]
+	backlogged := true
+	for _, n := range gf.queuedBy {
+		backlogged = backlogged && n > 0
+	}
+	h := e.Owner.(*held)
+	gf.queuedBy[h.class]--
+	if backlogged && len(gf.queuedBy) > 1 {
+		fs.shareTok[h.class] += e.Cost
+	}
+	if fs.s.now >= fs.s.coll.Warmup {
+		fs.waits[h.class] = append(fs.waits[h.class], (fs.s.now - h.arrived).Seconds())
+	}
+	// Late binding picks among the engines that can start the request, as the gateway's does.
+	gf.open = gf.open[:0]
+	for _, i := range gf.a.Open() {
+		gf.open = append(gf.open, gf.pool.ws[i])
+	}
+	gw := fs.s.gws[g]
+	gw.narrow = gf.open
+	fs.s.submit(h.a, h.g, h.turn, h.arrived, h.class)
+	gw.narrow = nil
 }
 
 // kick asks for a dispatch of replica g's queue at now, once: an engine finished a request.
@@ -364,41 +375,51 @@ func (fs *flowSim) sentTo(g, i int, kv, uncached float64) {
 // ended notes the end of a request of kv tokens that replica g submitted to engine i.
 func (fs *flowSim) ended(g, i int, kv float64) { fs.gws[g].eng[i].Finished(loadmon.Own, kv) }
 
-// headroom is what replica g's pool takes before every engine saturates, and, when that is
-// nothing, how soon an engine held back only by its predicted wait drains below the bound (0:
-// none is).
-func (fs *flowSim) headroom(g int) (room float64, next time.Duration) {
-	gw, gf := fs.s.gws[g], fs.gws[g]
-	sat := &fs.sat
-	bound := sat.MaxPredictedWait.Seconds()
-	now := epoch.Add(fs.s.now)
-	gf.open = gf.open[:0]
-	ownWait := false
+// replicaPool is one replica's engines as its admission reads them (flow.Pool): the candidates
+// of its policy, each judged on the replica's estimate of it as of its last fresh report.
+type replicaPool struct {
+	fs *flowSim
+	g  int
+	// ws are the candidate workers, idx their engines' indices, rebuilt by judged.
+	ws  []*worker.Worker
+	idx []int
+}
+
+// judged returns the pool with the replica's candidates of the moment.
+func (p *replicaPool) judged() *replicaPool {
+	gw := p.fs.s.gws[p.g]
+	p.ws, p.idx = p.ws[:0], p.idx[:0]
 	for i, w := range gw.workers {
 		if gw.cands != nil && !slices.Contains(gw.cands, w) {
 			continue
 		}
-		sig := flow.Signals{Available: w.Available(), Inflight: w.Inflight()}
-		if r, fresh := gw.report(i); fresh {
-			sat.Judge(&sig, &gf.eng[i], &r, now)
-		}
-		if sat.CanStart(sig) {
-			gf.open = append(gf.open, w)
-		}
-		room += sat.Headroom(sig)
-		ownWait = ownWait || sig.HasWait
-		if d, ok := sat.Drain(sig); ok && (next == 0 || d < next) {
-			next = d
-		}
+		p.ws, p.idx = append(p.ws, w), append(p.idx, i)
 	}
-	if c, ok := gw.pol.(policy.Coster); ok && room >= 1 && !ownWait {
-		// As the gateway does where the engines report no queued prefill: the routing cost's
-		// predicted wait before a prompt-less request's prefill on the best engine.
-		if wait, ok := c.BestCost(context.Background(), gw.candidates(), nil); ok && wait >= bound {
-			return 0, max(next, time.Duration((wait-bound)*float64(time.Second))+time.Millisecond)
-		}
+	return p
+}
+
+// Len returns the number of candidates.
+func (p *replicaPool) Len() int { return len(p.ws) }
+
+// Signals returns what the replica knows of candidate i at now.
+func (p *replicaPool) Signals(i int, now time.Time) flow.Signals {
+	w, e := p.ws[i], p.idx[i]
+	sig := flow.Signals{Available: w.Available(), Inflight: w.Inflight()}
+	if r, fresh := p.fs.s.gws[p.g].report(e); fresh {
+		p.fs.sat.Judge(&sig, &p.fs.gws[p.g].eng[e], &r, now)
 	}
-	return room, next
+	return sig
+}
+
+// BestWait returns the routing cost's predicted wait before a prompt-less request's prefill on
+// the best engine, as the gateway asks it where the engines report no queued prefill.
+func (p *replicaPool) BestWait() (float64, bool) {
+	gw := p.fs.s.gws[p.g]
+	c, ok := gw.pol.(policy.Coster)
+	if !ok {
+		return 0, false
+	}
+	return c.BestCost(context.Background(), gw.candidates(), nil)
 }
 
 // finished records a served request of class c.

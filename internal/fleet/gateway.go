@@ -132,11 +132,11 @@ func (g *gateway) pick(text, key, adapter string) (*worker.Worker, int) {
 	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
 		text = text[:g.s.cfg.RoutingPrefixBytes]
 	}
-	model := simModel
+	model, parent := simModel, ""
 	if adapter != "" {
-		model = adapter
+		model, parent = adapter, simModel
 	}
-	g.req = policy.Request{Model: model, Text: text, Key: key, Chat: g.kv != nil, PromptBytes: promptBytes, Adapter: adapter}
+	g.req = policy.Request{Model: model, Text: text, Key: key, Chat: g.kv != nil, PromptBytes: promptBytes, Adapter: adapter, Parent: parent}
 	cands := g.candidates()
 	if len(g.narrow) > 0 {
 		cands = g.narrow

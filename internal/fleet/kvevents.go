@@ -75,6 +75,8 @@ type kvFeed struct {
 	recs    []kvRecord
 	base    int // absolute index of recs[0]
 	readers []*replicaKV
+	// adapter is the LoRA adapter of the block stored next (kvevents_lora.go).
+	adapter string
 }
 
 // engineEvents is engine eng's observer.
@@ -85,7 +87,8 @@ type engineEvents struct {
 
 func (o engineEvents) BlockStored(at time.Duration, key, parent uint64, hasParent bool, toks []uint32) {
 	o.f.recs = append(o.f.recs, kvRecord{at, o.eng, kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{key},
-		Parent: parent, HasParent: hasParent, Tokens: append([]uint32(nil), toks...), BlockSize: len(toks)}})
+		Parent: parent, HasParent: hasParent, Tokens: append([]uint32(nil), toks...), BlockSize: len(toks), LoRAName: o.f.adapter}})
+	o.f.adapter = ""
 }
 
 func (o engineEvents) BlockRemoved(at time.Duration, key uint64) {

@@ -80,7 +80,7 @@ func (s *Server) pdProtocol(pool *worker.Pool) string {
 
 // serveNIXL runs a request on a prefill and then a decode worker with vLLM's protocol.
 func (s *Server) serveNIXL(w http.ResponseWriter, r *http.Request, path string, body []byte, p *Parsed, pool *worker.Pool) proxy.Result {
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, PromptBytes: len(body), Adapter: adapterOf(pool), Salt: p.Salt, Salted: p.Salted}
+	preq := &policy.Request{Model: pool.Model, Text: p.Text, PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
 	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	ppol, err1 := s.router.For(pool.Model, worker.Prefill)
 	dpol, err2 := s.router.For(pool.Model, worker.Decode)

@@ -80,10 +80,12 @@ type flowGate struct {
 	onDrain func(at time.Time)
 }
 
-// modelFlow is one model's queue and its admitted requests that have not picked a worker yet.
+// modelFlow is one model's admission (package flow: its queue and saturation gate) and its
+// admitted requests that have not picked a worker yet.
 type modelFlow struct {
 	model   string
-	q       *flow.Queue
+	a       *flow.Admission
+	q       *flow.Queue // a.Queue
 	pending atomic.Int64
 	wait    map[flowLabels]waitObserver
 }
@@ -363,7 +365,7 @@ func (g *flowGate) admit(r *http.Request, fr *flowRequest, t *flowTicket) *flowR
 	g.mu.Lock()
 	mf := g.model(fr.model)
 	t.g, t.mf, t.kv = g, mf, tokens
-	if room, _ := g.headroom(fr.candidates, fr.pol, float64(mf.pending.Load())+1); mf.q.Len() == 0 && room > float64(mf.pending.Load()) {
+	if mf.a.AdmitNow(g.pool(fr.candidates, fr.pol), float64(mf.pending.Load())) {
 		mf.pending.Add(1)
 		g.observeWait(mf, lbl, 0)
 		g.mu.Unlock()
@@ -459,7 +461,8 @@ func (g *flowGate) left(mf *modelFlow, w *waiter) {
 func (g *flowGate) model(m string) *modelFlow {
 	mf := g.models[m]
 	if mf == nil {
-		mf = &modelFlow{model: m, q: flow.NewQueue(g.cfg), wait: map[flowLabels]waitObserver{}}
+		a := flow.NewAdmission(g.cfg, g.now)
+		mf = &modelFlow{model: m, a: a, q: a.Queue, wait: map[flowLabels]waitObserver{}}
 		g.models[m] = mf
 	}
 	return mf
@@ -500,24 +503,21 @@ func (g *flowGate) dispatchAll() {
 }
 
 // dispatchLocked grants queued requests, best first, while the pool has headroom beyond the
-// admitted requests that have not picked a worker yet; g.mu is held.
+// admitted requests that have not picked a worker yet (flow.Admission.Dispatch), and arms the
+// drain timer when only the engines' queued prefill holds the queue; g.mu is held.
 func (g *flowGate) dispatchLocked(mf *modelFlow, candidates []*worker.Worker, pol policy.Policy) {
 	if mf.q.Len() == 0 {
 		return
 	}
-	room, next := g.headroom(candidates, pol, math.Inf(1))
-	room -= float64(mf.pending.Load())
-	if room < 1 && next > 0 {
-		g.armDrain(next)
-	}
-	now := g.now()
-	for ; room >= 1 && mf.q.Len() > 0; room-- {
-		e := mf.q.Pop(now)
+	pending := func() float64 { return float64(mf.pending.Load()) }
+	if next := mf.a.Dispatch(g.pool(candidates, pol), pending, func(e *flow.Entry, now time.Time) {
 		w := e.Owner.(*waiter)
 		g.left(mf, w)
 		mf.pending.Add(1)
 		g.observeWait(mf, w.lbl, now.Sub(e.Enqueued))
 		close(w.ready)
+	}); next > 0 {
+		g.armDrain(next)
 	}
 }
 

@@ -73,7 +73,7 @@ func (c saturationCollector) Collect(ch chan<- prometheus.Metric) {
 		if err != nil {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, c.g.saturation(pool.Regular, pol), m)
+		ch <- prometheus.MustNewConstMetric(descSaturation, prometheus.GaugeValue, c.g.saturation(m, pool.Regular, pol), m)
 	}
 }
 

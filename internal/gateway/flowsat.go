@@ -24,34 +24,30 @@ func (g *flowGate) engine(w *worker.Worker) *loadmon.Estimate {
 	return e
 }
 
-// headroom is how many more requests the pool takes before every engine saturates (package
-// flow's Saturation), counted up to enough (the caller's need: the sum may stop there); and,
-// when that is none, how soon an engine held back only by its queued prefill drains below the
-// bound (0: none is); g.mu is held. Where the engines judged report no queued prefill (no
-// predicted wait of their own), none while the routing cost predicts a wait at the bound on the
-// best engine.
-func (g *flowGate) headroom(candidates []*worker.Worker, pol policy.Policy, enough float64) (room float64, next time.Duration) {
-	sat := &g.cfg.Saturation
-	now := g.now()
-	ownWait := false
-	for _, w := range candidates {
-		sig := g.signals(w, now)
-		ownWait = ownWait || sig.HasWait
-		if room += sat.Headroom(sig); room >= enough {
-			break
-		}
-		if d, ok := sat.Drain(sig); ok && (next == 0 || d < next) {
-			next = d
-		}
-	}
-	if room >= 1 && !ownWait {
-		bound := sat.MaxPredictedWait.Seconds()
-		if wait, ok := g.predictedWait(candidates, pol); ok && wait >= bound {
-			return 0, max(next, time.Duration(min(wait-bound, 3600)*float64(time.Second))+time.Millisecond)
-		}
-	}
-	return room, next
+// gatePool is a model's candidates as flow admission reads them (flow.Pool): each worker's
+// signals judged on the gate's estimate of it, and the routing cost's prompt-less prediction on
+// the best one; g.mu is held while it is read.
+type gatePool struct {
+	g          *flowGate
+	candidates []*worker.Worker
+	pol        policy.Policy
 }
+
+// pool returns the candidates as admission reads them.
+func (g *flowGate) pool(candidates []*worker.Worker, pol policy.Policy) *gatePool {
+	return &gatePool{g: g, candidates: candidates, pol: pol}
+}
+
+// Len returns the number of candidates.
+func (p *gatePool) Len() int { return len(p.candidates) }
+
+// Signals returns what the gate knows of candidate i now.
+func (p *gatePool) Signals(i int, now time.Time) flow.Signals {
+	return p.g.signals(p.candidates[i], now)
+}
+
+// BestWait returns the routing cost's predicted wait of a request without a prompt.
+func (p *gatePool) BestWait() (float64, bool) { return p.g.predictedWait(p.candidates, p.pol) }
 
 // predictedWait asks the routing cost for the wait of a request without a prompt: what stands
 // before any new request's own prefill on the best engine.
@@ -103,29 +99,10 @@ func (g *flowGate) startable(candidates []*worker.Worker) []*worker.Worker {
 	return out
 }
 
-// saturation returns the model's pool saturation in [0,1]: the mean of its engines' levels
-// (each with its own predicted wait, or, for an engine that reports no queued prefill, at least
-// what the routing cost's predicted wait on the best engine stands for); 1 for an empty pool.
-func (g *flowGate) saturation(candidates []*worker.Worker, pol policy.Policy) float64 {
-	if len(candidates) == 0 {
-		return 1
-	}
-	sat := &g.cfg.Saturation
-	floor := 0.0
-	if wait, ok := g.predictedWait(candidates, pol); ok {
-		floor = sat.WaitLevel(wait)
-	}
+// saturation returns the model's pool saturation in [0,1] (flow.Admission.Level); 1 for an
+// empty pool.
+func (g *flowGate) saturation(model string, candidates []*worker.Worker, pol policy.Policy) float64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	now := g.now()
-	var sum float64
-	for _, w := range candidates {
-		sig := g.signals(w, now)
-		if sig.HasWait {
-			sum += sat.Level(sig) // its own predicted wait is in it
-			continue
-		}
-		sum += max(sat.Level(sig), floor)
-	}
-	return sum / float64(len(candidates))
+	return g.model(model).a.Level(g.pool(candidates, pol))
 }

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -31,6 +33,15 @@ type LoRAConfig struct {
 	// MaxLoads bounds the loads in flight at once; a request that would start one more is
 	// answered 503. Default 2.
 	MaxLoads int
+	// MaxLoaded bounds the adapters the gateway keeps loaded on demand on one worker (the
+	// engine's --max-cpu-loras, say); a worker at the bound takes another only by unloading one
+	// idle past IdleUnload (loraidle.go). 0, the default, sets no bound and unloads nothing.
+	MaxLoaded int
+	// IdleUnload is how long an adapter loaded on demand goes without a request through this
+	// gateway before it may be unloaded for another. Default 10m.
+	IdleUnload time.Duration
+	// Now is the clock of the idle times; nil means time.Now.
+	Now func() time.Time
 }
 
 // loraLoader runs the loads: the bound, and the loads in flight by adapter.
@@ -38,6 +49,14 @@ type loraLoader struct {
 	slots chan struct{}
 	mu    sync.Mutex
 	busy  map[string]chan struct{} // closed when that adapter's load ends
+	// wg counts the background loads of adapters' copies (loracopy.go); copyRefused says the
+	// last of them found no worker, for logging transitions only.
+	wg          sync.WaitGroup
+	copyRefused bool
+	// used is when each allowed adapter was last requested through the gateway (loraidle.go);
+	// full says the last load found every worker at MaxLoaded with nothing idle to unload.
+	used map[string]time.Time
+	full bool
 }
 
 func newLoraLoader(c LoRAConfig) *loraLoader {
@@ -45,7 +64,7 @@ func newLoraLoader(c LoRAConfig) *loraLoader {
 	if n <= 0 {
 		n = 2
 	}
-	return &loraLoader{slots: make(chan struct{}, n), busy: map[string]chan struct{}{}}
+	return &loraLoader{slots: make(chan struct{}, n), busy: map[string]chan struct{}{}, used: map[string]time.Time{}}
 }
 
 // ParseLoRASources parses the allow-list flag: comma-separated NAME=SOURCE pairs.
@@ -146,8 +165,8 @@ func baseModel(v *worker.View) *worker.Pool {
 func (s *Server) loadOn(ctx context.Context, base *worker.Pool, model, src string) error {
 	var free []*worker.Worker
 	for _, w := range base.Regular {
-		if !w.Available() {
-			continue
+		if !w.Available() || slices.Contains(w.Models(), model) {
+			continue // down, or a copy already (loracopy.go)
 		}
 		if s.loads == nil {
 			free = append(free, w)
@@ -158,6 +177,7 @@ func (s *Server) loadOn(ctx context.Context, base *worker.Pool, model, src strin
 		}
 		free = append(free, w)
 	}
+	free = s.withRoom(ctx, free) // loraidle.go
 	pol, err := s.router.For(base.Model, worker.Regular)
 	if err != nil {
 		return err
@@ -180,10 +200,25 @@ func (s *Server) loadOn(ctx context.Context, base *worker.Pool, model, src strin
 
 // postLoad asks w to load the adapter. vLLM answers 400 when it has it already; that is success.
 func (s *Server) postLoad(ctx context.Context, w *worker.Worker, model, src string) error {
-	body, _ := json.Marshal(map[string]string{"lora_name": model, "lora_path": src})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL.String()+"/v1/load_lora_adapter", bytes.NewReader(body))
-	if err != nil {
+	status, msg, err := s.postAdapter(ctx, w, "/v1/load_lora_adapter", map[string]string{"lora_name": model, "lora_path": src})
+	switch {
+	case err != nil:
 		return err
+	case status == http.StatusOK:
+		return nil
+	case status == http.StatusBadRequest && bytes.Contains(msg, []byte("already been loaded")):
+		return nil
+	}
+	return fmt.Errorf("%s answered %d", w.ID, status)
+}
+
+// postAdapter posts fields as JSON to path on w, with the worker's own key, and returns the
+// status and the first 4 KiB of the answer.
+func (s *Server) postAdapter(ctx context.Context, w *worker.Worker, path string, fields map[string]string) (int, []byte, error) {
+	body, _ := json.Marshal(fields)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL.String()+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if k := w.Spec.APIKey; k != "" {
@@ -191,17 +226,11 @@ func (s *Server) postLoad(ctx context.Context, w *worker.Worker, model, src stri
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	switch {
-	case resp.StatusCode == http.StatusOK:
-		return nil
-	case resp.StatusCode == http.StatusBadRequest && bytes.Contains(msg, []byte("already been loaded")):
-		return nil
-	}
-	return fmt.Errorf("%s answered %d", w.ID, resp.StatusCode)
+	return resp.StatusCode, msg, nil
 }
 
 func removeWorker(ws []*worker.Worker, w *worker.Worker) []*worker.Worker {

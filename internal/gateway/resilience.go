@@ -30,6 +30,7 @@ func (s *Server) Stop() {
 	s.flow.stop()
 	s.warm.stop()
 	s.checker.Stop()
+	s.waitLoraLoads() // loracopy.go
 	s.client.CloseIdleConnections()
 }
 

@@ -119,25 +119,64 @@ func TestStreamIdleTimeout(t *testing.T) {
 	}
 
 	// Sixty events 25 ms apart: 1.5 times the idle bound in all, never idle for a fortieth of it.
-	const steadyIdle, steadyEvents = time.Second, 60
+	cfg.Proxy.StreamIdleTimeout = steadyIdle
+	steadyStream(t, newTestGateway(t, cfg, "round_robin", steadyWorker(t)))
+}
+
+// The steady stream of TestStreamIdleTimeout: steadyEvents events steadyIdle/40 apart.
+const steadyIdle, steadyEvents = time.Second, 60
+
+// steadyWorker streams steadyEvents events steadyIdle/40 apart, then [DONE].
+func steadyWorker(t *testing.T) *fakeWorker {
 	steady := newFakeWorker(t, "m")
 	steady.setHandler(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
+		tk := time.NewTicker(steadyIdle / 40)
+		defer tk.Stop()
 		for range steadyEvents {
 			io.WriteString(w, "data: {\"choices\":[]}\n\n")
 			w.(http.Flusher).Flush()
-			time.Sleep(steadyIdle / 40)
+			select {
+			case <-tk.C:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		io.WriteString(w, "data: [DONE]\n\n")
 	})
-	cfg.Proxy.StreamIdleTimeout = steadyIdle
-	sg := newTestGateway(t, cfg, "round_robin", steady)
-	resp = sg.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if strings.Contains(string(body), "error") || strings.Count(string(body), "data: ") != steadyEvents+1 {
-		t.Errorf("a steady stream was cut: %q", body)
+	return steady
+}
+
+// steadyStream checks that sg does not cut the steady stream. A machine so loaded that the
+// client saw half the bound pass between two events may have held the gateway's relay back as
+// long as the bound, which the gateway is right to cut: such an attempt proves nothing and is
+// run again (three in all, then the test is skipped); a cut without such a gap fails.
+func steadyStream(t *testing.T, sg *testGateway) {
+	t.Helper()
+	for range 3 {
+		resp := sg.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
+		var body strings.Builder
+		var gap time.Duration
+		last := time.Now()
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if line := sc.Text(); line != "" {
+				now := time.Now()
+				gap, last = max(gap, now.Sub(last)), now
+				body.WriteString(line + "\n")
+			}
+		}
+		resp.Body.Close()
+		cut := strings.Contains(body.String(), "error") || strings.Count(body.String(), "data: ") != steadyEvents+1
+		switch {
+		case !cut:
+			return
+		case gap < steadyIdle/2:
+			t.Fatalf("a steady stream was cut, its longest gap at the client %v: %q", gap, body.String())
+		}
+		t.Logf("the client waited %v for an event: the machine stalled; again", gap)
 	}
+	t.Skip("the machine stalled in every attempt at the steady stream")
 }
 
 // Defect: any byte restarted --stream-idle-timeout, so a worker sending SSE comments only, or one

@@ -76,6 +76,8 @@ type holder struct {
 	worker *workerBlocks
 	// readyAt is when the holder's picture is trusted again after it was dropped.
 	readyAt time.Time
+	// loraIDOnly says the stream stored an adapter's blocks by id alone (lora.go).
+	loraIDOnly bool
 }
 
 // Index is what every engine's prefix cache holds, rebuilt from its events: per source, engine
@@ -164,7 +166,8 @@ func (x *Index) Apply(src Source, events []Event) {
 func (x *Index) apply(h *holder, e *Event) {
 	switch e.Kind {
 	case BlockStored:
-		key := seedFor(e.LoRA, e.HasLoRA)
+		key := storedSeed(e) // lora.go
+		h.noteAdapter(e)
 		if e.Salted {
 			key = saltSeed(key, e.Salt)
 		}

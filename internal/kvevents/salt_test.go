@@ -10,7 +10,7 @@ import (
 // it: a lookup under that salt meets it, one without a salt or under another does not, and an
 // unsalted chain of the same tokens meets only unsalted lookups. The blocks stored after it (a
 // child event naming it as parent) inherit its salt. The adapter's name among the extra keys is
-// not taken for a salt.
+// not taken for a salt: the adapter's chain is unsalted, and its own (lora.go).
 func TestIndexKeysChainsBySalt(t *testing.T) {
 	salt := SaltDigest([]byte("tenant-a"))
 	x := NewIndex(100, 4)
@@ -28,8 +28,11 @@ func TestIndexKeysChainsBySalt(t *testing.T) {
 	if !x.MatchSalted("", salt, toks, ids, out, time.Now()) || out[0] != 12 || out[1] != 0 || out[2] != 0 {
 		t.Fatalf("under the salt: %v, want [12 0 0]", out)
 	}
-	if !x.Match("", toks, ids, out, time.Now()) || out[0] != 0 || out[1] != 8 || out[2] != 4 {
-		t.Fatalf("without a salt: %v, want [0 8 4]", out)
+	if !x.Match("", toks, ids, out, time.Now()) || out[0] != 0 || out[1] != 8 || out[2] != 0 {
+		t.Fatalf("without a salt: %v, want [0 8 0]", out)
+	}
+	if !x.MatchAdapter("", "adapter-1", 0, false, toks, ids, out, time.Now()) || out[0] != 0 || out[1] != 0 || out[2] != 4 {
+		t.Fatalf("the adapter, unsalted: %v, want [0 0 4]", out)
 	}
 	if !x.MatchSalted("", SaltDigest([]byte("tenant-b")), toks, ids, out, time.Now()) || out[0]+out[1]+out[2] != 0 {
 		t.Fatalf("under another salt: %v, want none", out)

@@ -73,8 +73,9 @@ func TestLoRACostValidate(t *testing.T) {
 	}
 }
 
-// precise_prefix does not credit an adapter's request with the blocks the events report: those
-// are the base model's as far as the index can tell; the adapter's own tree places it.
+// precise_prefix does not credit an adapter's request with the blocks the events report when
+// the KV view cannot key them by adapter (no AdapterMatcher; loraevents_test.go has one that
+// can): those are the base model's as far as it can tell; the adapter's own tree places it.
 func TestPreciseSkipsEventsForAdapters(t *testing.T) {
 	ws := cahWorkers(t, 2)
 	kv := &fakeKV{held: map[string]int{ws[0].ID: 1 << 20}}

@@ -91,9 +91,7 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	// tokenizer leaves the loads no staler), then the loads.
 	var toks []uint32
 	branch := -1
-	if p.src == fromEvents && req.Adapter == "" {
-		// An adapter's blocks are not matched by the events yet (costlora.go): its pool's tree
-		// places it, rather than the base model's blocks an engine's topic might not tell apart.
+	if p.src == fromEvents && p.eventsAnswer(req) { // loraevents.go
 		toks, branch = p.tokenize(ctx, candidates, req)
 	}
 	buf := getCands(len(candidates))
@@ -157,7 +155,7 @@ func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *R
 	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
 		return nil, coNoEvents
 	}
-	if via == nil || !p.covers(req.Model, ids, req.Salted) { // partialkv.go: some engines may not have published
+	if via == nil || !p.covers(req.eventsModel(), ids, req.Salted || req.Adapter != "") { // partialkv.go: some engines may not have published; loraevents.go
 		return nil, coNoEvents
 	}
 	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())
@@ -377,8 +375,9 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 	}
 	partial := false
 	if !p.matchEvents(req, toks, ids, out) {
-		// Salted prompts match only whole-fleet answers: the per-worker path meets unsalted blocks.
-		if partial = !req.Salted && p.matchEach(req.Model, toks, ids, out); !partial { // partialkv.go
+		// Salted prompts and adapters' match only whole-fleet answers: the per-worker path meets
+		// the base model's unsalted blocks.
+		if partial = !req.Salted && req.Adapter == "" && p.matchEach(req.Model, toks, ids, out); !partial { // partialkv.go
 			return nil, false
 		}
 	}

@@ -49,6 +49,9 @@ type Request struct {
 	// Adapter is the LoRA adapter the request names as its model ("" the base model, or no
 	// worker lists the model with a parent): the cost's adapter term L prices it (costlora.go).
 	Adapter string
+	// Parent is the base model of Adapter ("" for a base model's request): the model the
+	// engines' KV-event topics name for the adapter's blocks (loraevents.go).
+	Parent string
 	// Tried are the workers earlier attempts of this request went to: Choose leaves them out
 	// while another available candidate remains (FilterTried). Nil on a first attempt.
 	Tried []*worker.Worker

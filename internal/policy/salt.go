@@ -59,6 +59,9 @@ func (req *Request) promptText() string {
 
 // matchEvents is the KV view's Match for req's prompt, keyed by its salt when it has one.
 func (p *Cost) matchEvents(req *Request, toks []uint32, ids []string, out []int) bool {
+	if req.Adapter != "" { // loraevents.go
+		return p.kv.(AdapterMatcher).MatchAdapter(req.eventsModel(), req.Adapter, req.Salt, req.Salted, toks, ids, out) // eventsAnswer checked it implements it
+	}
 	if req.Salted {
 		return p.kv.(SaltedMatcher).MatchSalted(req.Model, req.Salt, toks, ids, out) // tokenize checked it implements it
 	}

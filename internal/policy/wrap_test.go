@@ -52,7 +52,7 @@ func (e *everything) Calibration() map[string]float64      { e.hit("Calibration"
 // as not a policy's (an input such as Loads).
 func TestWrappersForwardEveryInterface(t *testing.T) {
 	notOptional := map[string]bool{
-		"Policy": true, "Loads": true, "LazyLoads": true, "KVView": true, "SaltedMatcher": true, "Peers": true, "SessionShare": true, "PartialKVView": true, // the interface itself and inputs
+		"Policy": true, "Loads": true, "LazyLoads": true, "KVView": true, "SaltedMatcher": true, "AdapterMatcher": true, "Peers": true, "SessionShare": true, "PartialKVView": true, // the interface itself and inputs
 		"SessionReporter": true, // the wrapper's own
 		"Unwrapper":       true, // the wrapper's own
 	}

@@ -105,16 +105,19 @@ func (c *cacheEvents) BlockStored(at time.Duration, key, parent uint64, hasParen
 	b := &c.batch
 	if n := len(b.Events); n > 0 {
 		// Extend the previous event when this block continues its chain, as vLLM does.
-		if e := &b.Events[n-1]; e.Kind == kvevents.BlockStored && hasParent && e.Hashes[len(e.Hashes)-1] == parent {
+		if e := &b.Events[n-1]; e.Kind == kvevents.BlockStored && hasParent && e.Hashes[len(e.Hashes)-1] == parent && e.LoRAName == c.storedAdapter {
 			e.Hashes = append(e.Hashes, key)
 			e.Tokens = append(e.Tokens, toks...)
+			c.storedAdapter = ""
 			return
 		}
 	}
 	b.Events = append(b.Events, kvevents.Event{Kind: kvevents.BlockStored, Hashes: []uint64{key},
 		Parent: parent, HasParent: hasParent, Tokens: append([]uint32(nil), toks...), BlockSize: len(toks)})
+	e := &b.Events[len(b.Events)-1]
+	c.withAdapter(e) // events_lora.go
 	if !hasParent && c.storedSalt != "" {
-		b.Events[len(b.Events)-1].ExtraKeys = []string{c.storedSalt}
+		e.ExtraKeys = append(e.ExtraKeys, c.storedSalt)
 	}
 	c.storedSalt = ""
 }

@@ -44,6 +44,8 @@ type Server struct {
 	batch kvevents.Batch
 	// storedSalt is the salt of the prompt whose first block is stored next (events.go).
 	storedSalt string
+	// storedAdapter is the LoRA adapter of the block stored next (events_lora.go).
+	storedAdapter string
 
 	wake      chan struct{} // work arrived: the driver recomputes its next wake-up
 	stop      chan struct{} // closed by Close

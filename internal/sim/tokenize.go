@@ -28,7 +28,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "%v", err)
 		return
 	}
-	if req.model != "" && req.model != s.cfg.Model {
+	if req.model != "" && req.model != s.cfg.Model && !s.loras.has(req.model) { // an adapter tokenizes as its base, as in vLLM
 		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
 			"The model `%s` does not exist.", req.model)
 		return

@@ -76,3 +76,35 @@ func (r *Registry) Learn(id, model, parent string) error {
 	r.view.Store(buildView(r.workers))
 	return nil
 }
+
+// Unlearn records that the registered worker with id no longer serves model, a model it learned
+// after registration (an adapter the gateway unloaded), and publishes a view without it there.
+// A model of the worker's registration, or one it never learned, is left: false.
+func (r *Registry) Unlearn(id, model string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := slices.IndexFunc(r.workers, func(w *Worker) bool { return w.ID == id })
+	if i < 0 {
+		return false
+	}
+	w := r.workers[i]
+	old := w.learned.p.Load()
+	if old == nil || !slices.Contains(old.models, model) {
+		return false
+	}
+	next := &learned{models: slices.DeleteFunc(slices.Clone(old.models), func(m string) bool { return m == model }), parents: map[string]string{}}
+	for k, v := range old.parents {
+		if k != model {
+			next.parents[k] = v
+		}
+	}
+	w.learned.p.Store(next)
+	r.view.Store(buildView(r.workers))
+	return true
+}
+
+// Learned reports whether the worker serves model only because it learned it after registration.
+func (w *Worker) Learned(model string) bool {
+	l := w.learned.p.Load()
+	return l != nil && slices.Contains(l.models, model) && !slices.Contains(w.Spec.Models, model)
+}

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/kvgate/kvgate/internal/engine"
+	"github.com/kvgate/kvgate/internal/flow"
+	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
+	"github.com/kvgate/kvgate/internal/worker"
+)
+
+// loraGateway starts a gateway with cfg in front of engines and returns it with an SDK client.
+func loraGateway(t *testing.T, cfg Config, engines ...*httptest.Server) (*Server, *worker.Registry, openai.Client) {
+	t.Helper()
+	router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	reg := worker.NewRegistry()
+	s := New(cfg, reg, router, nil)
+	t.Cleanup(s.Stop)
+	for _, e := range engines {
+		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: e.URL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gw := httptest.NewServer(s.Handler())
+	t.Cleanup(gw.Close)
+	return s, reg, openai.NewClient(option.WithBaseURL(gw.URL+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
+}
+
+func adapterChat(c openai.Client, ctx context.Context, model, text string) error {
+	_, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: model, MaxTokens: openai.Int(2),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(text)}})
+	return err
+}
+
+// When the one worker serving an allowed adapter is past saturation (here: one request in
+// flight, with a saturation point of one), the next request for the adapter has the gateway load
+// a second copy on another worker of the base model, without waiting for it; the adapter's pool
+// then holds both, and a request that finds a copy with room adds none.
+func TestLoraCopyWhenSaturated(t *testing.T) {
+	ms, _ := sim.ParseLoraModules("x=/adapters/x")
+	slow := sim.NewServer(sim.Config{Model: "base", Flavor: sim.FlavorVLLM, LoraModules: ms,
+		Engine: engine.Config{DecodeBase: 20 * time.Millisecond}})
+	t.Cleanup(slow.Close)
+	e1 := httptest.NewServer(slow)
+	t.Cleanup(e1.Close)
+	e2, e3 := startLoraSim(t, ""), startLoraSim(t, "")
+	srcs, _ := ParseLoRASources("x=/adapters/x")
+	var logs testutil.SyncBuffer
+	cfg := Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), LoRA: LoRAConfig{OnDemand: true, Sources: srcs},
+		Flow: FlowConfig{Config: flow.Config{Saturation: flow.Saturation{DefaultSlots: 1, MaxWaiting: -1}}}}
+	_, reg, c := loraGateway(t, cfg, e1, e2, e3)
+	// A request while the copy has room loads nothing.
+	if err := adapterChat(c, t.Context(), "x", "room on the one copy"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(reg.View().Pool("x").Regular); n != 1 {
+		t.Fatalf("a copy with room: %d copies, want 1", n)
+	}
+	long := make(chan error, 1)
+	go func() {
+		_, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: "x", MaxTokens: openai.Int(60),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a long answer holds the copy")}})
+		long <- err
+	}()
+	w1 := reg.View().Pool("x").Regular[0]
+	testutil.Until(t, func() bool { return w1.Inflight() == 1 }, "the long request in flight")
+	if err := adapterChat(c, t.Context(), "x", "the copy is saturated"); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Until(t, func() bool { return len(reg.View().Pool("x").Regular) == 2 }, "a second copy")
+	if err := testutil.Recv(t, long, "the long request"); err != nil {
+		t.Fatal(err)
+	}
+	loaded := 0
+	for _, e := range []*httptest.Server{e2, e3} {
+		if listsModel(t, e.URL, "x") {
+			loaded++
+		}
+	}
+	if loaded != 1 {
+		t.Fatalf("the copy is on %d engines, want 1", loaded)
+	}
+	if n := strings.Count(logs.String(), "adapter loaded on demand"); n != 1 {
+		t.Fatalf("%d loads logged, want 1:\n%s", n, logs.String())
+	}
+}
+
+// With --lora-max-loaded 1, a load that finds every worker at the bound unloads the adapter idle
+// longest past --lora-idle-unload and loads on its worker; while none is idle enough, the load is
+// refused (503), and that state is logged once, however many loads find it.
+func TestLoraUnloadsIdleForRoom(t *testing.T) {
+	e1, e2 := startLoraSim(t, ""), startLoraSim(t, "")
+	srcs, _ := ParseLoRASources("x=/adapters/x,y=/adapters/y,z=/adapters/z")
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	var logs testutil.SyncBuffer
+	cfg := Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		LoRA: LoRAConfig{OnDemand: true, Sources: srcs, MaxLoaded: 1, IdleUnload: 10 * time.Minute, Now: clock}}
+	_, reg, c := loraGateway(t, cfg, e1, e2)
+	for _, m := range []string{"x", "y"} {
+		if err := adapterChat(c, t.Context(), m, "load "+m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holderX := reg.View().Pool("x").Regular[0]
+	if reg.View().Pool("y").Regular[0] == holderX {
+		t.Fatal("x and y on one worker despite the bound of one")
+	}
+	for range 2 {
+		if err := adapterChat(c, t.Context(), "z", "no room"); err == nil || !strings.Contains(err.Error(), "503") {
+			t.Fatalf("a load with no room and nothing idle: %v, want 503", err)
+		}
+	}
+	mu.Lock()
+	now = now.Add(11 * time.Minute)
+	mu.Unlock()
+	if err := adapterChat(c, t.Context(), "y", "y stays busy"); err != nil {
+		t.Fatal(err)
+	}
+	if err := adapterChat(c, t.Context(), "z", "room now"); err != nil {
+		t.Fatal(err)
+	}
+	v := reg.View()
+	if v.Pool("x") != nil || v.Pool("z") == nil || v.Pool("z").Regular[0] != holderX {
+		t.Fatalf("after the unload: x pool %v, z pool %v; want x gone and z on x's worker", v.Pool("x"), v.Pool("z"))
+	}
+	if u := holderX.URL.String(); listsModel(t, u, "x") || !listsModel(t, u, "z") {
+		t.Fatal("the engine did not unload x and load z")
+	}
+	log := logs.String()
+	if strings.Count(log, "every worker holds its most adapters") != 1 || strings.Count(log, "idle adapter unloaded") != 1 ||
+		strings.Count(log, "has room for an adapter") != 1 {
+		t.Fatalf("transitions logged wrongly:\n%s", log)
+	}
+}
