@@ -91,3 +91,49 @@ func TestHerdShareBounds(t *testing.T) {
 		t.Fatalf("herd share 2: %v, kept %v", err, c.withDefaults().HerdShare)
 	}
 }
+
+// herdPeers is a sync plane whose peers sent two requests (no uncached tokens) to one worker
+// since its report.
+type herdPeers struct{ to string }
+
+func (herdPeers) Active() bool { return true }
+func (p herdPeers) SentSinceAll(ws []string, _ []time.Time, tok, req []float64) {
+	for i, w := range ws {
+		tok[i], req[i] = 0, 0
+		if w == p.to {
+			req[i] = 2
+		}
+	}
+}
+func (herdPeers) Placed(string, string, []string, []int)          {}
+func (herdPeers) Decided(string, string, string, string, float64) {}
+
+// TestHerdCountsThePeersSends: with replica sync, the requests the peers sent a worker since
+// its report are n too: two peer sends on an engine of 10 running, 1,000 tokens/s, make D 12 ms
+// and H = h × 2 × 12 ms.
+func TestHerdCountsThePeersSends(t *testing.T) {
+	polled := time.Unix(1000, 0)
+	ws := cahWorkers(t, 2)
+	reports := idReports{}
+	for _, w := range ws {
+		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
+			GenThroughput: 1000, PolledAt: polled, Replicas: 1}
+	}
+	costClock.t = polled
+	cfg := DefaultConfig()
+	cfg.Loads, cfg.NoBackground, cfg.Now, cfg.Peers = reports, true, costClock.now, herdPeers{to: ws[0].ID}
+	cfg.Cost.HerdShare = 0.5
+	pol, err := New("least_load", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	costClock.advance(time.Millisecond)
+	req := &Request{Model: "m", Text: "a prompt", PromptBytes: 4}
+	if got := Choose(context.Background(), pol, ws, req); got != ws[1] {
+		t.Fatalf("picked %s, want the engine the peers did not send to (%+v)", got.ID, req.Decision)
+	}
+	d := req.Decision.RunnerUp
+	if d.Worker != ws[0].ID || math.Abs(d.Decode-0.012) > 1e-12 || math.Abs(d.Herd-0.5*2*0.012) > 1e-12 {
+		t.Fatalf("terms of the peers' engine %+v, want D 0.012 s and H 0.012 s", d)
+	}
+}
