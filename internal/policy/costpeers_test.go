@@ -125,13 +125,17 @@ var _ SessionShare = (*replicasync.Node)(nil)
 // BenchmarkDecisionWithPeers times a default-policy decision on 64 workers without replica sync
 // and with it (a Node holding 3 peers' last 3,000 decisions, the decision published and its
 // batch flushed), in the same run: the sync's cost on the decision path (target: within 10 %).
+// on-other-prompts has the peers place other prompts; the -spread pair starts both from one
+// tree (each prompt held by one worker) instead of the warm-up's own picks. Each reports what
+// the tree holds, since the descent's cost follows the holders the picks made.
 //
 //	go test -run XXX -bench DecisionWithPeers ./internal/policy/
 func BenchmarkDecisionWithPeers(b *testing.B) {
 	texts := mooncakeTexts()
 	ws, mon := monitoredFleet(b, 64)
-	for _, sync := range []bool{false, true} {
-		b.Run(map[bool]string{false: "off", true: "on"}[sync], func(b *testing.B) {
+	for _, mode := range []string{"off", "on", "on-other-prompts", "off-spread", "on-spread"} {
+		sync := strings.HasPrefix(mode, "on")
+		b.Run(mode, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.NoBackground, cfg.Loads = true, mon
 			var node *replicasync.Node
@@ -144,7 +148,11 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 				for k := range 3 {
 					peer, _ := replicasync.NewNode(replicasync.Config{})
 					for i := range 1000 {
-						peer.Decided("m", ws[(i+k)%len(ws)].ID, texts[(i*3+k)%len(texts)], "", 1000)
+						text := texts[(i*3+k)%len(texts)]
+						if mode == "on-other-prompts" {
+							text = "another conversation " + text
+						}
+						peer.Decided("m", ws[(i+k)%len(ws)].ID, text, "", 1000)
 					}
 					_ = peer.Flush(func(m []byte) error { return node.Apply(m) })
 				}
@@ -153,6 +161,12 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 			p := NewCacheAwareHash(cfg)
 			defer p.Close()
 			for i := range texts {
+				if strings.HasSuffix(mode, "-spread") {
+					// The same tree with sync off and on: each prompt held by one worker, the
+					// opening by all, so that the pair times the sync plane alone.
+					p.tree.Insert(texts[i], ws[i%len(ws)].ID)
+					continue
+				}
 				Choose(context.Background(), p, ws, &Request{Model: "m", Text: texts[i], PromptBytes: 40000})
 			}
 			req := &Request{}
@@ -168,6 +182,16 @@ func BenchmarkDecisionWithPeers(b *testing.B) {
 				}
 				i++
 			}
+			// What this replica's tree holds, over every worker, and how many workers hold the
+			// prompts' shared opening: the tree's descent calls back once per holder of each
+			// node it passes, so the routing the picks made is part of a decision's cost.
+			var held int64
+			for _, n := range p.tree.Sizes() {
+				held += n
+			}
+			_, holders := p.tree.Lookup(texts[0][:2048])
+			b.ReportMetric(float64(held)/1e6, "Mchars-held")
+			b.ReportMetric(float64(len(holders)), "opening-holders")
 		})
 	}
 }
@@ -184,5 +208,44 @@ func TestPeersSendsArePrefilled(t *testing.T) {
 	syncTo(t, a, b)
 	if _, d := b.pick(t, strings.Repeat("q", 400)); d.Chosen.Sent != 0 || d.Chosen.PeerSent != 0 {
 		t.Errorf("terms %v: a second at 8,000 tokens/s prefilled the peer's 4,000, want S 0", d.Chosen)
+	}
+}
+
+// chainCounter is a Peers that counts how often a decision hashes its routing text.
+type chainCounter struct {
+	*replicasync.Node
+	chains int
+}
+
+func (c *chainCounter) Chain(dst []uint64, text string) ([]uint64, uint64) {
+	c.chains++
+	return c.Node.Chain(dst, text)
+}
+
+// TestPeersChainHashedOnce: a decision hashes its routing text once, for the peer-placement
+// lookup and the published decision both, and what it publishes places the prompt for a peer
+// exactly as hashing the text anew would.
+func TestPeersChainHashedOnce(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	a, b := newSyncedReplica(t, 4, clock, now.Add(-time.Millisecond)), newSyncedReplica(t, 4, clock, now.Add(-time.Millisecond))
+	cc := &chainCounter{Node: a.node}
+	a.pol.sc.peers = cc
+	text := strings.Repeat("a long shared conversation ", 300) // 8,100 bytes: 31 chunks and a tail
+	w, _ := a.pick(t, text)
+	if cc.chains != 1 {
+		t.Errorf("one decision hashed its routing text %d times, want 1", cc.chains)
+	}
+	syncTo(t, a, b)
+	out := make([]int, len(b.ws))
+	ids := make([]string, len(b.ws))
+	for i, x := range b.ws {
+		ids[i] = x.ID
+	}
+	b.node.Placed("m", text, ids, out)
+	for i, x := range b.ws {
+		if want := map[bool]int{true: len(text)}[x.ID == w.ID]; out[i] != want {
+			t.Errorf("peer sees %d bytes placed on %s, want %d (a chose %s)", out[i], x.ID, want, w.ID)
+		}
 	}
 }

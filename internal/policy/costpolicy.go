@@ -268,7 +268,7 @@ func (p *Cost) Record(req *Request, w *worker.Worker) {
 	}
 	p.sc.commit(c, c.t.Prompt-c.t.Cached)
 	if p.sc.peers != nil {
-		p.sc.peers.Decided(req.Model, w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+		peerDecided(p.sc.peers, req, w.ID, c.t.Prompt-c.t.Cached)
 	}
 }
 

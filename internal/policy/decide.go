@@ -530,7 +530,7 @@ func (p *Cost) finish(av []costCand, req *Request, key uint64, commit bool, bran
 		p.countFiltered(&req.Decision)
 		p.sc.commit(c, c.t.Prompt-c.t.Cached)
 		if p.sc.peers != nil {
-			p.sc.peers.Decided(req.Model, c.w.ID, req.Text, req.ID, c.t.Prompt-c.t.Cached)
+			peerDecided(p.sc.peers, req, c.w.ID, c.t.Prompt-c.t.Cached)
 		}
 		p.sc.sentAdapter(c, req.Adapter)
 		if precise {

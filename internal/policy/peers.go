@@ -49,7 +49,7 @@ func peerSent(peers Peers, av []costCand) {
 //	Ĉ_w = max(own tree's prefix, Placed's prefix)                   (no owner credit)
 //
 // The engine estimate that owns S may call SentSince itself once it exists; the contract is
-// only these four methods.
+// only these five methods.
 type Peers interface {
 	// Active reports whether the peers' views are current (the bus is up).
 	Active() bool
@@ -57,12 +57,56 @@ type Peers interface {
 	// since[i] (this replica's clock, at receipt): the uncached tokens, and the requests (their
 	// sends less their finishes). The slices are equally long.
 	SentSinceAll(workers []string, since []time.Time, tokens, requests []float64)
-	// Placed writes to out[i] the bytes of text's leading prefix that a peer placed on
-	// workers[i] for model (len(text): this very text), 0 where none did.
-	Placed(model, text string, workers []string, out []int)
-	// Decided tells the peers that this replica sent worker model's prompt with routing text,
-	// uncached tokens of it missing the worker's cache (reqID may be "").
-	Decided(model, worker, text, reqID string, uncached float64)
+	// Chain appends to dst the sync plane's chain of hashes of text's chunks and returns it
+	// with the hash of the whole text: computed once per decision (Request keeps it) for both
+	// PlacedChain and DecidedChain.
+	Chain(dst []uint64, text string) (bounds []uint64, whole uint64)
+	// PlacedChain writes to out[i] the bytes of the leading prefix of a text of textLen bytes
+	// (hashed by Chain into bounds and whole) that a peer placed on workers[i] for model
+	// (textLen: this very text), 0 where none did.
+	PlacedChain(model string, bounds []uint64, whole uint64, textLen int, workers []string, out []int)
+	// DecidedChain tells the peers that this replica sent worker model's prompt with the
+	// routing text Chain hashed into bounds and whole, uncached tokens of it missing the
+	// worker's cache (reqID may be "").
+	DecidedChain(model, worker string, bounds []uint64, whole uint64, reqID string, uncached float64)
+}
+
+// peerChainInline is how many chunk hashes a Request holds without allocating: those of the
+// gateway's default 8 KiB routing text (256-byte chunks); a longer text's spill to the heap.
+const peerChainInline = 32
+
+// peerChain is a decision's routing text as the sync plane hashes it (Peers.Chain), kept in
+// its Request so that the placement lookup and the publish hash the text once between them.
+type peerChain struct {
+	text   string // the text hashed (the chain is stale when Request.Text differs)
+	done   bool
+	n      int // the chain's length in inline, when spill is nil
+	inline [peerChainInline]uint64
+	spill  []uint64
+	whole  uint64
+}
+
+// chain returns the chain of req.Text, hashing it on the decision's first call.
+func (req *Request) chain(peers Peers) ([]uint64, uint64) {
+	c := &req.peers
+	if !c.done || c.text != req.Text {
+		b, whole := peers.Chain(c.inline[:0], req.Text)
+		c.text, c.done, c.whole, c.n, c.spill = req.Text, true, whole, len(b), nil
+		if len(b) > 0 && &b[0] != &c.inline[0] {
+			c.spill = b // longer than inline: appended elsewhere
+		}
+	}
+	if c.spill != nil {
+		return c.spill, c.whole
+	}
+	return c.inline[:c.n], c.whole
+}
+
+// peerDecided publishes this replica's decision to send req to worker, uncached tokens of it
+// missing the worker's cache.
+func peerDecided(peers Peers, req *Request, worker string, uncached float64) {
+	bounds, whole := req.chain(peers)
+	peers.DecidedChain(req.Model, worker, bounds, whole, req.ID, uncached)
 }
 
 // peerPlaced raises Ĉ of every candidate (in characters of the tree's match, m.Total of them in
@@ -76,7 +120,8 @@ func peerPlaced(peers Peers, av []costCand, req *Request, total int) {
 	}
 	sc.ids, sc.out = ids, sized(sc.out, len(av))
 	out := sc.out
-	peers.Placed(req.Model, req.Text, ids, out)
+	bounds, whole := req.chain(peers)
+	peers.PlacedChain(req.Model, bounds, whole, len(req.Text), ids, out)
 	defer clear(ids)
 	for i := range av {
 		c := out[i]

@@ -63,6 +63,8 @@ type Request struct {
 	// Decision is written by Pick: how the policy chose. A retry's Pick overwrites it, so after
 	// the last attempt it describes the worker that served the request.
 	Decision Decision
+
+	peers peerChain // Text hashed for the replica sync plane (peers.go)
 }
 
 // Decision records why a policy picked the worker it returned, for audit headers, metrics and

@@ -87,6 +87,12 @@ func sampled(i int) bool {
 // the boundaries; both are returned for reuse.
 func (c Chainer) Sampled(dst, scratch []uint64, text string) (hashes, boundaries []uint64) {
 	bounds, whole := c.Boundaries(scratch[:0], text)
+	return sampledOf(dst, bounds, whole), bounds
+}
+
+// sampledOf appends the hashes a decision publishes from its text's chain (Boundaries's
+// bounds and whole): the sampled boundaries, the last and the whole, at most MaxHashes.
+func sampledOf(dst, bounds []uint64, whole uint64) []uint64 {
 	for i, h := range bounds {
 		if sampled(i) || i == len(bounds)-1 {
 			dst = append(dst, h)
@@ -98,5 +104,5 @@ func (c Chainer) Sampled(dst, scratch []uint64, text string) (hashes, boundaries
 	if len(dst) > MaxHashes {
 		dst = append(dst[:0], dst[len(dst)-MaxHashes:]...)
 	}
-	return dst, bounds
+	return dst
 }

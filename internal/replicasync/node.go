@@ -39,6 +39,8 @@ type Node struct {
 	peers    map[uint64]*peer
 	workers  map[string]uint16 // worker id → index into logs
 	logs     []*workerLog
+	candAt   []int32  // PlacedChain's scratch: worker index → candidate position + 1
+	candIdx  []uint16 // PlacedChain's scratch: candidate → worker index
 	models   map[string]*placement
 	affinity [3]*affinityTable // by namespace
 	gen      uint64            // counts placements, for recycled worker indices
@@ -138,8 +140,24 @@ func (n *Node) hashID(id string) uint64 {
 // Decided records that this replica sent model's prompt with routing text to worker, with
 // uncached tokens of it missing the worker's cache.
 func (n *Node) Decided(model, worker, text, reqID string, uncached float64) {
-	var hb, sb [64]uint64
-	hashes, _ := n.chain.Sampled(hb[:0], sb[:0], text)
+	var sb [64]uint64
+	bounds, whole := n.chain.Boundaries(sb[:0], text)
+	n.DecidedChain(model, worker, bounds, whole, reqID, uncached)
+}
+
+// Chain appends to dst the chain of text's chunk hashes under the cluster's key (bounds[i]
+// covers its first (i+1)×ChunkBytes bytes) and returns it with the hash of the whole text (0
+// when text is a whole number of chunks): what PlacedChain looks up and DecidedChain publishes,
+// so that a decision hashes its routing text once.
+func (n *Node) Chain(dst []uint64, text string) (bounds []uint64, whole uint64) {
+	return n.chain.Boundaries(dst, text)
+}
+
+// DecidedChain is Decided for a text already hashed by Chain (bounds and whole as it
+// returned them).
+func (n *Node) DecidedChain(model, worker string, bounds []uint64, whole uint64, reqID string, uncached float64) {
+	var hb [64]uint64
+	hashes := sampledOf(hb[:0], bounds, whole)
 	u := uint64(0)
 	if uncached > 0 {
 		u = uint64(min(uncached, MaxUncached))

@@ -17,12 +17,22 @@ type workerLog struct {
 }
 
 // cumRing is a ring of (time, cumulative value) pairs in time order.
+//
+// It also keeps what was added after one moment (the last one asked by sinceKept: the
+// engine's last report, the same for every decision until the next), updated as entries
+// arrive, so that a decision reads it without a search. The values added are whole numbers
+// (tokens, requests), so the kept sum equals since's difference of cumulative sums exactly.
 type cumRing struct {
 	at    []int64
 	cum   []float64
 	head  int // index of the oldest entry
 	total float64
 	base  float64 // the cumulative value before the oldest entry
+
+	keptAt  int64   // the moment kept (Unix ns), when kept
+	keptSum float64 // since(keptAt)
+	keptN   int     // the entries after keptAt
+	kept    bool
 }
 
 func (r *cumRing) add(at int64, v float64, window int) {
@@ -31,6 +41,20 @@ func (r *cumRing) add(at int64, v float64, window int) {
 	if n > 0 {
 		if last := r.at[(r.head+n-1)%n]; at < last {
 			at = last // receipt times only move forward
+		}
+	}
+	if r.kept {
+		if n >= window && r.keptN == n {
+			// The oldest entry, after keptAt, is about to fold into the base: since no longer
+			// counts it.
+			r.keptSum -= r.cum[r.head] - r.base
+			r.keptN--
+		}
+		if at > r.keptAt {
+			r.keptSum += v
+			r.keptN++
+		} else { // every entry is at or before keptAt
+			r.keptSum, r.keptN = 0, 0
 		}
 	}
 	if n < window { // still growing: the oldest is at 0
@@ -52,6 +76,15 @@ func (r *cumRing) since(t int64) float64 {
 		return r.total - r.base
 	}
 	return r.total - r.cum[(r.head+k-1)%n]
+}
+
+// sinceKept returns since(t) and the number of entries after t, from what is kept when t is
+// the moment kept, and keeps t otherwise (one search when the engine's report moves on).
+func (r *cumRing) sinceKept(t int64) (float64, int) {
+	if !r.kept || r.keptAt != t {
+		r.keptAt, r.keptSum, r.keptN, r.kept = t, r.since(t), len64(*r, t), true
+	}
+	return r.keptSum, r.keptN
 }
 
 func (l *workerLog) send(at int64, tokens float64, window int) { l.sends.add(at, tokens, window) }
@@ -157,8 +190,9 @@ func (n *Node) SentSinceAll(workers []string, since []time.Time, tokens, request
 			continue
 		}
 		l, at := n.logs[i], since[k].UnixNano()
-		tokens[k] = min(l.sends.since(at), n.cfg.MaxPeerSent)
-		requests[k] = float64(len64(l.sends, at)) - l.fins.since(at)
+		sent, count := l.sends.sinceKept(at)
+		fins, _ := l.fins.sinceKept(at)
+		tokens[k], requests[k] = min(sent, n.cfg.MaxPeerSent), float64(count)-fins
 	}
 }
 
@@ -173,27 +207,50 @@ func len64(r cumRing, at int64) int {
 // for model (a multiple of ChunkBytes, or len(text) when a peer placed this very text), 0 where
 // none did; out is as long as workers.
 func (n *Node) Placed(model, text string, workers []string, out []int) {
-	clear(out)
-	if len(text) == 0 {
-		return
-	}
 	var sb [128]uint64
 	bounds, whole := n.chain.Boundaries(sb[:0], text)
-	var ib [64]uint16
-	idx := ib[:0]
+	n.PlacedChain(model, bounds, whole, len(text), workers, out)
+}
+
+// PlacedChain is Placed for a text of textLen bytes already hashed by Chain (bounds and whole
+// as it returned them).
+func (n *Node) PlacedChain(model string, bounds []uint64, whole uint64, textLen int, workers []string, out []int) {
+	clear(out)
+	if textLen == 0 {
+		return
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	pl := n.models[model]
 	if pl == nil || len(pl.m) == 0 {
 		return
 	}
-	for _, id := range workers {
+	// at[w] is worker index w's first position in workers, plus one (0: not a candidate), so
+	// that a placement finds its candidate without a search; idx, each candidate's index.
+	if len(n.candAt) < len(n.logs) {
+		n.candAt = make([]int32, n.cfg.MaxWorkers)
+	}
+	at, idx := n.candAt, n.candIdx[:0]
+	dup := false
+	for c, id := range workers {
 		i, ok := n.workers[id]
 		if !ok {
-			i = 1<<16 - 1
+			i = noWorker
+		} else if at[i] == 0 {
+			at[i] = int32(c + 1)
+		} else {
+			dup = true
 		}
 		idx = append(idx, i)
 	}
+	n.candIdx = idx
+	defer func() {
+		for _, i := range idx {
+			if i != noWorker {
+				at[i] = 0
+			}
+		}
+	}()
 	left := len(workers)
 	look := func(h uint64, chars int) {
 		s, ok := pl.m[h]
@@ -204,21 +261,29 @@ func (n *Node) Placed(model, text string, workers []string, out []int) {
 			if s.w[k] == 0 || s.gen[k] < n.logs[s.w[k]-1].born {
 				continue
 			}
-			for c, wi := range idx {
-				if wi == s.w[k]-1 && out[c] == 0 {
-					out[c] = chars
-					left--
-				}
+			if c := at[s.w[k]-1] - 1; c >= 0 && out[c] == 0 {
+				out[c] = chars
+				left--
 			}
 		}
 	}
 	if whole != 0 {
-		look(whole, len(text))
+		look(whole, textLen)
 	}
 	for i := len(bounds) - 1; i >= 0 && left > 0; i-- {
 		look(bounds[i], (i+1)*ChunkBytes)
 	}
+	if dup { // a worker named twice has its first position's answer
+		for c, i := range idx {
+			if i != noWorker {
+				out[c] = out[at[i]-1]
+			}
+		}
+	}
 }
+
+// noWorker is PlacedChain's index for a candidate no peer mentioned.
+const noWorker = 1<<16 - 1
 
 // affinityTable maps a keyed key hash to the worker a peer bound it to, bounded by a FIFO.
 type affinityTable struct {
