@@ -105,8 +105,9 @@ func (p herdPeers) SentSinceAll(ws []string, _ []time.Time, tok, req []float64) 
 		}
 	}
 }
-func (herdPeers) Placed(string, string, []string, []int)          {}
-func (herdPeers) Decided(string, string, string, string, float64) {}
+func (herdPeers) Chain(dst []uint64, _ string) ([]uint64, uint64)                { return dst, 0 }
+func (herdPeers) PlacedChain(string, []uint64, uint64, int, []string, []int)     {}
+func (herdPeers) DecidedChain(string, string, []uint64, uint64, string, float64) {}
 
 // TestHerdCountsThePeersSends: with replica sync, the requests the peers sent a worker since
 // its report are n too: two peer sends on an engine of 10 running, 1,000 tokens/s, make D 12 ms
