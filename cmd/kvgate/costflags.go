@@ -25,4 +25,5 @@ func costFlags(fs *flag.FlagSet, c *policy.CostConfig, prefix string) {
 	fs.Float64Var(&c.MinDecodeRate, "cost-min-decode-rate", c.MinDecodeRate, prefix+"cost: floor of the fleet's generation throughput in the decode term, tokens/s per running request")
 	fs.Float64Var(&c.MeanWindow, "cost-mean-window", c.MeanWindow, prefix+"cost: sent prompts over which the mean uncached prompt (the unit of the queued-behind term) moves, in [1,1e6]")
 	loraCostFlags(fs, &c.LoRA, prefix)
+	herdFlags(fs, c, prefix)
 }

@@ -114,6 +114,9 @@ type CostConfig struct {
 	// MeanWindow is how many sent prompts the mean uncached prompt ū (B's unit, and Q's where
 	// engines report request counts only) moves over, in requests. Default 64.
 	MeanWindow float64 `yaml:"mean_window"`
+	// HerdShare weighs the herd term H (costherd.go), in decode steps per request sent to the
+	// worker within its current step and not yet reported. Default 0 (off).
+	HerdShare float64 `yaml:"herd_share"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
@@ -172,6 +175,9 @@ func (c CostConfig) validate() error {
 	case c.MeanWindow != 0 && !(c.MeanWindow >= 1) || c.MeanWindow > 1e6:
 		return errors.New("mean_window must be in [1, 1e6] requests")
 	}
+	if err := validHerdShare(c.HerdShare); err != nil {
+		return err
+	}
 	return c.LoRA.validate()
 }
 
@@ -212,6 +218,10 @@ type Terms struct {
 	Rate float64
 	// Decode is D, the decode-side cost of joining the worker's batch, in seconds.
 	Decode float64
+	// Herd is H, what the requests sent to the worker within its current decode step and not
+	// yet reported add to this one's wait, in seconds (costherd.go); 0 unless
+	// CostConfig.HerdShare is set.
+	Herd float64
 	// Adapter is L, what the request's LoRA adapter costs on the worker where it is not
 	// running (a load, or the wait for a slot), in seconds (costlora.go).
 	Adapter float64
@@ -223,7 +233,7 @@ type Terms struct {
 // Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, in seconds;
 // +Inf where a term is NaN (a hostile report). Ĉ beyond P counts as P.
 func (t *Terms) Formula() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd
 }
 
 // TTFT returns the prompt's own expected time to first token on the worker,
@@ -231,12 +241,12 @@ func (t *Terms) Formula() float64 {
 // requests behind it. It is what a decision predicts the client will see (the calibration
 // metrics, admission by a TTFT objective); Cost is what the pick minimises.
 func (t *Terms) TTFT() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode) + t.Adapter
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode) + t.Adapter + t.Herd
 }
 
 // price sets t.Cost from the other terms.
 func (t *Terms) price() {
-	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd
 }
 
 // formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
@@ -293,6 +303,8 @@ type workerCost struct {
 	// adaptersAt (costlora.go).
 	adapters   []string
 	adaptersAt time.Time
+	// herd is this replica's latest sends to the worker, for the herd term (costherd.go).
+	herd herdSends
 }
 
 // scorer is the filter and score steps of the pipeline, and the per-worker memory they need.
@@ -424,7 +436,7 @@ func finite(x float64) float64 {
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
 // (3 decimals), then Ĉ's follow share and owner credit in whole tokens, L in seconds where it is
-// not 0, and with replica sync the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
+// not 0, H in seconds where the herd term is on (h=, only when not 0), and with replica sync the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -443,6 +455,10 @@ func (t Terms) String() string {
 	if t.Adapter != 0 { // L, for an adapter's request where it does not run (costlora.go)
 		b = append(b, " l="...)
 		b = strconv.AppendFloat(b, t.Adapter, 'f', 3, 64)
+	}
+	if t.Herd != 0 { // H, where the herd term is on (costherd.go)
+		b = append(b, " h="...)
+		b = strconv.AppendFloat(b, t.Herd, 'f', 3, 64)
 	}
 	if t.PeerSent > 0 {
 		b = append(b, " sp="...)

@@ -340,6 +340,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// arbitrarily slow and an idle one free.
 		t.Decode = max(float64(r.running+r.waiting)+c.ahead, 0) / gen
 	}
+	s.herd(c, now)
 	s.behind(t)
 	t.price()
 }
@@ -612,6 +613,9 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	}
 	if c.fresh && st.est.Follows(c.r.polled) {
 		st.est.Sent(loadmon.Own, c.t.Prompt, uncached)
+	}
+	if s.cfg.HerdShare > 0 {
+		st.herd.add(s.now())
 	}
 	if s.meanUncached == 0 {
 		s.meanUncached = uncached
