@@ -62,7 +62,12 @@ func Name(host string) string {
 // (inet_aton), and any of these with a trailing dot. An IPv6 zone is kept ("fe80::1%eth0").
 func Addr(host string) (netip.Addr, bool) {
 	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	host = strings.TrimSuffix(host, ".")
+	if !strings.Contains(host, ":") {
+		// A trailing dot is a name's or an IPv4 address's; in IPv6 it can only be part of a
+		// zone ("fe80::1%eth0."), which must stay as written or the canonical form would not
+		// read back as itself.
+		host = strings.TrimSuffix(host, ".")
+	}
 	if host == "" {
 		return netip.Addr{}, false
 	}
