@@ -157,7 +157,7 @@ func TestDrillEngineKill9(t *testing.T) {
 	r.sims[0].signal(t, syscall.SIGKILL)
 	wg.Wait()
 	if tl.ok != tl.requests || tl.requests != clients*each {
-		t.Errorf("%d of %d requests failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
+		t.Errorf("%d of %d requests failed: %v\n%s", tl.requests-tl.ok, tl.requests, tl.failures(5), r.gw.logLines("request failed"))
 	}
 	shed := time.Duration(0)
 	if at, ok := r.notReadyAt(r.sims[0].url, killed); ok {

@@ -82,6 +82,17 @@ func (k *kvgate) log() string {
 	return k.logs.String()
 }
 
+// logLines returns the log's lines that contain sub: what a failed drill prints of the log.
+func (k *kvgate) logLines(sub string) string {
+	var b strings.Builder
+	for line := range strings.Lines(k.log()) {
+		if strings.Contains(line, sub) {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
 // sigtermRun is what a SIGTERM drill observed.
 type sigtermRun struct {
 	engines []*engine

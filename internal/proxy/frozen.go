@@ -68,8 +68,15 @@ func (a *attempt) refusedAfterReset(err error) bool {
 }
 
 // isEOFBeforeAnswer reports whether err is a connection that closed before any byte of an
-// answer: io.EOF or io.ErrUnexpectedEOF, or net/http's text for it (its only mark).
+// answer: io.EOF or io.ErrUnexpectedEOF, or net/http's texts for it (their only mark). One is
+// "server closed idle connection": the engine closed a connection before the request was
+// counted on it. net/http resends such a request itself only on a reused connection, so a
+// fresh one dialed just before the engine died ends with it.
 func isEOFBeforeAnswer(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		strings.Contains(err.Error(), "server closed connection before")
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "server closed connection before") ||
+		strings.Contains(msg, "server closed idle connection")
 }
