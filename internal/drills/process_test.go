@@ -58,12 +58,12 @@ type simProc struct {
 	exited chan error
 }
 
-// startSim runs `bin sim` on a free loopback port with the given seed and returns once it
-// prints its URL. A cleanup resumes and kills it.
-func startSim(t *testing.T, bin string, seed int) *simProc {
+// startSim runs `bin sim` on a free loopback port with the given seed (and any further flags)
+// and returns once it prints its URL. A cleanup resumes and kills it.
+func startSim(t *testing.T, bin string, seed int, flags ...string) *simProc {
 	t.Helper()
-	s := &simProc{cmd: exec.Command(bin, "sim", "--host", "127.0.0.1", "--base-port", "0", "--count", "1", "--seed", strconv.Itoa(seed)),
-		exited: make(chan error, 1)}
+	args := append([]string{"sim", "--host", "127.0.0.1", "--base-port", "0", "--count", "1", "--seed", strconv.Itoa(seed)}, flags...)
+	s := &simProc{cmd: exec.Command(bin, args...), exited: make(chan error, 1)}
 	stdout, err := s.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
