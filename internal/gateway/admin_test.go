@@ -11,8 +11,9 @@ import (
 	"github.com/kvgate/kvgate/internal/testutil"
 )
 
-func adminDo(t *testing.T, g *testGateway, method, path, body, key string) (*http.Response, []byte) {
-	t.Helper()
+// adminRequest is a request to g's admin plane: a JSON body when body is not "", and the bearer
+// key when key is not "".
+func adminRequest(g *testGateway, method, path, body, key string) *http.Request {
 	req, _ := http.NewRequest(method, g.admin.URL+path, strings.NewReader(body))
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
@@ -20,7 +21,13 @@ func adminDo(t *testing.T, g *testGateway, method, path, body, key string) (*htt
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	return req
+}
+
+// adminDo sends one admin request and returns its answer with the body read.
+func adminDo(t *testing.T, g *testGateway, method, path, body, key string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(adminRequest(g, method, path, body, key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,25 +103,9 @@ func TestWorkerAdminAPI(t *testing.T) {
 // request reaches the worker.
 func TestDeleteDrains(t *testing.T) {
 	a, b := newFakeWorker(t, "m"), newFakeWorker(t, "m")
-	arrived := make(chan struct{})
-	release := make(chan struct{})
-	a.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		close(arrived)
-		select {
-		case <-release:
-		case <-t.Context().Done(): // the test failed before its release: let the servers close
-			return
-		}
-		defaultInference(w, r)
-	})
+	arrived, release := a.hold(t)
 	g := newTestGateway(t, Config{}, "round_robin", a, b)
-	first := make(chan int)
-	go func() {
-		resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
+	first := g.postInBackground(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
 	testutil.Recv(t, arrived, "the first request at the worker")
 	aw := g.reg.View().All[0]
 	if resp, _ := adminDo(t, g, "DELETE", "/workers/"+aw.ID, "", ""); resp.StatusCode != 200 {

@@ -14,16 +14,10 @@ import (
 // adminRaw sends one admin request with the given Host and Origin ("" = no Origin header).
 func adminRaw(t *testing.T, g *testGateway, method, path, host, origin, body, key string) int {
 	t.Helper()
-	req, _ := http.NewRequest(method, g.admin.URL+path, strings.NewReader(body))
+	req := adminRequest(g, method, path, body, key)
 	req.Host = host
 	if origin != "" {
 		req.Header.Set("Origin", origin)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -255,25 +255,9 @@ func TestErrorStatuses(t *testing.T) {
 
 func TestConcurrencyLimit429(t *testing.T) {
 	f := newFakeWorker(t, "m")
-	arrived := make(chan struct{})
-	release := make(chan struct{})
-	f.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		close(arrived)
-		select {
-		case <-release:
-		case <-t.Context().Done(): // the test failed before its release: let the servers close
-			return
-		}
-		defaultInference(w, r)
-	})
+	arrived, release := f.hold(t)
 	g := newTestGateway(t, Config{MaxConcurrentRequests: 1}, "round_robin", f)
-	first := make(chan int)
-	go func() {
-		resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		first <- resp.StatusCode
-	}()
+	first := g.postInBackground(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
 	testutil.Recv(t, arrived, "the first request at the worker")
 	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
 	if resp.StatusCode != http.StatusTooManyRequests {

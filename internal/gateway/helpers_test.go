@@ -63,6 +63,24 @@ func (f *fakeWorker) setHandler(h http.HandlerFunc) {
 	f.mu.Unlock()
 }
 
+// hold makes f's next request wait at the worker until release is closed or the test ends, then
+// answer as defaultInference does; arrived is closed when that request arrives, so the test can act
+// while it is in flight. Only one request may reach f while it holds.
+func (f *fakeWorker) hold(t *testing.T) (arrived <-chan struct{}, release chan struct{}) {
+	in := make(chan struct{})
+	release = make(chan struct{})
+	f.setHandler(func(w http.ResponseWriter, r *http.Request) {
+		close(in)
+		select {
+		case <-release:
+		case <-t.Context().Done(): // the test failed before its release: let the servers close
+			return
+		}
+		defaultInference(w, r)
+	})
+	return in, release
+}
+
 func (f *fakeWorker) requests() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -179,6 +197,19 @@ func (g *testGateway) waitDone(t *testing.T, n int) {
 func (g *testGateway) post(t *testing.T, path, body string, hdr ...string) *http.Response {
 	t.Helper()
 	return g.postFrom(t, path, strings.NewReader(body), hdr...)
+}
+
+// postInBackground posts body to path from another goroutine, drains the answer and sends its
+// status on the returned channel: for a request that must stay in flight while the test goes on.
+func (g *testGateway) postInBackground(t *testing.T, path, body string) <-chan int {
+	status := make(chan int)
+	go func() {
+		resp := g.post(t, path, body)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	return status
 }
 
 // postFrom is post with the body read from body (its length declared when net/http can tell it,
