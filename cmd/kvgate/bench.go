@@ -105,7 +105,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func (f *benchFlags) spec() bench.Spec {
 	s := bench.Spec{
 		Name: f.workload, Trace: f.trace, TraceFormat: f.traceFormat, Seed: f.seed,
-		Mooncake: bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to},
+		Mooncake: bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Spread: f.traceSpread},
 		Prefixes: f.prefixes, PrefixWords: f.prefixWords, OutputTokens: f.outTokens,
 	}
 	if s.Generated() {
@@ -126,7 +126,7 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 		if err := writeMooncake(f.traceOut, es); err != nil {
 			return nil, err
 		}
-		return bench.NewMooncake(es, bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed})
+		return bench.NewMooncake(es, bench.MooncakeOptions{BlockTokens: f.blockTokens, TimeScale: f.timeScale, From: f.from, To: f.to, Seed: f.seed, Spread: f.traceSpread})
 	}
 	return spec.Build()
 }

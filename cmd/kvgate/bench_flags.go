@@ -22,6 +22,7 @@ type benchFlags struct {
 	traceFormat string
 	blockTokens int
 	timeScale   float64
+	traceSpread time.Duration
 	from, to    time.Duration
 	traceOut    string
 	gen         bench.MooncakeGen
@@ -87,6 +88,7 @@ Progress goes to stderr when it is a terminal, the report to stdout.
 	fs.Float64Var(&f.timeScale, "time-scale", 1, "mooncake: multiply the trace's arrival times (0.5 replays twice as fast)")
 	fs.DurationVar(&f.from, "from", 0, "mooncake: replay the trace from this offset (trace time)")
 	fs.DurationVar(&f.to, "to", 0, "mooncake: replay the trace up to this offset (trace time; 0 = its end)")
+	fs.DurationVar(&f.traceSpread, "trace-spread", 0, "mooncake: spread the requests that share a timestamp evenly over this span after it (or up to the next timestamp), undoing a coarse trace clock (the public conversation trace steps by 3s); 0 = at the recorded instants")
 	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth, mooncake-agent: also write the generated trace to this file (Mooncake format; replay it with --trace FILE --trace-format mooncake); without --target or --fleet, only write it and print its shape")
 	gd := bench.NewMooncakeGen(0)
 	f.gen = *gd

@@ -126,6 +126,12 @@ type MooncakeOptions struct {
 	From, To time.Duration
 	// Seed fixes the text each hash id becomes.
 	Seed uint64
+	// Spread replays the requests that share a timestamp evenly over the Spread after it (or up
+	// to the next timestamp, if sooner), in their order, instead of all at that instant. A trace
+	// whose clock is coarse (the public conversation trace's timestamps fall on 3 s steps) holds
+	// bursts no real client sent at one instant; Spread undoes that granularity. Zero replays the
+	// recorded instants.
+	Spread time.Duration
 }
 
 func (o MooncakeOptions) withDefaults() MooncakeOptions {
@@ -148,6 +154,8 @@ func (o MooncakeOptions) Validate() error {
 		return fmt.Errorf("time scale %v must be in (0, 1e6]", o.TimeScale)
 	case o.From < 0 || o.To < 0 || (o.To > 0 && o.To <= o.From):
 		return fmt.Errorf("window [%v, %v) must be non-negative and non-empty", o.From, o.To)
+	case o.Spread < 0 || o.Spread > time.Hour:
+		return fmt.Errorf("spread %v must be in [0, 1h]", o.Spread)
 	}
 	return nil
 }
@@ -161,7 +169,8 @@ func (o MooncakeOptions) Validate() error {
 type Mooncake struct {
 	opt     MooncakeOptions
 	entries []MooncakeEntry
-	lines   []int // entries[i]'s index in the whole trace, for unique filler text
+	lines   []int     // entries[i]'s index in the whole trace, for unique filler text
+	offset  []float64 // entries[i]'s arrival past its timestamp under Spread, in milliseconds
 }
 
 // NewMooncake builds the replay of entries (in timestamp order) under opt.
@@ -182,7 +191,32 @@ func NewMooncake(entries []MooncakeEntry, opt MooncakeOptions) (*Mooncake, error
 	if len(m.entries) == 0 {
 		return nil, fmt.Errorf("no request of the trace falls in the window [%v, %v)", opt.From, opt.To)
 	}
+	if opt.Spread > 0 {
+		m.offset = spreadOffsets(m.entries, ms(opt.Spread))
+	}
 	return m, nil
+}
+
+// spreadOffsets returns, for entries in timestamp order, each one's offset past its timestamp
+// when the n entries of one timestamp are spread evenly over the spread milliseconds after it
+// (or up to the next timestamp, if sooner): the k-th of them at k/n of that span.
+func spreadOffsets(entries []MooncakeEntry, spread float64) []float64 {
+	off := make([]float64, len(entries))
+	for i := 0; i < len(entries); {
+		j := i + 1
+		for j < len(entries) && entries[j].Timestamp == entries[i].Timestamp {
+			j++
+		}
+		span := spread
+		if j < len(entries) {
+			span = min(span, entries[j].Timestamp-entries[i].Timestamp)
+		}
+		for k := i; k < j; k++ {
+			off[k] = span * float64(k-i) / float64(j-i)
+		}
+		i = j
+	}
+	return off
 }
 
 // LoadMooncake reads the Mooncake-format trace at path and builds its replay.
@@ -217,7 +251,11 @@ func (m *Mooncake) Session(k int) (Session, bool) {
 		return Session{}, false
 	}
 	e := &m.entries[k]
-	at := (e.Timestamp - ms(m.opt.From)) * m.opt.TimeScale
+	at := e.Timestamp - ms(m.opt.From)
+	if m.offset != nil {
+		at += m.offset[k]
+	}
+	at *= m.opt.TimeScale
 	t := Turn{
 		Messages:     []Message{{Role: "user", Content: m.Text(k)}},
 		OutputTokens: max(e.OutputLength, 1),

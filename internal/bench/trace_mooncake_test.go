@@ -295,3 +295,35 @@ func TestMeasureMooncake(t *testing.T) {
 		t.Errorf("gap CV %v, want 1/3", s.GapCV)
 	}
 }
+
+// TestMooncakeSpreadUndoesACoarseClock: three requests on one timestamp and two on the next,
+// 3 s later, replayed with Spread 3 s arrive a second apart and 1.5 s apart, in their order;
+// a Spread shorter than the gap spreads over the Spread only; the last timestamp spreads over
+// the whole Spread; zero Spread keeps the recorded instants.
+func TestMooncakeSpreadUndoesACoarseClock(t *testing.T) {
+	es := []MooncakeEntry{{Timestamp: 0}, {Timestamp: 0}, {Timestamp: 0}, {Timestamp: 3000}, {Timestamp: 3000}}
+	for i := range es {
+		es[i].InputLength, es[i].OutputLength, es[i].HashIDs = 16, 1, []int64{int64(i)}
+	}
+	for _, tt := range []struct {
+		spread time.Duration
+		want   []time.Duration
+	}{
+		{0, []time.Duration{0, 0, 0, 3 * time.Second, 3 * time.Second}},
+		{3 * time.Second, []time.Duration{0, time.Second, 2 * time.Second, 3 * time.Second, 4500 * time.Millisecond}},
+		{300 * time.Millisecond, []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond, 3 * time.Second, 3150 * time.Millisecond}},
+	} {
+		m, err := NewMooncake(es, MooncakeOptions{BlockTokens: 16, Spread: tt.spread})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, want := range tt.want {
+			if s, _ := m.Session(k); s.At != want {
+				t.Fatalf("spread %v: request %d at %v, want %v", tt.spread, k, s.At, want)
+			}
+		}
+	}
+	if _, err := NewMooncake(es, MooncakeOptions{Spread: -time.Second}); err == nil {
+		t.Fatal("a negative spread was accepted")
+	}
+}
