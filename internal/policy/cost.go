@@ -117,13 +117,17 @@ type CostConfig struct {
 	// HerdShare weighs the herd term H (costherd.go), in decode steps per request sent to the
 	// worker within its current step and not yet reported. Default 0 (off).
 	HerdShare float64 `yaml:"herd_share"`
+	// BlindWindow is how long, in seconds, a peer's decision may take to reach this replica
+	// over the sync plane: the blind term (costblind.go) counts this replica's own sends to a
+	// worker within it once more for every live peer. 0 turns the term off. Default 0.002.
+	BlindWindow float64 `yaml:"blind_window"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
 		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, RateCap: 64, DelayShare: 1, MaxTokenUsage: 1,
-		MinDecodeRate: 1, MeanWindow: 64,
+		MinDecodeRate: 1, MeanWindow: 64, BlindWindow: 0.002,
 		LoRA: DefaultLoRACost()}
 }
 
@@ -178,6 +182,9 @@ func (c CostConfig) validate() error {
 	if err := validHerdShare(c.HerdShare); err != nil {
 		return err
 	}
+	if !(c.BlindWindow >= 0) || c.BlindWindow > 10 {
+		return errors.New("blind_window must be in [0, 10] seconds")
+	}
 	return c.LoRA.validate()
 }
 
@@ -200,6 +207,9 @@ type Terms struct {
 	Sent float64
 	// PeerSent is the part of Sent that peers sent (replica sync), in tokens; 0 without sync.
 	PeerSent float64
+	// Blind is the part of PeerSent the blind term estimated (costblind.go): what the peers
+	// probably sent within the bus's delay, not yet heard of, in tokens.
+	Blind float64
 	// Prompt is P, the prompt, in tokens.
 	Prompt float64
 	// Cached is Ĉ, the part of the prompt predicted cached on the worker, in tokens, Follow and
@@ -290,7 +300,11 @@ type costCand struct {
 	// peerTok and peerReq are what the peers sent w since its report (Peers.SentSinceAll),
 	// when the sync plane is active; r.replicas is then 1.
 	peerTok, peerReq float64
-	t                Terms
+	// peerN is the live peers (Peers.Peers), for the blind term (costblind.go).
+	peerN int
+	// blindEps widens the tie window of a decision picking c (costblind.go), in seconds.
+	blindEps float64
+	t        Terms
 }
 
 // workerCost is what a replica remembers of one worker between decisions.
@@ -323,6 +337,9 @@ type scorer struct {
 	// meanUncached is a moving average of the uncached tokens of the prompts this replica sent,
 	// for workers that report only request counts.
 	meanUncached float64
+	// burst is this replica's recent decisions and how many of its own decisions came within
+	// CostConfig.BlindWindow of one another, for the blind term (costblind.go).
+	burst burstRate
 }
 
 func newScorer(cfg CostConfig, loads Loads, now func() time.Time) *scorer {
@@ -436,7 +453,7 @@ func finite(x float64) float64 {
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
 // (3 decimals), then Ĉ's follow share and owner credit in whole tokens, L in seconds where it is
-// not 0, H in seconds where the herd term is on (h=, only when not 0), and with replica sync the part of S its peers sent (sp=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
+// not 0, H in seconds where the herd term is on (h=, only when not 0), and with replica sync the part of S its peers sent (sp=, only when some) and the blind term's part of it (sb=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -463,6 +480,10 @@ func (t Terms) String() string {
 	if t.PeerSent > 0 {
 		b = append(b, " sp="...)
 		b = strconv.AppendFloat(b, t.PeerSent, 'f', 0, 64)
+	}
+	if t.Blind > 0 { // the blind term's part of sp= (costblind.go)
+		b = append(b, " sb="...)
+		b = strconv.AppendFloat(b, t.Blind, 'f', 0, 64)
 	}
 	return string(b)
 }

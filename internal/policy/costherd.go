@@ -25,13 +25,29 @@ const herdRing = 32
 // herdSends is a replica's record of its latest sends to one worker, for n_w.
 type herdSends struct {
 	at   [herdRing]time.Time
+	tok  [herdRing]float64 // the uncached tokens of each send
+	last time.Time         // the latest send's
 	next int
 }
 
-// add records a send at t.
-func (h *herdSends) add(t time.Time) {
-	h.at[h.next] = t
+// add records a send at t of tok uncached tokens.
+func (h *herdSends) add(t time.Time, tok float64) {
+	h.at[h.next], h.tok[h.next], h.last = t, tok, t
 	h.next = (h.next + 1) % herdRing
+}
+
+// within returns the recorded sends after from (exclusive) and their uncached tokens.
+func (h *herdSends) within(from time.Time) (requests int, tokens float64) {
+	if !h.last.After(from) {
+		return 0, 0 // the common case: nothing recent
+	}
+	for i := range h.at {
+		if h.at[i].After(from) {
+			requests++
+			tokens += h.tok[i]
+		}
+	}
+	return requests, tokens
 }
 
 // since counts the recorded sends after from (exclusive).

@@ -97,6 +97,7 @@ func TestHerdShareBounds(t *testing.T) {
 type herdPeers struct{ to string }
 
 func (herdPeers) Active() bool { return true }
+func (herdPeers) Peers() int   { return 1 }
 func (p herdPeers) SentSinceAll(ws []string, _ []time.Time, tok, req []float64) {
 	for i, w := range ws {
 		tok[i], req[i] = 0, 0

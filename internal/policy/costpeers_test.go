@@ -133,11 +133,16 @@ var _ SessionShare = (*replicasync.Node)(nil)
 func BenchmarkDecisionWithPeers(b *testing.B) {
 	texts := mooncakeTexts()
 	ws, mon := monitoredFleet(b, 64)
-	for _, mode := range []string{"off", "on", "on-other-prompts", "off-spread", "on-spread"} {
+	// on-unblind: sync on with the blind term off (costblind.go). Back to back, every decision
+	// falls within the blind window of the previous ones: the term's worst case.
+	for _, mode := range []string{"off", "on", "on-unblind", "on-other-prompts", "off-spread", "on-spread"} {
 		sync := strings.HasPrefix(mode, "on")
 		b.Run(mode, func(b *testing.B) {
 			cfg := DefaultConfig()
 			cfg.NoBackground, cfg.Loads = true, mon
+			if mode == "on-unblind" {
+				cfg.Cost.BlindWindow = 0
+			}
 			var node *replicasync.Node
 			if sync {
 				var err error

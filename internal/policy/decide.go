@@ -312,6 +312,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		}
 	}
 	t.Rate = st.est.Rate(&s.est)
+	s.blind(c, now) // the peers' decisions not yet heard of (costblind.go)
 	if st.est.Follows(r.polled) {
 		// The engine has been prefilling since the poll: what it had queued then, and then what
 		// was sent it since, is that much less now (a report up to a poll interval old would
@@ -341,6 +342,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		t.Decode = max(float64(r.running+r.waiting)+c.ahead, 0) / gen
 	}
 	s.herd(c, now)
+	s.blindTies(c)
 	s.behind(t)
 	t.price()
 }
@@ -569,7 +571,7 @@ func (s *scorer) choose(av []costCand, key uint64) (best, runner int, most float
 		}
 	}
 	// The ties within ε of the least go to the highest rendezvous score of key.
-	eps := s.cfg.TieSeconds + s.cfg.TieShare*av[least].t.Cost
+	eps := s.cfg.TieSeconds + s.cfg.TieShare*av[least].t.Cost + av[least].blindEps
 	limit := av[least].t.Cost + eps
 	best = least
 	var bestScore uint64
@@ -614,8 +616,10 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if c.fresh && st.est.Follows(c.r.polled) {
 		st.est.Sent(loadmon.Own, c.t.Prompt, uncached)
 	}
-	if s.cfg.HerdShare > 0 {
-		st.herd.add(s.now())
+	if s.cfg.HerdShare > 0 || s.peers != nil {
+		now := s.now()
+		st.herd.add(now, uncached)
+		s.burst.add(now, s.cfg.BlindWindow, s.cfg.MeanWindow)
 	}
 	if s.meanUncached == 0 {
 		s.meanUncached = uncached

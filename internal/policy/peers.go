@@ -32,9 +32,10 @@ func peerSent(peers Peers, av []costCand) {
 	}
 	sc.tok, sc.req = sized(sc.tok, len(sc.ids)), sized(sc.req, len(sc.ids))
 	peers.SentSinceAll(sc.ids, sc.since, sc.tok, sc.req)
+	n := peers.Peers()
 	for j, i := range sc.at {
 		c := &av[i]
-		c.peerTok, c.peerReq, c.r.replicas = sc.tok[j], sc.req[j], 1
+		c.peerTok, c.peerReq, c.r.replicas, c.peerN = sc.tok[j], sc.req[j], 1, n
 	}
 	clear(sc.ids) // hold no id
 }
@@ -53,6 +54,9 @@ func peerSent(peers Peers, av []costCand) {
 type Peers interface {
 	// Active reports whether the peers' views are current (the bus is up).
 	Active() bool
+	// Peers returns how many peers are live (heard from recently): the replicas besides this
+	// one whose decisions the blind term mirrors (costblind.go).
+	Peers() int
 	// SentSinceAll writes to tokens[i] and requests[i] what peers sent workers[i] since
 	// since[i] (this replica's clock, at receipt): the uncached tokens, and the requests (their
 	// sends less their finishes). The slices are equally long.
