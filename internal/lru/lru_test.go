@@ -18,7 +18,9 @@ type model struct {
 	expired, evicted uint64
 }
 
-func (m *model) find(k int) int { return slices.IndexFunc(m.es, func(e modelEntry) bool { return e.k == k }) }
+func (m *model) find(k int) int {
+	return slices.IndexFunc(m.es, func(e modelEntry) bool { return e.k == k })
+}
 
 func (m *model) toFront(i int) {
 	e := m.es[i]
@@ -33,7 +35,9 @@ func (m *model) cost() int {
 	return n
 }
 
-func (e modelEntry) expiredAt(now time.Time) bool { return !e.deadline.IsZero() && now.After(e.deadline) }
+func (e modelEntry) expiredAt(now time.Time) bool {
+	return !e.deadline.IsZero() && now.After(e.deadline)
+}
 
 // TestCacheAgainstModel drives random gets (plain and live), peeks, adds (with and without a
 // deadline), removes and expiries, on a clock that moves forward and sometimes back, against a

@@ -160,6 +160,7 @@ var (
 	_ Recorder         = (*Sticky)(nil)
 	_ DecisionTimer    = (*Sticky)(nil)
 	_ Unwrapper        = (*Sticky)(nil)
+	_ Preparer         = (*Sticky)(nil)
 )
 
 const (
@@ -251,6 +252,37 @@ func (p *Sticky) Pick(ctx context.Context, candidates []*worker.Worker, req *Req
 	}
 	p.bind(key, w.ID, now)
 	return p.sticky(req, w, stMoved, BranchStickyMoved)
+}
+
+// Prepare prepares req for the wrapped policy when Pick will ask it: a request without a key,
+// or, with placement "policy", one whose session is bound neither here nor at a peer. A
+// session bound meanwhile wastes the preparation; one that expired meanwhile is placed by the
+// wrapped policy unprepared (its fallback, the tree for precise_prefix).
+func (p *Sticky) Prepare(ctx context.Context, candidates []*worker.Worker, req *Request) {
+	if pr, ok := p.inner.(Preparer); ok && (req.Key == "" || p.asksInner(sessionKey(req.Key))) {
+		pr.Prepare(ctx, candidates, req)
+	}
+}
+
+// asksInner reports whether Pick would ask the wrapped policy for the session key (bounded by
+// sessionKey): no live session here or at a peer, and placement "policy". It changes nothing.
+func (p *Sticky) asksInner(key string) bool {
+	if p.cfg.Placement != PlacePolicy {
+		return false
+	}
+	now := p.now()
+	p.mu.Lock()
+	_, deadline, ok := p.sessions.Peek(key)
+	p.mu.Unlock()
+	if ok && !now.After(deadline) {
+		return false
+	}
+	if p.share != nil {
+		if _, ok := p.share.SessionWorker(key); ok {
+			return false
+		}
+	}
+	return true
 }
 
 // pickInner asks the wrapped policy.
