@@ -180,6 +180,27 @@ func newTestGateway(t testing.TB, cfg Config, policyName string, workers ...*fak
 	return g
 }
 
+// newRouter returns the router of the named policy over pc, closed when the test ends.
+func newRouter(t testing.TB, name string, pc policy.Config) *policy.Router {
+	t.Helper()
+	router, err := policy.NewRouter(name, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	return router
+}
+
+// mustRegister registers each worker with g, failing the test on an error.
+func (g *testGateway) mustRegister(t testing.TB, reqs ...AddWorkerRequest) {
+	t.Helper()
+	for _, r := range reqs {
+		if _, err := g.Register(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // waitDone waits for n handler returns, failing after a bound.
 func (g *testGateway) waitDone(t *testing.T, n int) {
 	t.Helper()
@@ -199,32 +220,92 @@ func (g *testGateway) post(t *testing.T, path, body string, hdr ...string) *http
 	return g.postFrom(t, path, strings.NewReader(body), hdr...)
 }
 
-// postInBackground posts body to path from another goroutine, drains the answer and sends its
-// status on the returned channel: for a request that must stay in flight while the test goes on.
-func (g *testGateway) postInBackground(t *testing.T, path, body string) <-chan int {
-	status := make(chan int)
+// async posts body to path from another goroutine, for a request that must stay in flight
+// while the test goes on, and delivers the response on the channel (nil when the transport
+// failed: the goroutine calls no t.Fatal, the test's goroutine decides, see answer).
+func (g *testGateway) async(ctx context.Context, path, body string, hdr ...string) chan *http.Response {
+	ch := make(chan *http.Response, 1)
 	go func() {
-		resp := g.post(t, path, body)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		status <- resp.StatusCode
+		resp, err := http.DefaultClient.Do(g.newPost(ctx, path, strings.NewReader(body), hdr...))
+		if err != nil {
+			resp = nil
+		}
+		ch <- resp
 	}()
-	return status
+	return ch
+}
+
+// answer waits for async's response, failing when the request failed or took past a bound.
+func answer(t *testing.T, ch chan *http.Response) *http.Response {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	select {
+	case r := <-ch:
+		if r == nil {
+			t.Fatal("request failed")
+		}
+		return r
+	case <-timeout.C:
+		t.Fatal("no response")
+		return nil
+	}
+}
+
+// answerStatus is answer's status, the body drained and closed.
+func answerStatus(t *testing.T, ch chan *http.Response) int {
+	t.Helper()
+	r := answer(t, ch)
+	io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	return r.StatusCode
+}
+
+// newPost returns a POST of body to path on g under ctx, with g's bearer and then the header
+// name/value pairs in hdr (which may override it).
+func (g *testGateway) newPost(ctx context.Context, path string, body io.Reader, hdr ...string) *http.Request {
+	return newPost(ctx, g.srv.URL+path, g.bearer, body, hdr...)
+}
+
+// newPost returns a JSON POST of body to url under ctx, with the bearer ("" none) and then the
+// header name/value pairs in hdr.
+func newPost(ctx context.Context, url, bearer string, body io.Reader, hdr ...string) *http.Request {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
+	req.Header.Set("Content-Type", "application/json")
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	return req
+}
+
+// postOK posts the JSON body to url with the bearer ("" none), reads the answer to its end and
+// returns its header and body. A transport error or a status other than 200 is reported with
+// t.Errorf, which is safe off the test's goroutine, and gives a nil header: a caller on the
+// test's goroutine that cannot go on stops with t.FailNow.
+func postOK(t testing.TB, url, bearer, body string) (http.Header, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(newPost(context.Background(), url, bearer, strings.NewReader(body)))
+	if err != nil {
+		t.Errorf("POST %s: %v", url, err)
+		return nil, nil
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("POST %s: status %d: %s", url, resp.StatusCode, b)
+		return nil, nil
+	}
+	return resp.Header, b
 }
 
 // postFrom is post with the body read from body (its length declared when net/http can tell it,
 // chunked otherwise), and header name/value pairs in hdr.
 func (g *testGateway) postFrom(t *testing.T, path string, body io.Reader, hdr ...string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, g.srv.URL+path, body)
-	req.Header.Set("Content-Type", "application/json")
-	if g.bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+g.bearer)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(g.newPost(context.Background(), path, body, hdr...))
 	if err != nil {
 		t.Fatal(err)
 	}

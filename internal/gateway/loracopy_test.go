@@ -23,11 +23,7 @@ import (
 // loraGateway starts a gateway with cfg in front of engines and returns it with an SDK client.
 func loraGateway(t *testing.T, cfg Config, engines ...*httptest.Server) (*Server, *worker.Registry, openai.Client) {
 	t.Helper()
-	router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 	reg := worker.NewRegistry()
 	s := New(cfg, reg, router, nil)
 	t.Cleanup(s.Stop)

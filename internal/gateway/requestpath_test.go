@@ -190,9 +190,7 @@ func TestPrefillRequestHasADeadline(t *testing.T) {
 func TestPrefillWithoutDecodeIs503(t *testing.T) {
 	p := newFakeWorker(t, "m")
 	g := newTestGateway(t, Config{}, "round_robin")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: p.URL, WorkerType: "prefill"}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: p.URL, WorkerType: "prefill"})
 	resp := g.postBounded(t, "/generate", `{"text":"hi"}`)
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("status %d, want 503", resp.StatusCode)

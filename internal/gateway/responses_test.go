@@ -28,9 +28,7 @@ func simGateway(t *testing.T, policyName string, n int) (*testGateway, []*httpte
 		s := sim.NewServer(sim.Config{Model: "m", Engine: engine.Config{DecodeBase: time.Millisecond, PrefillTPS: 1e6}})
 		ts := httptest.NewServer(s)
 		t.Cleanup(func() { ts.Close(); s.Close() })
-		if _, err := g.Register(context.Background(), AddWorkerRequest{URL: ts.URL}); err != nil {
-			t.Fatal(err)
-		}
+		g.mustRegister(t, AddWorkerRequest{URL: ts.URL})
 		srvs = append(srvs, ts)
 	}
 	return g, srvs
