@@ -120,9 +120,7 @@ func TestFlowLateBindingPriorityOrder(t *testing.T) {
 		t.Fatalf("the worker saw %d requests while saturated, want 1", n)
 	}
 	hw.release <- struct{}{}
-	if r := answer(t, first); r.StatusCode != 200 {
-		t.Fatalf("first: %d", r.StatusCode)
-	}
+	answerOK(t, first)
 	if got := hw.next(t); got != "high" {
 		t.Fatalf("after the first finished, %q went; want the permitted high priority", got)
 	}
@@ -132,9 +130,7 @@ func TestFlowLateBindingPriorityOrder(t *testing.T) {
 		t.Fatalf("then %q", got)
 	}
 	for _, ch := range []chan *http.Response{high, low} {
-		if r := answer(t, ch); r.StatusCode != 200 {
-			t.Errorf("status %d", r.StatusCode)
-		}
+		answerOK(t, ch)
 	}
 	g.waitDone(t, 3)
 	settled(t, g)
@@ -532,16 +528,12 @@ func TestFlowKVFreedBetweenReports(t *testing.T) {
 		t.Fatalf("the worker saw %d requests with its KV cache full, want 1", n)
 	}
 	hw.release <- struct{}{}
-	if r := answer(t, first); r.StatusCode != 200 {
-		t.Fatalf("first: %d", r.StatusCode)
-	}
+	answerOK(t, first)
 	if got := hw.next(t); got != "B" {
 		t.Fatalf("after the first finished, %q went; want the queued B", got)
 	}
 	hw.release <- struct{}{}
-	if r := answer(t, second); r.StatusCode != 200 {
-		t.Fatalf("second: %d", r.StatusCode)
-	}
+	answerOK(t, second)
 	g.waitDone(t, 2)
 	settled(t, g)
 }
@@ -598,9 +590,7 @@ func TestFlowDispatchesWhenPrefillDrains(t *testing.T) {
 	if at := testutil.Recv(t, armed, "the drain timer"); math.Abs(at.Sub(start).Seconds()-0.101) > 1e-6 {
 		t.Fatalf("drain armed %v after the report, want 101ms", at.Sub(start))
 	}
-	if r := answer(t, ch); r.StatusCode != 200 {
-		t.Fatalf("status %d", r.StatusCode)
-	}
+	answerOK(t, ch)
 	g.waitDone(t, 1)
 	settled(t, g)
 }

@@ -260,10 +260,7 @@ func TestConcurrencyLimit429(t *testing.T) {
 	first := g.async(t.Context(), "/v1/completions", `{"model":"m","prompt":"x"}`)
 	testutil.Recv(t, arrived, "the first request at the worker")
 	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("second request: status %d, want 429", resp.StatusCode)
-	}
-	decodeError(t, resp)
+	wantError(t, resp, http.StatusTooManyRequests)
 	close(release)
 	if s := answerStatus(t, first); s != 200 {
 		t.Errorf("first request: status %d", s)
@@ -449,10 +446,7 @@ func TestDisaggregatedPrefillFailure(t *testing.T) {
 	g.mustRegister(t, AddWorkerRequest{URL: p.URL, WorkerType: "prefill"})
 	g.mustRegister(t, AddWorkerRequest{URL: d.URL, WorkerType: "decode"})
 	resp := g.post(t, "/generate", `{"text":"hi"}`)
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("status %d, want 502", resp.StatusCode)
-	}
-	if e := decodeError(t, resp); !strings.Contains(e.Message, "prefill") {
+	if e := wantError(t, resp, http.StatusBadGateway); !strings.Contains(e.Message, "prefill") {
 		t.Errorf("message %q does not name the prefill failure", e.Message)
 	}
 	select {

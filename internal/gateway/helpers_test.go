@@ -261,6 +261,48 @@ func answerStatus(t *testing.T, ch chan *http.Response) int {
 	return r.StatusCode
 }
 
+// answerOK is answerStatus, failing the test unless the status is 200.
+func answerOK(t *testing.T, ch chan *http.Response) {
+	t.Helper()
+	if s := answerStatus(t, ch); s != http.StatusOK {
+		t.Fatalf("status %d, want 200", s)
+	}
+}
+
+// wantError checks that resp has the status and the OpenAI error shape, and returns the error.
+func wantError(t *testing.T, resp *http.Response, status int) apiError {
+	t.Helper()
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d", resp.StatusCode, status)
+	}
+	return decodeError(t, resp)
+}
+
+// countListing returns how many of the engines at urls list model in their /v1/models.
+func countListing(t *testing.T, model string, urls ...string) int {
+	t.Helper()
+	n := 0
+	for _, u := range urls {
+		if listsModel(t, u, model) {
+			n++
+		}
+	}
+	return n
+}
+
+// newQuietServer returns a gateway without logs over the named policy, the workers at urls
+// registered.
+func newQuietServer(t testing.TB, policyName string, urls ...string) *Server {
+	t.Helper()
+	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), newRouter(t, policyName, policy.DefaultConfig()), nil)
+	for _, u := range urls {
+		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
 // newPost returns a POST of body to path on g under ctx, with g's bearer and then the header
 // name/value pairs in hdr (which may override it).
 func (g *testGateway) newPost(ctx context.Context, path string, body io.Reader, hdr ...string) *http.Request {

@@ -181,13 +181,7 @@ func TestLLMDLoraLoadOnDemand(t *testing.T) {
 			t.Fatalf("answer from model %q", got.Model)
 		}
 	}
-	n := 0
-	for _, e := range []*testutil.LLMDSim{e1, e2} {
-		if listsModel(t, e.URL, "x") {
-			n++
-		}
-	}
-	if n != 1 {
+	if n := countListing(t, "x", e1.URL, e2.URL); n != 1 {
 		t.Fatalf("the adapter is listed by %d engines, want 1", n)
 	}
 }

@@ -82,13 +82,7 @@ func TestLoraCopyWhenSaturated(t *testing.T) {
 	if err := testutil.Recv(t, long, "the long request"); err != nil {
 		t.Fatal(err)
 	}
-	loaded := 0
-	for _, e := range []*httptest.Server{e2, e3} {
-		if listsModel(t, e.URL, "x") {
-			loaded++
-		}
-	}
-	if loaded != 1 {
+	if loaded := countListing(t, "x", e2.URL, e3.URL); loaded != 1 {
 		t.Fatalf("the copy is on %d engines, want 1", loaded)
 	}
 	if n := strings.Count(logs.String(), "adapter loaded on demand"); n != 1 {

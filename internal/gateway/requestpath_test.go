@@ -192,10 +192,7 @@ func TestPrefillWithoutDecodeIs503(t *testing.T) {
 	g := newTestGateway(t, Config{}, "round_robin")
 	g.mustRegister(t, AddWorkerRequest{URL: p.URL, WorkerType: "prefill"})
 	resp := g.postBounded(t, "/generate", `{"text":"hi"}`)
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("status %d, want 503", resp.StatusCode)
-	}
-	if e := decodeError(t, resp); !strings.Contains(e.Message, "decode") {
+	if e := wantError(t, resp, http.StatusServiceUnavailable); !strings.Contains(e.Message, "decode") {
 		t.Errorf("message %q does not say decode workers are missing", e.Message)
 	}
 }
