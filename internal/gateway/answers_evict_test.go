@@ -10,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // TestAnEvictionShownByAnAnswerCorrectsTheTree: a `kvgate sim` engine with a small cache was
@@ -29,10 +30,7 @@ func TestAnEvictionShownByAnAnswerCorrectsTheTree(t *testing.T) {
 	complete := func(url, prompt string, hdr ...string) (predicted float64, cached, tokens int) {
 		t.Helper()
 		body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, prompt)
-		h, b := postOK(t, url+"/v1/completions", bearer, body)
-		if h == nil {
-			t.FailNow()
-		}
+		h, b := testutil.MustPostOK(t, url+"/v1/completions", bearer, body)
 		p, c, _ := answerTokens(b)
 		predicted, _ = strconv.ParseFloat(h.Get("X-Kvgate-Predicted-Hit"), 64)
 		return predicted, c, p

@@ -9,16 +9,14 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // auditHeadersOf sends a chat request with the given bearer ("" = none) and returns its audit
 // headers.
 func auditHeadersOf(t *testing.T, g *testGateway, bearer, content string) (worker, route, predicted string) {
 	t.Helper()
-	h, _ := postOK(t, g.srv.URL+"/v1/chat/completions", bearer, `{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`)
-	if h == nil {
-		t.FailNow()
-	}
+	h, _ := testutil.MustPostOK(t, g.srv.URL+"/v1/chat/completions", bearer, `{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`)
 	return h.Get(headerWorker), h.Get(headerRoute), h.Get(headerPredicted)
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -89,7 +90,7 @@ func slowShare(t *testing.T, global bool) float64 {
 				defer wg.Done()
 				for i := 0; i < perWorker; i++ {
 					body := fmt.Sprintf(`{"model":"m","max_tokens":6,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d-%d-%d"}]}`, prefix, ri, g, i)
-					postOK(t, r.srv.URL+"/v1/chat/completions", "", body)
+					testutil.PostOK(t, r.srv.URL+"/v1/chat/completions", "", body)
 				}
 			}()
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -306,41 +307,7 @@ func newQuietServer(t testing.TB, policyName string, urls ...string) *Server {
 // newPost returns a POST of body to path on g under ctx, with g's bearer and then the header
 // name/value pairs in hdr (which may override it).
 func (g *testGateway) newPost(ctx context.Context, path string, body io.Reader, hdr ...string) *http.Request {
-	return newPost(ctx, g.srv.URL+path, g.bearer, body, hdr...)
-}
-
-// newPost returns a JSON POST of body to url under ctx, with the bearer ("" none) and then the
-// header name/value pairs in hdr.
-func newPost(ctx context.Context, url, bearer string, body io.Reader, hdr ...string) *http.Request {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
-	req.Header.Set("Content-Type", "application/json")
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	return req
-}
-
-// postOK posts the JSON body to url with the bearer ("" none), reads the answer to its end and
-// returns its header and body. A transport error or a status other than 200 is reported with
-// t.Errorf, which is safe off the test's goroutine, and gives a nil header: a caller on the
-// test's goroutine that cannot go on stops with t.FailNow.
-func postOK(t testing.TB, url, bearer, body string) (http.Header, []byte) {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(newPost(context.Background(), url, bearer, strings.NewReader(body)))
-	if err != nil {
-		t.Errorf("POST %s: %v", url, err)
-		return nil, nil
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("POST %s: status %d: %s", url, resp.StatusCode, b)
-		return nil, nil
-	}
-	return resp.Header, b
+	return testutil.NewPost(ctx, g.srv.URL+path, g.bearer, body, hdr...)
 }
 
 // postFrom is post with the body read from body (its length declared when net/http can tell it,

@@ -58,7 +58,7 @@ func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 	post := func(i int) http.Header {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":%q}]}`,
 			fmt.Sprintf("prompt %d ", i)+strings.Repeat("some words to prefill ", 60))
-		h, _ := postOK(t, srv.URL+"/v1/chat/completions", bearer, body) // on other goroutines too
+		h, _ := testutil.PostOK(t, srv.URL+"/v1/chat/completions", bearer, body) // on other goroutines too
 		return h
 	}
 	var wg sync.WaitGroup
@@ -100,9 +100,7 @@ func TestPrefillRateFromSimVLLMCounters(t *testing.T) {
 	srv, mon, w, bearer := polledGateway(t, es.URL, "vllm")
 	for i := range 3 {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":%q}`, fmt.Sprintf("prompt %d ", i)+strings.Repeat("x", 16000))
-		if h, _ := postOK(t, srv.URL+"/v1/completions", bearer, body); h == nil {
-			t.FailNow()
-		}
+		testutil.MustPostOK(t, srv.URL+"/v1/completions", bearer, body)
 	}
 	mon.PollOnce(context.Background())
 	r, ok := mon.Report(w)
