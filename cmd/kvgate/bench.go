@@ -135,22 +135,14 @@ func (f *benchFlags) buildWorkload() (bench.Workload, error) {
 // that were given.
 func (f *benchFlags) generator() bench.MooncakeGen {
 	g := *bench.DefaultGenerator(f.workload, f.seed)
+	// The --gen-* flags given, over those defaults: the same flags registered on g take the
+	// values parsed into f.gen.
+	given, onG := flag.NewFlagSet("given", flag.ContinueOnError), flag.NewFlagSet("gen", flag.ContinueOnError)
+	genFlags(given, &f.gen)
+	genFlags(onG, &g)
 	for _, name := range f.set {
-		switch name {
-		case "gen-duration":
-			g.Duration = f.gen.Duration
-		case "gen-rate":
-			g.Rate = f.gen.Rate
-		case "gen-shared-blocks":
-			g.SharedBlocks = f.gen.SharedBlocks
-		case "gen-context-tokens":
-			g.ContextTokens = f.gen.ContextTokens
-		case "gen-turns":
-			g.TurnsMean = f.gen.TurnsMean
-		case "gen-think":
-			g.Think = f.gen.Think
-		case "gen-burstiness":
-			g.Burstiness = f.gen.Burstiness
+		if fl := given.Lookup(name); fl != nil {
+			_ = onG.Set(name, fl.Value.String()) // cannot fail: the value was parsed by a flag of its type
 		}
 	}
 	g.BlockTokens = f.blockTokens

@@ -90,15 +90,8 @@ Progress goes to stderr when it is a terminal, the report to stdout.
 	fs.DurationVar(&f.to, "to", 0, "mooncake: replay the trace up to this offset (trace time; 0 = its end)")
 	fs.DurationVar(&f.traceSpread, "trace-spread", 0, "mooncake: spread the requests that share a timestamp evenly over this span after it (or up to the next timestamp), undoing a coarse trace clock (the public conversation trace steps by 3s); 0 = at the recorded instants")
 	fs.StringVar(&f.traceOut, "trace-out", "", "mooncake-synth, mooncake-agent: also write the generated trace to this file (Mooncake format; replay it with --trace FILE --trace-format mooncake); without --target or --fleet, only write it and print its shape")
-	gd := bench.NewMooncakeGen(0)
-	f.gen = *gd
-	fs.DurationVar(&f.gen.Duration, "gen-duration", gd.Duration, "mooncake-synth, mooncake-agent: length of the generated trace (mooncake-agent default 1h)")
-	fs.Float64Var(&f.gen.Rate, "gen-rate", gd.Rate, "generated traces: mean requests per second (mooncake-agent default 3.9)")
-	fs.IntVar(&f.gen.SharedBlocks, "gen-shared-blocks", gd.SharedBlocks, "generated traces: opening blocks every request shares (mooncake-agent default 0)")
-	fs.IntVar(&f.gen.ContextTokens, "gen-context-tokens", gd.ContextTokens, "generated traces: mean unique tokens of a conversation's first prompt (mooncake-agent default 8500)")
-	fs.Float64Var(&f.gen.TurnsMean, "gen-turns", gd.TurnsMean, "generated traces: mean turns per conversation (mooncake-agent default 2.8)")
-	fs.DurationVar(&f.gen.Think, "gen-think", gd.Think, "generated traces: mean time between turns (mooncake-agent default 20s)")
-	fs.Float64Var(&f.gen.Burstiness, "gen-burstiness", gd.Burstiness, "generated traces: coefficient of variation of conversation inter-arrival gaps (1 = Poisson; mooncake-agent default 4)")
+	f.gen = *bench.NewMooncakeGen(0)
+	genFlags(fs, &f.gen)
 	fs.Uint64Var(&f.seed, "seed", 1, "seed of the workload, arrivals and simulation")
 	fs.Float64Var(&f.rate, "rate", 0, "open loop: new sessions per second (Poisson)")
 	fs.IntVar(&f.concurrency, "concurrency", 0, "closed loop: sessions in progress")
@@ -237,4 +230,16 @@ func gatewayDefaults() (policyName, loadMode string) {
 	var o serveOptions
 	fs := newServeFlags(&o, io.Discard)
 	return fs.Lookup("policy").DefValue, fs.Lookup("load-mode").DefValue
+}
+
+// genFlags registers the trace generator's --gen-* flags on fs, each defaulting to g's field and
+// parsed into it; generator registers them a second time, on --workload's own defaults.
+func genFlags(fs *flag.FlagSet, g *bench.MooncakeGen) {
+	fs.DurationVar(&g.Duration, "gen-duration", g.Duration, "mooncake-synth, mooncake-agent: length of the generated trace (mooncake-agent default 1h)")
+	fs.Float64Var(&g.Rate, "gen-rate", g.Rate, "generated traces: mean requests per second (mooncake-agent default 3.9)")
+	fs.IntVar(&g.SharedBlocks, "gen-shared-blocks", g.SharedBlocks, "generated traces: opening blocks every request shares (mooncake-agent default 0)")
+	fs.IntVar(&g.ContextTokens, "gen-context-tokens", g.ContextTokens, "generated traces: mean unique tokens of a conversation's first prompt (mooncake-agent default 8500)")
+	fs.Float64Var(&g.TurnsMean, "gen-turns", g.TurnsMean, "generated traces: mean turns per conversation (mooncake-agent default 2.8)")
+	fs.DurationVar(&g.Think, "gen-think", g.Think, "generated traces: mean time between turns (mooncake-agent default 20s)")
+	fs.Float64Var(&g.Burstiness, "gen-burstiness", g.Burstiness, "generated traces: coefficient of variation of conversation inter-arrival gaps (1 = Poisson; mooncake-agent default 4)")
 }

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvgate/kvgate/internal/bench"
 	"github.com/kvgate/kvgate/internal/policy"
 )
 
@@ -200,5 +203,26 @@ func TestProgressOnlyOnATerminal(t *testing.T) {
 		if !progressTo(tty) {
 			t.Error("no progress on a terminal")
 		}
+	}
+}
+
+// TestGeneratorFlagsOverWorkloadDefaults: the --gen-* flags given replace --workload's own
+// generator defaults (mooncake-agent's here), and the others keep them, whatever the flags'
+// registered defaults (mooncake-synth's).
+func TestGeneratorFlagsOverWorkloadDefaults(t *testing.T) {
+	var f benchFlags
+	fs := newBenchFlagSet(&f, io.Discard)
+	if err := parseFlags(fs, []string{"--workload", "mooncake-agent", "--gen-duration", "90s", "--gen-rate", "0.125", "--gen-think", "1m30s"}); err != nil {
+		t.Fatal(err)
+	}
+	fs.Visit(func(fl *flag.Flag) { f.set = append(f.set, fl.Name) })
+	got, agent := f.generator(), *bench.DefaultGenerator("mooncake-agent", f.seed)
+	want := agent
+	want.Duration, want.Rate, want.Think, want.BlockTokens = 90*time.Second, 0.125, 90*time.Second, f.blockTokens
+	if got != want {
+		t.Fatalf("generator %+v\nwant      %+v", got, want)
+	}
+	if agent.ContextTokens == bench.NewMooncakeGen(0).ContextTokens {
+		t.Fatal("the agent's context default is the synth's: the test cannot tell them apart")
 	}
 }

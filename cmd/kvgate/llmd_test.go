@@ -98,15 +98,7 @@ func startLLMDEventGateway(t *testing.T, model string, args ...string) *llmdEven
 func (g *llmdEventGateway) serveDirect(t *testing.T, model, prompt string) {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"prompt":%q}`, model, prompt)
-	resp, err := http.Post(g.e.URL+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("the engine answered %d for model %q", resp.StatusCode, model)
-	}
+	testutil.MustPostOK(t, g.e.URL+"/v1/completions", "", body)
 	testutil.Recv(t, g.msgs, "an event message from the engine")
 }
 
@@ -115,20 +107,9 @@ func (g *llmdEventGateway) serveDirect(t *testing.T, model, prompt string) {
 func (g *llmdEventGateway) route(t *testing.T, model, prompt string) (route string, hit float64) {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"prompt":%q}`, model, prompt)
-	req, _ := http.NewRequest(http.MethodPost, "http://"+g.addrs.api+"/v1/completions", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer auditsecret")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("the gateway answered %d for model %q", resp.StatusCode, model)
-	}
-	hit, _ = strconv.ParseFloat(resp.Header.Get("X-Kvgate-Predicted-Hit"), 64)
-	return resp.Header.Get("X-Kvgate-Route"), hit
+	h, _ := testutil.MustPostOK(t, "http://"+g.addrs.api+"/v1/completions", "auditsecret", body)
+	hit, _ = strconv.ParseFloat(h.Get("X-Kvgate-Predicted-Hit"), 64)
+	return h.Get("X-Kvgate-Route"), hit
 }
 
 // waitPredicted sends prompt for model through the gateway until it is predicted from the

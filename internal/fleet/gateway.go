@@ -141,7 +141,9 @@ func (g *gateway) pick(text, key, adapter string) (*worker.Worker, int) {
 	if len(g.narrow) > 0 {
 		cands = g.narrow
 	}
-	w := policy.Choose(context.Background(), g.policyFor(adapter), cands, &g.req)
+	pol := g.policyFor(adapter)
+	policy.Prepare(context.Background(), pol, cands, &g.req) // the tokenization a replica pays (kvevents.go)
+	w := policy.Choose(context.Background(), pol, cands, &g.req)
 	if w == nil {
 		return nil, -1
 	}

@@ -105,7 +105,7 @@ func TestDeleteDrains(t *testing.T) {
 	a, b := newFakeWorker(t, "m"), newFakeWorker(t, "m")
 	arrived, release := a.hold(t)
 	g := newTestGateway(t, Config{}, "round_robin", a, b)
-	first := g.postInBackground(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
+	first := g.async(t.Context(), "/v1/completions", `{"model":"m","prompt":"x"}`)
 	testutil.Recv(t, arrived, "the first request at the worker")
 	aw := g.reg.View().All[0]
 	if resp, _ := adminDo(t, g, "DELETE", "/workers/"+aw.ID, "", ""); resp.StatusCode != 200 {
@@ -120,7 +120,7 @@ func TestDeleteDrains(t *testing.T) {
 		t.Errorf("after delete: drained worker got %d requests, other %d; want 1 and 4", a.requests(), b.requests())
 	}
 	close(release)
-	if s := testutil.Recv(t, first, "the first request's answer"); s != 200 {
+	if s := answerStatus(t, first); s != 200 {
 		t.Errorf("the in-flight request on the drained worker ended %d", s)
 	}
 	g.waitDone(t, 5) // the five completions, the first one's handler included (the DELETE went to the admin plane)

@@ -1,10 +1,7 @@
 package gateway
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -13,6 +10,7 @@ import (
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // TestAnEvictionShownByAnAnswerCorrectsTheTree: a `kvgate sim` engine with a small cache was
@@ -26,28 +24,15 @@ func TestAnEvictionShownByAnAnswerCorrectsTheTree(t *testing.T) {
 	es := httptest.NewServer(eng)
 	t.Cleanup(es.Close)
 	g, _ := newAuditGateway(t, Config{AuditHeaders: true}, "cache_aware_hash", policy.DefaultConfig(), 0)
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: es.URL}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: es.URL})
 	bearer := g.bearer
 
 	complete := func(url, prompt string, hdr ...string) (predicted float64, cached, tokens int) {
 		t.Helper()
 		body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, prompt)
-		req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+bearer)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d: %s", resp.StatusCode, b)
-		}
+		h, b := testutil.MustPostOK(t, url+"/v1/completions", bearer, body)
 		p, c, _ := answerTokens(b)
-		predicted, _ = strconv.ParseFloat(resp.Header.Get("X-Kvgate-Predicted-Hit"), 64)
+		predicted, _ = strconv.ParseFloat(h.Get("X-Kvgate-Predicted-Hit"), 64)
 		return predicted, c, p
 	}
 	open := strings.Repeat("shared opening ", 100)                                     // 1,500 bytes

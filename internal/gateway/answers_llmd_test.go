@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"strings"
 	"testing"
 
@@ -19,9 +18,7 @@ func TestLearnsFromLLMDSimStreams(t *testing.T) {
 	eng := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--enable-kvcache", "--kv-cache-size", "2048",
 		"--block-size", "16", "--max-num-seqs", "8", "--max-model-len", "16384", "--mode", "random", "--seed", "7")
 	g, _ := newAuditGateway(t, Config{}, "cache_aware_hash", policy.DefaultConfig(), 0)
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: eng.URL}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: eng.URL})
 	c := openai.NewClient(option.WithBaseURL(g.srv.URL+"/v1/"), option.WithAPIKey(g.bearer), option.WithMaxRetries(0))
 	params := openai.ChatCompletionNewParams{
 		Model:     "m",

@@ -75,11 +75,7 @@ func newAuditGateway(t *testing.T, cfg Config, name string, pc policy.Config, n 
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
 	pc.NoBackground = true
-	router, err := policy.NewRouter(name, pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, name, pc)
 	bearer := auditClient(&cfg)
 	s := New(cfg, worker.NewRegistry(), router, nil)
 	var ws []*fakeWorker

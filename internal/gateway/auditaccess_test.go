@@ -3,35 +3,21 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 // auditHeadersOf sends a chat request with the given bearer ("" = none) and returns its audit
 // headers.
 func auditHeadersOf(t *testing.T, g *testGateway, bearer, content string) (worker, route, predicted string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, g.srv.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`))
-	req.Header.Set("Content-Type", "application/json")
-	if bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+bearer)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	return resp.Header.Get(headerWorker), resp.Header.Get(headerRoute), resp.Header.Get(headerPredicted)
+	h, _ := testutil.MustPostOK(t, g.srv.URL+"/v1/chat/completions", bearer, `{"model":"m","messages":[{"role":"user","content":"`+content+`"}]}`)
+	return h.Get(headerWorker), h.Get(headerRoute), h.Get(headerPredicted)
 }
 
 // The audit headers go only to a request carrying the admin key or a key named in

@@ -2,10 +2,8 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,9 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
-	"github.com/kvgate/kvgate/internal/worker"
 )
 
 // chatBody returns a chat request whose prompt is about size bytes.
@@ -48,12 +44,7 @@ func BenchmarkProxyPath(b *testing.B) {
 		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}]}`)
 	}))
 	defer fw.Close()
-	router, _ := policy.NewRouter("cache_aware", policy.DefaultConfig())
-	defer router.Close()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), router, nil)
-	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: fw.URL}); err != nil {
-		b.Fatal(err)
-	}
+	s := newQuietServer(b, "cache_aware", fw.URL)
 	h := s.Handler()
 	for _, size := range []int{1 << 10, 100 << 10, 1 << 20} {
 		body := chatBody(size, false)
@@ -104,12 +95,7 @@ func benchAddedLatency(b *testing.B, backend string, size int) {
 	}
 	es := httptest.NewServer(h)
 	defer es.Close()
-	router, _ := policy.NewRouter("cache_aware", policy.DefaultConfig())
-	defer router.Close()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), router, nil)
-	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: es.URL}); err != nil {
-		b.Fatal(err)
-	}
+	s := newQuietServer(b, "cache_aware", es.URL)
 	gs := httptest.NewServer(s.Handler())
 	defer gs.Close()
 

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -252,9 +251,7 @@ func TestPooledBodyOutlivesEveryAttempt(t *testing.T) {
 	g := newTestGateway(t, Config{}, "round_robin")
 	g.bodies.scribble = true
 	for _, u := range []string{refuser.URL, early.URL} {
-		if _, err := g.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
-			t.Fatal(err)
-		}
+		g.mustRegister(t, AddWorkerRequest{URL: u})
 	}
 	const n = 40
 	var wg sync.WaitGroup

@@ -32,6 +32,7 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		writeError(w, http.StatusInternalServerError, "policy_error", fmt.Sprint(err1, err2))
 		return proxy.Result{Status: http.StatusInternalServerError}
 	}
+	policy.Prepare(r.Context(), ppol, pool.Prefill, preq)
 	pw := ppol.Pick(r.Context(), pool.Prefill, preq)
 	if pw == nil {
 		writeError(w, http.StatusServiceUnavailable, "no_available_worker", fmt.Sprintf("no available prefill worker for model %q", pool.Model))
@@ -41,6 +42,7 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	if p.Bootstrap {
 		body = withoutBootstrap(body)
 	}
+	policy.Prepare(r.Context(), dpol, pool.Decode, preq) // the decode side's pick, below, does no I/O
 	pdBody := s.withBootstrap(body, pw)
 	defer pdBody.Release()
 	id := requestID(r)

@@ -150,8 +150,10 @@ func (s *Server) prefillNIXL(r *http.Request, path string, members map[string]js
 }
 
 // pdPicker is the regular path's picker for one side of a pair: policy.Choose leaves out the
-// workers already tried while another is available.
+// workers already tried while another is available. It prepares preq for pol first (the
+// picks do no I/O).
 func (s *Server) pdPicker(r *http.Request, pol policy.Policy, candidates []*worker.Worker, model string, preq *policy.Request) proxy.Picker {
+	policy.Prepare(r.Context(), pol, candidates, preq)
 	return func(tried []*worker.Worker) *worker.Worker {
 		preq.Tried = tried
 		w := policy.Choose(r.Context(), pol, candidates, preq)

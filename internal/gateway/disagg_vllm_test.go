@@ -58,11 +58,7 @@ func startPDSim(t *testing.T) *pdSim {
 func TestVLLMDisaggregatedTwoStep(t *testing.T) {
 	pre := []*pdSim{startPDSim(t), startPDSim(t)}
 	dec := startPDSim(t)
-	router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Proxy: proxy.Config{Retry: proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}}},
 		worker.NewRegistry(), router, nil)

@@ -78,41 +78,9 @@ func flowBody(prompt string) string {
 	return `{"model":"m","messages":[{"role":"user","content":"` + prompt + `"}]}`
 }
 
-// async posts in the background and delivers the response.
-func async(t *testing.T, g *testGateway, ctx context.Context, body string, hdr ...string) chan *http.Response {
-	ch := make(chan *http.Response, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.srv.URL+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			resp = nil
-		}
-		ch <- resp
-	}()
-	return ch
-}
-
 func waitQueued(t *testing.T, queued chan struct{}) {
 	t.Helper()
 	testutil.Recv(t, queued, "the request to be queued")
-}
-
-func status(t *testing.T, ch chan *http.Response) *http.Response {
-	t.Helper()
-	select {
-	case r := <-ch:
-		if r == nil {
-			t.Fatal("request failed")
-		}
-		return r
-	case <-time.After(10 * time.Second):
-		t.Fatal("no response")
-		return nil
-	}
 }
 
 // settled checks that nothing is left queued, pending or in flight.
@@ -140,21 +108,19 @@ func TestFlowLateBindingPriorityOrder(t *testing.T) {
 	hw := newHeldWorker(t)
 	g, queued := flowGateway(t, FlowConfig{}, []string{"batch=k1", "ops+priority=k2"}, hw.fakeWorker)
 	ctx := context.Background()
-	first := async(t, g, ctx, flowBody("A"), "Authorization", "Bearer k1")
+	first := g.async(ctx, "/v1/chat/completions", flowBody("A"), "Authorization", "Bearer k1")
 	if got := hw.next(t); got != "A" {
 		t.Fatalf("first request %q", got)
 	}
-	low := async(t, g, ctx, flowBody("low"), "Authorization", "Bearer k1", PriorityHeader, "9") // not permitted: ignored
+	low := g.async(ctx, "/v1/chat/completions", flowBody("low"), "Authorization", "Bearer k1", PriorityHeader, "9") // not permitted: ignored
 	waitQueued(t, queued)
-	high := async(t, g, ctx, flowBody("high"), "Authorization", "Bearer k2", PriorityHeader, "5")
+	high := g.async(ctx, "/v1/chat/completions", flowBody("high"), "Authorization", "Bearer k2", PriorityHeader, "5")
 	waitQueued(t, queued)
 	if n := hw.requests(); n != 1 {
 		t.Fatalf("the worker saw %d requests while saturated, want 1", n)
 	}
 	hw.release <- struct{}{}
-	if r := status(t, first); r.StatusCode != 200 {
-		t.Fatalf("first: %d", r.StatusCode)
-	}
+	answerOK(t, first)
 	if got := hw.next(t); got != "high" {
 		t.Fatalf("after the first finished, %q went; want the permitted high priority", got)
 	}
@@ -164,9 +130,7 @@ func TestFlowLateBindingPriorityOrder(t *testing.T) {
 		t.Fatalf("then %q", got)
 	}
 	for _, ch := range []chan *http.Response{high, low} {
-		if r := status(t, ch); r.StatusCode != 200 {
-			t.Errorf("status %d", r.StatusCode)
-		}
+		answerOK(t, ch)
 	}
 	g.waitDone(t, 3)
 	settled(t, g)
@@ -178,10 +142,10 @@ func TestFlowLateBindingPriorityOrder(t *testing.T) {
 func TestFlowCancelLeavesQueue(t *testing.T) {
 	hw := newHeldWorker(t)
 	g, queued := flowGateway(t, FlowConfig{}, nil, hw.fakeWorker)
-	first := async(t, g, context.Background(), flowBody("A"))
+	first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"))
 	hw.next(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	gone := async(t, g, ctx, flowBody("gone"))
+	gone := g.async(ctx, "/v1/chat/completions", flowBody("gone"))
 	waitQueued(t, queued)
 	cancel()
 	<-gone
@@ -190,7 +154,7 @@ func TestFlowCancelLeavesQueue(t *testing.T) {
 		t.Errorf("canceled %g, want 1", v)
 	}
 	hw.release <- struct{}{}
-	status(t, first)
+	answer(t, first)
 	g.waitDone(t, 1)
 	settled(t, g)
 	if n := hw.requests(); n != 1 {
@@ -208,9 +172,9 @@ func TestFlowTimeout429And503(t *testing.T) {
 		}
 		queued <- struct{}{}
 	}
-	first := async(t, g, context.Background(), flowBody("A"))
+	first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"))
 	hw.next(t)
-	r := status(t, async(t, g, context.Background(), flowBody("late")))
+	r := answer(t, g.async(context.Background(), "/v1/chat/completions", flowBody("late")))
 	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
 		t.Fatalf("timeout: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
 	}
@@ -223,9 +187,9 @@ func TestFlowTimeout429And503(t *testing.T) {
 	// request was queued, a loaded machine that held the test back for the 50 ms bound let the
 	// request time out with its worker still there (a 429, and a hang on the held request).
 	orphan.Store(true)
-	ch := async(t, g, context.Background(), flowBody("orphan"))
+	ch := g.async(context.Background(), "/v1/chat/completions", flowBody("orphan"))
 	waitQueued(t, queued)
-	r = status(t, ch)
+	r = answer(t, ch)
 	if r.StatusCode != 503 || r.Header.Get("Retry-After") == "" {
 		t.Fatalf("empty pool: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
 	}
@@ -238,7 +202,7 @@ func TestFlowTimeout429And503(t *testing.T) {
 		}
 	}
 	hw.release <- struct{}{}
-	status(t, first)
+	answer(t, first)
 	g.waitDone(t, 3)
 	settled(t, g)
 }
@@ -247,9 +211,9 @@ func TestFlowQueueFullAndRateLimit(t *testing.T) {
 	hw := newHeldWorker(t)
 	fc := FlowConfig{Config: flow.Config{MaxRequests: 1, Tenants: []flow.Tenant{{Name: "slow", RequestsPerSecond: 1}}}}
 	g, queued := flowGateway(t, fc, []string{"slow=k1", "k2"}, hw.fakeWorker)
-	first := async(t, g, context.Background(), flowBody("A"), "Authorization", "Bearer k2")
+	first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"), "Authorization", "Bearer k2")
 	hw.next(t)
-	second := async(t, g, context.Background(), flowBody("B"), "Authorization", "Bearer k2")
+	second := g.async(context.Background(), "/v1/chat/completions", flowBody("B"), "Authorization", "Bearer k2")
 	waitQueued(t, queued)
 	r := g.post(t, "/v1/chat/completions", flowBody("C"), "Authorization", "Bearer k2")
 	if r.StatusCode != 429 || decodeError(t, r).Code != "queue_full" {
@@ -267,8 +231,8 @@ func TestFlowQueueFullAndRateLimit(t *testing.T) {
 	}
 	hw.release <- struct{}{}
 	hw.release <- struct{}{}
-	status(t, first)
-	status(t, second)
+	answer(t, first)
+	answer(t, second)
 	g.waitDone(t, 5)
 	settled(t, g)
 }
@@ -276,16 +240,16 @@ func TestFlowQueueFullAndRateLimit(t *testing.T) {
 func TestFlowShutdownAnswersQueued(t *testing.T) {
 	hw := newHeldWorker(t)
 	g, queued := flowGateway(t, FlowConfig{}, nil, hw.fakeWorker)
-	first := async(t, g, context.Background(), flowBody("A"))
+	first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"))
 	hw.next(t)
-	ch := async(t, g, context.Background(), flowBody("B"))
+	ch := g.async(context.Background(), "/v1/chat/completions", flowBody("B"))
 	waitQueued(t, queued)
 	g.Stop()
-	if r := status(t, ch); r.StatusCode != 503 || decodeError(t, r).Code != "shutting_down" {
+	if r := answer(t, ch); r.StatusCode != 503 || decodeError(t, r).Code != "shutting_down" {
 		t.Fatalf("queued at shutdown: %d", r.StatusCode)
 	}
 	hw.release <- struct{}{}
-	status(t, first)
+	answer(t, first)
 	g.waitDone(t, 2)
 	settled(t, g)
 }
@@ -466,11 +430,7 @@ func BenchmarkFlowIdle(b *testing.B) {
 			name = "on"
 		}
 		b.Run("handler/"+name, func(b *testing.B) {
-			router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer router.Close()
+			router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
 			cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}},
 				APIKeys: []string{"team=k1"}, Flow: FlowConfig{Config: flow.Config{Enabled: on}}}
 			s := New(cfg, worker.NewRegistry(), router, nil)
@@ -556,28 +516,24 @@ func TestFlowKVFreedBetweenReports(t *testing.T) {
 	loads.set(loadmon.Report{PolledAt: t0, MaxTokens: 1000})
 	ctx := context.Background()
 	big := strings.Repeat("a", 2000) // about 500 tokens of the engine's 1,000
-	first := async(t, g, ctx, flowBody(big))
+	first := g.async(ctx, "/v1/chat/completions", flowBody(big))
 	if got := hw.next(t); got != big {
 		t.Fatalf("first request %.10q", got)
 	}
 	// The engine reports the first request's KV: 0.85, past the bound.
 	loads.set(loadmon.Report{PolledAt: t0.Add(time.Millisecond), Running: 1, InflightAtPoll: 1, UsedTokens: 850, TokenUsage: 0.85, MaxTokens: 1000})
-	second := async(t, g, ctx, flowBody("B"))
+	second := g.async(ctx, "/v1/chat/completions", flowBody("B"))
 	waitQueued(t, queued)
 	if n := hw.requests(); n != 1 {
 		t.Fatalf("the worker saw %d requests with its KV cache full, want 1", n)
 	}
 	hw.release <- struct{}{}
-	if r := status(t, first); r.StatusCode != 200 {
-		t.Fatalf("first: %d", r.StatusCode)
-	}
+	answerOK(t, first)
 	if got := hw.next(t); got != "B" {
 		t.Fatalf("after the first finished, %q went; want the queued B", got)
 	}
 	hw.release <- struct{}{}
-	if r := status(t, second); r.StatusCode != 200 {
-		t.Fatalf("second: %d", r.StatusCode)
-	}
+	answerOK(t, second)
 	g.waitDone(t, 2)
 	settled(t, g)
 }
@@ -627,16 +583,14 @@ func TestFlowDispatchesWhenPrefillDrains(t *testing.T) {
 	}
 	loads.set(loadmon.Report{PolledAt: start, Running: 1, WaitingUncachedTokens: 8800, HasUncachedTokens: true})
 	g.flow.start(context.Background())
-	ch := async(t, g, context.Background(), flowBody("q"))
+	ch := g.async(context.Background(), "/v1/chat/completions", flowBody("q"))
 	waitQueued(t, queued)
 	// The drain is armed for the moment the prefill is predicted below the bound: 100 ms after
 	// the report, plus a millisecond.
 	if at := testutil.Recv(t, armed, "the drain timer"); math.Abs(at.Sub(start).Seconds()-0.101) > 1e-6 {
 		t.Fatalf("drain armed %v after the report, want 101ms", at.Sub(start))
 	}
-	if r := status(t, ch); r.StatusCode != 200 {
-		t.Fatalf("status %d", r.StatusCode)
-	}
+	answerOK(t, ch)
 	g.waitDone(t, 1)
 	settled(t, g)
 }

@@ -43,11 +43,7 @@ func TestFlowLiveQueue2000(t *testing.T) {
 	mon := loadmon.New(reg, loadmon.Config{Interval: 20 * time.Millisecond})
 	pcfg := policy.DefaultConfig()
 	pcfg.Loads = mon
-	router, err := policy.NewRouter("cache_aware_hash", pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", pcfg)
 	fc := FlowConfig{Config: flow.Config{Enabled: true, MaxRequests: 4096, Timeout: time.Minute,
 		Saturation: flow.Saturation{DefaultSlots: 8, MaxWaiting: -1}}}
 	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Flow: fc}, reg, router, mon)

@@ -257,15 +257,12 @@ func TestConcurrencyLimit429(t *testing.T) {
 	f := newFakeWorker(t, "m")
 	arrived, release := f.hold(t)
 	g := newTestGateway(t, Config{MaxConcurrentRequests: 1}, "round_robin", f)
-	first := g.postInBackground(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
+	first := g.async(t.Context(), "/v1/completions", `{"model":"m","prompt":"x"}`)
 	testutil.Recv(t, arrived, "the first request at the worker")
 	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`)
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("second request: status %d, want 429", resp.StatusCode)
-	}
-	decodeError(t, resp)
+	wantError(t, resp, http.StatusTooManyRequests)
 	close(release)
-	if s := testutil.Recv(t, first, "the first request's answer"); s != 200 {
+	if s := answerStatus(t, first); s != 200 {
 		t.Errorf("first request: status %d", s)
 	}
 }
@@ -404,12 +401,8 @@ func TestDisaggregatedPair(t *testing.T) {
 	d.setHandler(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"decode":true}`) })
 	g := newTestGateway(t, Config{}, "round_robin")
 	port := 8998
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: p.URL, WorkerType: "prefill", BootstrapPort: &port}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: d.URL, WorkerType: "decode"}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: p.URL, WorkerType: "prefill", BootstrapPort: &port})
+	g.mustRegister(t, AddWorkerRequest{URL: d.URL, WorkerType: "decode"})
 	resp := g.post(t, "/generate", `{"text":"hi","stream":false}`)
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -450,17 +443,10 @@ func TestDisaggregatedPrefillFailure(t *testing.T) {
 		close(decodeCanceled)
 	})
 	g := newTestGateway(t, Config{}, "round_robin")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: p.URL, WorkerType: "prefill"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: d.URL, WorkerType: "decode"}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: p.URL, WorkerType: "prefill"})
+	g.mustRegister(t, AddWorkerRequest{URL: d.URL, WorkerType: "decode"})
 	resp := g.post(t, "/generate", `{"text":"hi"}`)
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("status %d, want 502", resp.StatusCode)
-	}
-	if e := decodeError(t, resp); !strings.Contains(e.Message, "prefill") {
+	if e := wantError(t, resp, http.StatusBadGateway); !strings.Contains(e.Message, "prefill") {
 		t.Errorf("message %q does not name the prefill failure", e.Message)
 	}
 	select {

@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -37,11 +38,7 @@ func newReplica(t *testing.T, global bool, pcfg policy.Config, urls []string) *r
 		r.mon = loadmon.New(reg, loadmon.Config{Interval: 40 * time.Millisecond, Mode: loadmon.ModeScaled})
 		pcfg.Loads, loads = r.mon, r.mon
 	}
-	router, err := policy.NewRouter("cache_aware", pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware", pcfg)
 	r.s = New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg, router, loads)
 	for _, u := range urls {
 		if _, err := r.s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
@@ -93,16 +90,7 @@ func slowShare(t *testing.T, global bool) float64 {
 				defer wg.Done()
 				for i := 0; i < perWorker; i++ {
 					body := fmt.Sprintf(`{"model":"m","max_tokens":6,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d-%d-%d"}]}`, prefix, ri, g, i)
-					resp, err := http.Post(r.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != 200 {
-						t.Errorf("status %d", resp.StatusCode)
-					}
+					testutil.PostOK(t, r.srv.URL+"/v1/chat/completions", "", body)
 				}
 			}()
 		}

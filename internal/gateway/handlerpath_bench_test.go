@@ -79,11 +79,7 @@ func (memTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 //
 //	go test -run XXX -bench HandlerPath -benchmem ./internal/gateway/
 func BenchmarkHandlerPath(b *testing.B) {
-	router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer router.Close()
+	router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
 	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}}},
 		worker.NewRegistry(), router, nil)
 	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: "http://127.0.0.1:1"}); err != nil {

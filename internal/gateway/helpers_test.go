@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -180,6 +181,27 @@ func newTestGateway(t testing.TB, cfg Config, policyName string, workers ...*fak
 	return g
 }
 
+// newRouter returns the router of the named policy over pc, closed when the test ends.
+func newRouter(t testing.TB, name string, pc policy.Config) *policy.Router {
+	t.Helper()
+	router, err := policy.NewRouter(name, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { router.Close() })
+	return router
+}
+
+// mustRegister registers each worker with g, failing the test on an error.
+func (g *testGateway) mustRegister(t testing.TB, reqs ...AddWorkerRequest) {
+	t.Helper()
+	for _, r := range reqs {
+		if _, err := g.Register(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // waitDone waits for n handler returns, failing after a bound.
 func (g *testGateway) waitDone(t *testing.T, n int) {
 	t.Helper()
@@ -199,32 +221,100 @@ func (g *testGateway) post(t *testing.T, path, body string, hdr ...string) *http
 	return g.postFrom(t, path, strings.NewReader(body), hdr...)
 }
 
-// postInBackground posts body to path from another goroutine, drains the answer and sends its
-// status on the returned channel: for a request that must stay in flight while the test goes on.
-func (g *testGateway) postInBackground(t *testing.T, path, body string) <-chan int {
-	status := make(chan int)
+// async posts body to path from another goroutine, for a request that must stay in flight
+// while the test goes on, and delivers the response on the channel (nil when the transport
+// failed: the goroutine calls no t.Fatal, the test's goroutine decides, see answer).
+func (g *testGateway) async(ctx context.Context, path, body string, hdr ...string) chan *http.Response {
+	ch := make(chan *http.Response, 1)
 	go func() {
-		resp := g.post(t, path, body)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		status <- resp.StatusCode
+		resp, err := http.DefaultClient.Do(g.newPost(ctx, path, strings.NewReader(body), hdr...))
+		if err != nil {
+			resp = nil
+		}
+		ch <- resp
 	}()
-	return status
+	return ch
+}
+
+// answer waits for async's response, failing when the request failed or took past a bound.
+func answer(t *testing.T, ch chan *http.Response) *http.Response {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	select {
+	case r := <-ch:
+		if r == nil {
+			t.Fatal("request failed")
+		}
+		return r
+	case <-timeout.C:
+		t.Fatal("no response")
+		return nil
+	}
+}
+
+// answerStatus is answer's status, the body drained and closed.
+func answerStatus(t *testing.T, ch chan *http.Response) int {
+	t.Helper()
+	r := answer(t, ch)
+	io.Copy(io.Discard, r.Body)
+	r.Body.Close()
+	return r.StatusCode
+}
+
+// answerOK is answerStatus, failing the test unless the status is 200.
+func answerOK(t *testing.T, ch chan *http.Response) {
+	t.Helper()
+	if s := answerStatus(t, ch); s != http.StatusOK {
+		t.Fatalf("status %d, want 200", s)
+	}
+}
+
+// wantError checks that resp has the status and the OpenAI error shape, and returns the error.
+func wantError(t *testing.T, resp *http.Response, status int) apiError {
+	t.Helper()
+	if resp.StatusCode != status {
+		t.Fatalf("status %d, want %d", resp.StatusCode, status)
+	}
+	return decodeError(t, resp)
+}
+
+// countListing returns how many of the engines at urls list model in their /v1/models.
+func countListing(t *testing.T, model string, urls ...string) int {
+	t.Helper()
+	n := 0
+	for _, u := range urls {
+		if listsModel(t, u, model) {
+			n++
+		}
+	}
+	return n
+}
+
+// newQuietServer returns a gateway without logs over the named policy, the workers at urls
+// registered.
+func newQuietServer(t testing.TB, policyName string, urls ...string) *Server {
+	t.Helper()
+	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), newRouter(t, policyName, policy.DefaultConfig()), nil)
+	for _, u := range urls {
+		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// newPost returns a POST of body to path on g under ctx, with g's bearer and then the header
+// name/value pairs in hdr (which may override it).
+func (g *testGateway) newPost(ctx context.Context, path string, body io.Reader, hdr ...string) *http.Request {
+	return testutil.NewPost(ctx, g.srv.URL+path, g.bearer, body, hdr...)
 }
 
 // postFrom is post with the body read from body (its length declared when net/http can tell it,
 // chunked otherwise), and header name/value pairs in hdr.
 func (g *testGateway) postFrom(t *testing.T, path string, body io.Reader, hdr ...string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, g.srv.URL+path, body)
-	req.Header.Set("Content-Type", "application/json")
-	if g.bearer != "" {
-		req.Header.Set("Authorization", "Bearer "+g.bearer)
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(g.newPost(context.Background(), path, body, hdr...))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,6 +131,10 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	aw.observer, _ = policy.As[policy.CacheObserver](pol)
 	o.id, o.policy, o.decision = id, pol.Name(), &preq.Decision
 	tr.SetRequest(id, pool.Model)
+	// What the policy needs from elsewhere (precise_prefix: the prompt's tokens) is fetched
+	// here, under the request's context: admission prices the request on it, and no pick does
+	// I/O.
+	policy.Prepare(r.Context(), pol, candidates, preq)
 	if s.flowOn {
 		fr := &rq.flow
 		*fr = flowRequest{model: pool.Model, candidates: candidates, pol: pol, preq: preq, body: rb, bytes: int64(len(body)), hasBodyPri: p.HasPriority, bodyPri: p.Priority}

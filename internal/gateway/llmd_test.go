@@ -34,11 +34,7 @@ func llmdGateway(t *testing.T, lora LoRAConfig, regs ...AddWorkerRequest) (*Serv
 	mon := loadmon.New(reg, loadmon.Config{Interval: time.Hour})
 	pcfg := policy.DefaultConfig()
 	pcfg.Loads = mon
-	router, err := policy.NewRouter("cache_aware_hash", pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", pcfg)
 	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), LoRA: lora,
 		Proxy: proxy.Config{Retry: proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}}},
 		reg, router, mon)
@@ -185,13 +181,7 @@ func TestLLMDLoraLoadOnDemand(t *testing.T) {
 			t.Fatalf("answer from model %q", got.Model)
 		}
 	}
-	n := 0
-	for _, e := range []*testutil.LLMDSim{e1, e2} {
-		if listsModel(t, e.URL, "x") {
-			n++
-		}
-	}
-	if n != 1 {
+	if n := countListing(t, "x", e1.URL, e2.URL); n != 1 {
 		t.Fatalf("the adapter is listed by %d engines, want 1", n)
 	}
 }

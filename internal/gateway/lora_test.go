@@ -36,11 +36,7 @@ func startLoraSim(t *testing.T, modules string) *httptest.Server {
 func TestLoraAdaptersRouteOnlyToTheirWorkers(t *testing.T) {
 	both := startLoraSim(t, "a=/p/a,b=/p/b")
 	onlyB := startLoraSim(t, "b=/p/b")
-	router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 	reg := worker.NewRegistry()
 	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg, router, nil)
 	for _, u := range []string{both.URL, onlyB.URL} {

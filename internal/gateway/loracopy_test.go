@@ -23,11 +23,7 @@ import (
 // loraGateway starts a gateway with cfg in front of engines and returns it with an SDK client.
 func loraGateway(t *testing.T, cfg Config, engines ...*httptest.Server) (*Server, *worker.Registry, openai.Client) {
 	t.Helper()
-	router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 	reg := worker.NewRegistry()
 	s := New(cfg, reg, router, nil)
 	t.Cleanup(s.Stop)
@@ -86,13 +82,7 @@ func TestLoraCopyWhenSaturated(t *testing.T) {
 	if err := testutil.Recv(t, long, "the long request"); err != nil {
 		t.Fatal(err)
 	}
-	loaded := 0
-	for _, e := range []*httptest.Server{e2, e3} {
-		if listsModel(t, e.URL, "x") {
-			loaded++
-		}
-	}
-	if loaded != 1 {
+	if loaded := countListing(t, "x", e2.URL, e3.URL); loaded != 1 {
 		t.Fatalf("the copy is on %d engines, want 1", loaded)
 	}
 	if n := strings.Count(logs.String(), "adapter loaded on demand"); n != 1 {

@@ -44,11 +44,7 @@ func listsModel(t *testing.T, base, model string) bool {
 // never loaded.
 func TestLoraLoadOnDemand(t *testing.T) {
 	engines := []*httptest.Server{startLoraSim(t, ""), startLoraSim(t, "")}
-	router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 	srcs, err := ParseLoRASources("x=/adapters/x")
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -246,9 +245,7 @@ func TestMessagesThroughSim(t *testing.T) {
 func TestMessagesThroughLLMDSim(t *testing.T) {
 	e := testutil.StartLLMDSim(t, "llmd-model", "--zmq-endpoint", "", "--mode", "random")
 	g := newTestGateway(t, Config{}, "cache_aware")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: e.URL}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: e.URL})
 	checkMessagesEngine(t, g, "llmd-model", false) // it serves no /v1/messages/count_tokens
 }
 

@@ -119,11 +119,7 @@ func testutilCount(t *testing.T, m *Metrics, model string) float64 {
 //
 //	go test -run XXX -bench HotMetrics -benchmem ./internal/gateway/
 func BenchmarkHotMetrics(b *testing.B) {
-	router, err := policy.NewRouter("round_robin", policy.DefaultConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer router.Close()
+	router := newRouter(b, "round_robin", policy.DefaultConfig())
 	m := newMetrics(worker.NewRegistry(), router, nil)
 	w := &worker.Worker{ID: "cecfdd2348be"}
 	const route, model, pol = "/v1/chat/completions", "meta-llama/Llama-3.1-8B-Instruct", "cache_aware_hash"

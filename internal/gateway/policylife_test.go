@@ -119,9 +119,7 @@ func TestPolicyFollowsTheLabels(t *testing.T) {
 	if got := servedBy(); got != "round_robin" {
 		t.Fatalf("policy %s, want the label's round_robin", got)
 	}
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: srv.URL + "/m/b", ModelID: "m", Labels: map[string]string{"policy": "least_load"}}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: srv.URL + "/m/b", ModelID: "m", Labels: map[string]string{"policy": "least_load"}})
 	if _, err := g.reg.Remove(a.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -30,11 +30,7 @@ func polledGateway(t *testing.T, url, rt string) (srv *httptest.Server, mon *loa
 	mon = loadmon.New(reg, loadmon.Config{Interval: time.Hour, Mode: loadmon.ModeScaled})
 	pc := policy.DefaultConfig()
 	pc.NoBackground, pc.Loads = true, mon
-	router, err := policy.NewRouter("cache_aware_hash", pc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { router.Close() })
+	router := newRouter(t, "cache_aware_hash", pc)
 	cfg := Config{AuditHeaders: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	bearer = auditClient(&cfg)
 	s := New(cfg, reg, router, mon)
@@ -62,17 +58,8 @@ func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 	post := func(i int) http.Header {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":%q}]}`,
 			fmt.Sprintf("prompt %d ", i)+strings.Repeat("some words to prefill ", 60))
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+bearer)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Error(err)
-			return nil
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		return resp.Header
+		h, _ := testutil.PostOK(t, srv.URL+"/v1/chat/completions", bearer, body) // on other goroutines too
+		return h
 	}
 	var wg sync.WaitGroup
 	for i := range 4 {
@@ -113,18 +100,7 @@ func TestPrefillRateFromSimVLLMCounters(t *testing.T) {
 	srv, mon, w, bearer := polledGateway(t, es.URL, "vllm")
 	for i := range 3 {
 		body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":%q}`, fmt.Sprintf("prompt %d ", i)+strings.Repeat("x", 16000))
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+bearer)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		testutil.MustPostOK(t, srv.URL+"/v1/completions", bearer, body)
 	}
 	mon.PollOnce(context.Background())
 	r, ok := mon.Report(w)

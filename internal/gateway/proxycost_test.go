@@ -153,11 +153,7 @@ func TestProxyCostChild(t *testing.T) {
 	var h http.Handler
 	switch kind {
 	case "kvgate":
-		router, err := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer router.Close()
+		router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 		s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), router, nil)
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: upstream.String()}); err != nil {
 			t.Fatal(err)

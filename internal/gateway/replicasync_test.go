@@ -49,9 +49,7 @@ func TestResponsesFollowTheirWorkerThroughAnyReplica(t *testing.T) {
 		ts := httptest.NewServer(s)
 		t.Cleanup(func() { ts.Close(); s.Close() })
 		for _, g := range []*testGateway{ga, gb} {
-			if _, err := g.Register(context.Background(), AddWorkerRequest{URL: ts.URL}); err != nil {
-				t.Fatal(err)
-			}
+			g.mustRegister(t, AddWorkerRequest{URL: ts.URL})
 		}
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

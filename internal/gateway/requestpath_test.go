@@ -190,14 +190,9 @@ func TestPrefillRequestHasADeadline(t *testing.T) {
 func TestPrefillWithoutDecodeIs503(t *testing.T) {
 	p := newFakeWorker(t, "m")
 	g := newTestGateway(t, Config{}, "round_robin")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: p.URL, WorkerType: "prefill"}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: p.URL, WorkerType: "prefill"})
 	resp := g.postBounded(t, "/generate", `{"text":"hi"}`)
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("status %d, want 503", resp.StatusCode)
-	}
-	if e := decodeError(t, resp); !strings.Contains(e.Message, "decode") {
+	if e := wantError(t, resp, http.StatusServiceUnavailable); !strings.Contains(e.Message, "decode") {
 		t.Errorf("message %q does not say decode workers are missing", e.Message)
 	}
 }

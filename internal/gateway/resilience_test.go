@@ -58,9 +58,7 @@ func TestCircuitOpensAndIsCounted(t *testing.T) {
 	f.setHandler(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
 	cfg := Config{Proxy: proxy.Config{Retry: proxy.RetryConfig{MaxAttempts: 1}}}
 	g := newTestGateway(t, cfg, "round_robin")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: f.URL, Labels: map[string]string{"cb_failure_threshold": "2"}}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: f.URL, Labels: map[string]string{"cb_failure_threshold": "2"}})
 	for i := 0; i < 2; i++ {
 		resp := g.post(t, "/v1/chat/completions", `{"model":"m","messages":[]}`)
 		resp.Body.Close()

@@ -3,13 +3,13 @@ package gateway
 import (
 	"bytes"
 	"cmp"
-	"container/list"
 	"context"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/jsonscan"
+	"github.com/kvgate/kvgate/internal/lru"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/tracing"
@@ -60,100 +60,81 @@ const (
 )
 
 // responseAffinity remembers which worker answered each response id: an LRU bounded in entries
-// and in time. Safe for concurrent use.
+// and in time (lru.Cache, one entry a response id, its deadline fixed when it was answered: a
+// lookup moves an id to the front without renewing it). Safe for concurrent use.
 type responseAffinity struct {
-	max int
 	ttl time.Duration
 	now func() time.Time
 
-	mu    sync.Mutex
-	byID  map[string]*list.Element // of *affinityEntry
-	order list.List                // most recently used first
-}
-
-type affinityEntry struct {
-	id, worker string
-	expires    time.Time
+	mu  sync.Mutex
+	ids *lru.Cache[string, string] // response id → worker id; nil when the memory is off
 }
 
 func newResponseAffinity(c ResponsesConfig, now func() time.Time) *responseAffinity {
 	c = c.withDefaults()
-	return &responseAffinity{max: c.MaxEntries, ttl: c.TTL, now: now, byID: map[string]*list.Element{}}
+	a := &responseAffinity{ttl: c.TTL, now: now}
+	if c.MaxEntries >= 0 {
+		a.ids = lru.New[string, string](c.MaxEntries)
+	}
+	return a
 }
+
+// deadline is the last instant an id answered at now is remembered: it is gone once TTL has
+// passed (lru.Cache keeps an entry through its deadline).
+func (a *responseAffinity) deadline(now time.Time) time.Time { return now.Add(a.ttl - time.Nanosecond) }
 
 // remember records that workerID answered response id. An id already remembered for another
 // worker, and not expired, stays with it: engines draw ids at random, so a second worker giving
 // the same id is one trying to draw another conversation's follow-ups to itself.
 func (a *responseAffinity) remember(id, workerID string) {
-	if a.max < 0 || id == "" {
+	if a.ids == nil || id == "" {
 		return
 	}
 	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if e, ok := a.byID[id]; ok {
-		ent := e.Value.(*affinityEntry)
-		if ent.worker != workerID && now.Before(ent.expires) {
+	if w, dl, ok := a.ids.Peek(id); ok {
+		if w != workerID && !now.After(dl) {
 			return
 		}
-		ent.worker, ent.expires = workerID, now.Add(a.ttl)
-		a.order.MoveToFront(e)
+		a.ids.AddUntil(id, workerID, 1, a.deadline(now))
 		return
 	}
-	a.byID[id] = a.order.PushFront(&affinityEntry{id: id, worker: workerID, expires: now.Add(a.ttl)})
-	for a.order.Len() > a.max {
-		a.drop(a.order.Back())
-	}
+	a.ids.AddUntil(id, workerID, 1, a.deadline(now))
 	// The least recently used entries are the likeliest to have expired: drop those, so that
 	// expired entries do not wait for the table to fill.
-	for e := a.order.Back(); e != nil && !now.Before(e.Value.(*affinityEntry).expires); e = a.order.Back() {
-		a.drop(e)
-	}
+	a.ids.Expire(now, -1)
 }
 
 // lookup returns the worker that answered response id, if it is remembered and not expired.
 func (a *responseAffinity) lookup(id string) (string, bool) {
-	if id == "" || a.max < 0 {
+	if id == "" || a.ids == nil {
 		return "", false
 	}
 	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	e, ok := a.byID[id]
-	if !ok {
-		return "", false
-	}
-	ent := e.Value.(*affinityEntry)
-	if !now.Before(ent.expires) {
-		a.drop(e)
-		return "", false
-	}
-	a.order.MoveToFront(e)
-	return ent.worker, true
+	return a.ids.GetLive(id, now)
 }
 
 // forget drops response id: the response was deleted, or its worker no longer has it.
 func (a *responseAffinity) forget(id string) {
-	if a.max < 0 {
+	if a.ids == nil {
 		return
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if e, ok := a.byID[id]; ok {
-		a.drop(e)
-	}
+	a.ids.Remove(id)
 }
 
 // len returns how many ids are remembered.
 func (a *responseAffinity) len() int {
+	if a.ids == nil {
+		return 0
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.order.Len()
-}
-
-func (a *responseAffinity) drop(e *list.Element) {
-	delete(a.byID, e.Value.(*affinityEntry).id)
-	a.order.Remove(e)
+	return a.ids.Len()
 }
 
 // responsePicker sends a follow-up turn's first attempt to the worker that answered the turn it

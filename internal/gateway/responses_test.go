@@ -28,12 +28,30 @@ func simGateway(t *testing.T, policyName string, n int) (*testGateway, []*httpte
 		s := sim.NewServer(sim.Config{Model: "m", Engine: engine.Config{DecodeBase: time.Millisecond, PrefillTPS: 1e6}})
 		ts := httptest.NewServer(s)
 		t.Cleanup(func() { ts.Close(); s.Close() })
-		if _, err := g.Register(context.Background(), AddWorkerRequest{URL: ts.URL}); err != nil {
-			t.Fatal(err)
-		}
+		g.mustRegister(t, AddWorkerRequest{URL: ts.URL})
 		srvs = append(srvs, ts)
 	}
 	return g, srvs
+}
+
+// responsesRig starts n simulated engines behind a round_robin gateway and returns it, an SDK
+// client of it, and a context that bounds the test's calls by timeout.
+func responsesRig(t *testing.T, n int, timeout time.Duration) (*testGateway, openai.Client, context.Context) {
+	t.Helper()
+	g, _ := simGateway(t, "round_robin", n)
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	return g, sdkClient(g, ""), ctx
+}
+
+// newTurn sends a Responses turn (a first one when previous is ""), failing the test on an error.
+func newTurn(t *testing.T, ctx context.Context, client openai.Client, input, previous string) *responses.Response {
+	t.Helper()
+	r, err := client.Responses.New(ctx, turn(input, previous))
+	if err != nil {
+		t.Fatalf("turn %q: %v", input, err)
+	}
+	return r
 }
 
 func turn(input, previous string) responses.ResponseNewParams {
@@ -49,20 +67,10 @@ func turn(input, previous string) responses.ResponseNewParams {
 // follow-up turn reaches the worker that answered the turn before. round_robin would send every
 // other turn to the other engine, which does not hold the conversation and answers 404.
 func TestResponsesFollowTheirWorker(t *testing.T) {
-	g, _ := simGateway(t, "round_robin", 2)
-	client := sdkClient(g, "")
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	r, err := client.Responses.New(ctx, turn("a first question about the sea", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 6 {
-		next, err := client.Responses.New(ctx, turn("and then?", r.ID))
-		if err != nil {
-			t.Fatalf("turn %d: %v", i+2, err)
-		}
-		r = next
+	g, client, ctx := responsesRig(t, 2, 20*time.Second)
+	r := newTurn(t, ctx, client, "a first question about the sea", "")
+	for range 6 {
+		r = newTurn(t, ctx, client, "and then?", r.ID)
 	}
 	stream := client.Responses.NewStreaming(ctx, turn("stream the next one", r.ID))
 	var text strings.Builder
@@ -94,20 +102,14 @@ func TestResponsesFollowTheirWorker(t *testing.T) {
 // policy like any request (here to the other engine, which answers 404 for the unknown id: the
 // client learns it must start over, instead of a 503 while a worker is free).
 func TestResponsesFallBackWhenTheirWorkerIsGone(t *testing.T) {
-	g, _ := simGateway(t, "round_robin", 2)
-	client := sdkClient(g, "")
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	r, err := client.Responses.New(ctx, turn("hello", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, client, ctx := responsesRig(t, 2, 20*time.Second)
+	r := newTurn(t, ctx, client, "hello", "")
 	id, ok := g.responses.lookup(r.ID)
 	if !ok {
 		t.Fatal("the response id was not remembered")
 	}
 	g.reg.View().Get(id).SetHealth(worker.NotReady)
-	_, err = client.Responses.New(ctx, turn("again", r.ID))
+	_, err := client.Responses.New(ctx, turn("again", r.ID))
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("follow-up with its worker down: %v, want the other engine's 404", err)

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"testing"
@@ -17,17 +16,10 @@ import (
 // of the two engines holds only the responses it gave, and answers 404 for the other's. An id
 // the gateway never saw, and one deleted, are answered 404 in the OpenAI shape.
 func TestStoredResponsesReachTheirWorker(t *testing.T) {
-	g, _ := simGateway(t, "round_robin", 2)
-	client := sdkClient(g, "")
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
+	g, client, ctx := responsesRig(t, 2, 20*time.Second)
 	var ids []string
 	for _, q := range []string{"first question", "second question", "third question"} {
-		r, err := client.Responses.New(ctx, turn(q, ""))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, r.ID)
+		ids = append(ids, newTurn(t, ctx, client, q, "").ID)
 	}
 	for round := range 2 { // every id twice, so round_robin would have sent one of the two to the other engine
 		for i, id := range ids {
@@ -73,20 +65,14 @@ func TestStoredResponsesReachTheirWorker(t *testing.T) {
 // A stored response whose worker left the pool is forgotten and answered 404 (its memory went
 // with it); a malformed id never reaches a worker.
 func TestStoredResponseWorkerGone(t *testing.T) {
-	g, _ := simGateway(t, "round_robin", 1)
-	client := sdkClient(g, "")
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	r, err := client.Responses.New(ctx, turn("hello", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, client, ctx := responsesRig(t, 1, 10*time.Second)
+	r := newTurn(t, ctx, client, "hello", "")
 	for _, w := range g.reg.View().All {
 		if _, err := g.reg.Remove(w.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err = client.Responses.Get(ctx, r.ID, responses.ResponseGetParams{})
+	_, err := client.Responses.Get(ctx, r.ID, responses.ResponseGetParams{})
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound {
 		t.Fatalf("get after its worker left: %v, want 404", err)

@@ -111,9 +111,7 @@ func TestClientAuthorizationNotForwarded(t *testing.T) {
 			cfg := Config{APIKeys: []string{"other", "gateway-key"}}
 			cfg.Proxy.ForwardClientAuth = tc.forward
 			g := newTestGateway(t, cfg, "round_robin")
-			if _, err := g.Register(context.Background(), AddWorkerRequest{URL: f.URL, APIKey: tc.workerKey}); err != nil {
-				t.Fatal(err)
-			}
+			g.mustRegister(t, AddWorkerRequest{URL: f.URL, APIKey: tc.workerKey})
 			resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x"}`, "Authorization", "Bearer gateway-key")
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -355,9 +353,7 @@ func TestProbeDoesNotBlockOtherRegistrations(t *testing.T) {
 	c := testutil.Recv(t, accepted, "the black-holed probe's connection") // the probe is under way
 	accepted <- c
 	f := newFakeWorker(t, "m")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: f.URL})
 	// The black-holed probe ends only with its 20 s timeout or the cancel below: a registration
 	// that waited behind it would return after it.
 	select {

@@ -39,9 +39,7 @@ func TestRegisterRefusesSelf(t *testing.T) {
 	}
 	// A real worker is still taken.
 	f := newFakeWorker(t, "m")
-	if _, err := g.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
-		t.Fatal(err)
-	}
+	g.mustRegister(t, AddWorkerRequest{URL: f.URL})
 }
 
 // By address: a URL whose host resolves to a listener of the gateway is refused before any probe,

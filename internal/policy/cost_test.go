@@ -172,7 +172,7 @@ func TestCostPicksWhatTheFormulaSays(t *testing.T) {
 				}
 			}
 			req := &Request{Model: "m", Text: strings.Repeat("x", prompt), PromptBytes: prompt}
-			got := Choose(context.Background(), p, ws, req)
+			got := prepChoose(context.Background(), p, ws, req)
 			if got != ws[want] {
 				t.Fatalf("picked %s, want worker %d (costs %v)", got.ID, want, costs)
 			}
@@ -212,7 +212,7 @@ func TestCostCountsWhatItSends(t *testing.T) {
 	counts := map[string]int{}
 	for i := range 40 {
 		req := &Request{Text: fmt.Sprintf("prompt %d", i), PromptBytes: 8000}
-		counts[Choose(context.Background(), p, ws, req).ID]++
+		counts[prepChoose(context.Background(), p, ws, req).ID]++
 	}
 	for _, w := range ws {
 		if counts[w.ID] != 10 {
@@ -224,7 +224,7 @@ func TestCostCountsWhatItSends(t *testing.T) {
 	}
 	costClock.t = polled.Add(time.Second)
 	req := &Request{Text: "after the poll", PromptBytes: 8000}
-	Choose(context.Background(), p, ws, req)
+	prepChoose(context.Background(), p, ws, req)
 	if req.Decision.Chosen.Sent != 0 || req.Decision.RunnerUp.Sent != 0 {
 		t.Fatalf("S after a new report: %+v / %+v, want 0", req.Decision.Chosen, req.Decision.RunnerUp)
 	}
@@ -240,10 +240,10 @@ func TestCostMeasuresPrefillRate(t *testing.T) {
 	for i := range 30 {
 		reports[ws[0].ID] = loadmon.Report{HasUncachedTokens: true, WaitingUncachedTokens: int64(100000 - 4000*i), PolledAt: t0.Add(time.Duration(i) * time.Second)}
 		costClock.t = t0.Add(time.Duration(i) * time.Second)
-		Choose(context.Background(), p, ws, &Request{PromptBytes: 4})
+		prepChoose(context.Background(), p, ws, &Request{PromptBytes: 4})
 	}
 	req := &Request{PromptBytes: 4}
-	Choose(context.Background(), p, ws, req)
+	prepChoose(context.Background(), p, ws, req)
 	if r := req.Decision.Chosen.Rate; math.Abs(r-4000) > 1 {
 		t.Fatalf("measured μ %v, want 4000", r)
 	}
@@ -268,14 +268,14 @@ func TestReplicasAgreeOnANewPrefix(t *testing.T) {
 	busy, fresh := newCostPolicy(t, "cache_aware_hash", nil, reports), newCostPolicy(t, "cache_aware_hash", nil, reports)
 	busyWs, freshWs := cahWorkers(t, n), cahWorkers(t, n)
 	for i := range 50 {
-		Choose(context.Background(), busy, busyWs, &Request{Text: prompt(i, " an old conversation"), PromptBytes: 4000})
+		prepChoose(context.Background(), busy, busyWs, &Request{Text: prompt(i, " an old conversation"), PromptBytes: 4000})
 	}
 	setReports(t0.Add(time.Second)) // the next poll: both replicas' since-poll counts restart
 	used := map[string]bool{}
 	for i := 100; i < 140; i++ {
 		text := prompt(i, " a conversation nobody has seen")
-		a := Choose(context.Background(), busy, busyWs, &Request{Text: text, PromptBytes: 4000})
-		b := Choose(context.Background(), fresh, freshWs, &Request{Text: text, PromptBytes: 4000})
+		a := prepChoose(context.Background(), busy, busyWs, &Request{Text: text, PromptBytes: 4000})
+		b := prepChoose(context.Background(), fresh, freshWs, &Request{Text: text, PromptBytes: 4000})
 		if a.ID != b.ID {
 			t.Fatalf("prefix %d: the replicas picked %s and %s", i, a.ID, b.ID)
 		}
@@ -297,9 +297,9 @@ func TestCostFollowsItsTree(t *testing.T) {
 	ws := cahWorkers(t, 4)
 	p := newCostPolicy(t, "cache_aware_hash", nil, cahLoads{})
 	text := prompt(1, " first turn")
-	first := Choose(context.Background(), p, ws, &Request{Text: text})
+	first := prepChoose(context.Background(), p, ws, &Request{Text: text})
 	req := &Request{Text: text + " second turn"}
-	if got := Choose(context.Background(), p, ws, req); got != first {
+	if got := prepChoose(context.Background(), p, ws, req); got != first {
 		t.Fatalf("second turn went to %s, want %s", got.ID, first.ID)
 	}
 	d := req.Decision
@@ -316,11 +316,11 @@ func TestPreciseFollowsEventsOverTheTree(t *testing.T) {
 	p := newCostPolicy(t, "precise", kv, cahLoads{})
 	text := strings.Repeat("shared system prompt ", 50)
 	kv.held[ws[1].ID] = len(text)
-	if got := Choose(context.Background(), p, ws, &Request{Model: "m", Text: text}); got != ws[1] {
+	if got := prepChoose(context.Background(), p, ws, &Request{Model: "m", Text: text}); got != ws[1] {
 		t.Fatalf("first pick %s, want the holder %s", got.ID, ws[1].ID)
 	}
 	kv.held = map[string]int{ws[2].ID: len(text)}
-	if got := Choose(context.Background(), p, ws, &Request{Model: "m", Text: text}); got != ws[2] {
+	if got := prepChoose(context.Background(), p, ws, &Request{Model: "m", Text: text}); got != ws[2] {
 		t.Fatalf("after the eviction: %s, want %s", got.ID, ws[2].ID)
 	}
 	d := p.Decisions()
@@ -368,15 +368,15 @@ func TestPreciseFallsBack(t *testing.T) {
 	}
 }
 
-// TestPreciseTokenizesUnderTheRequestContext: a client that has left cancels the tokenization,
-// and the pick still answers from the tree.
+// TestPreciseTokenizesUnderTheRequestContext: Prepare tokenizes under the request's context, so
+// a client that has left cancels the tokenization, and the pick still answers from the tree.
 func TestPreciseTokenizesUnderTheRequestContext(t *testing.T) {
 	ws := cahWorkers(t, 2)
 	kv := &fakeKV{held: map[string]int{}}
 	p := newCostPolicy(t, "precise", kv, cahLoads{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if w := p.Pick(ctx, ws, &Request{Text: "hello"}); w == nil {
+	if w := prepChoose(ctx, p, ws, &Request{Text: "hello"}); w == nil {
 		t.Fatal("no pick")
 	}
 	if !errors.Is(kv.ctxErr, context.Canceled) {
@@ -401,7 +401,7 @@ func TestBestCostHasNoSideEffects(t *testing.T) {
 		if req.Decision.HasCost {
 			t.Fatal("BestCost wrote the caller's decision")
 		}
-		if a, b := Choose(context.Background(), asked, ws, req), Choose(context.Background(), plain, ws, &Request{Text: prompt(i, ""), PromptBytes: 4000}); a.ID != b.ID {
+		if a, b := prepChoose(context.Background(), asked, ws, req), prepChoose(context.Background(), plain, ws, &Request{Text: prompt(i, ""), PromptBytes: 4000}); a.ID != b.ID {
 			t.Fatalf("after BestCost the pick moved: %s vs %s", a.ID, b.ID)
 		}
 	}
@@ -441,8 +441,8 @@ func TestBestCostMeasuresNothing(t *testing.T) {
 			continue
 		}
 		ra, rp := &Request{Text: "x", PromptBytes: 400}, &Request{Text: "x", PromptBytes: 400}
-		Choose(context.Background(), asked, ws, ra)
-		Choose(context.Background(), plain, ws, rp)
+		prepChoose(context.Background(), asked, ws, ra)
+		prepChoose(context.Background(), plain, ws, rp)
 		if ra.Decision.Chosen.Rate != rp.Decision.Chosen.Rate {
 			t.Fatalf("report %d: μ %v after BestCost at every report, %v without", k, ra.Decision.Chosen.Rate, rp.Decision.Chosen.Rate)
 		}
@@ -512,7 +512,7 @@ func TestCostConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 200 {
-				w := Choose(context.Background(), p, ws, &Request{Text: prompt(g*1000+i%20, "tail"), PromptBytes: 2000})
+				w := prepChoose(context.Background(), p, ws, &Request{Text: prompt(g*1000+i%20, "tail"), PromptBytes: 2000})
 				if w == nil {
 					t.Error("no pick")
 					return
@@ -573,7 +573,7 @@ func TestCostCountsTheRequestsBehind(t *testing.T) {
 				p.sc.ws[ws[i].ID] = seededCost(p.sc, polled, q, 0, 8000)
 			}
 			req := &Request{Model: "m", Text: strings.Repeat("x", 6000), PromptBytes: 6000}
-			if got := Choose(context.Background(), p, ws, req); got != ws[tt.want] {
+			if got := prepChoose(context.Background(), p, ws, req); got != ws[tt.want] {
 				t.Fatalf("picked %s, want worker %d (decision %+v)", got.ID, tt.want, req.Decision)
 			}
 			d := req.Decision
@@ -617,7 +617,7 @@ func TestOwnerIsCreditedWhatNoTreeHolds(t *testing.T) {
 	}
 	costClock.t = later
 	req := &Request{Model: "m", Text: turn2, PromptBytes: len(turn2)}
-	if got := Choose(context.Background(), p, ws, req); got != ws[holder] {
+	if got := prepChoose(context.Background(), p, ws, req); got != ws[holder] {
 		t.Fatalf("picked %s, want the holder %s (decision %+v)", got.ID, ws[holder].ID, req.Decision)
 	}
 	d := req.Decision
@@ -694,14 +694,14 @@ func TestFilterReasons(t *testing.T) {
 	ws[3].SetHealth(worker.NotReady)
 	p := newCostPolicy(t, "least_load", nil, cahLoads{})
 	req := &Request{Tried: []*worker.Worker{ws[0]}}
-	if got := Choose(context.Background(), p, ws, req); got == ws[0] || got == ws[3] {
+	if got := prepChoose(context.Background(), p, ws, req); got == ws[0] || got == ws[3] {
 		t.Fatalf("picked %s: tried or unavailable", got.ID)
 	}
 	if f := req.Decision.Filtered; f[FilterTried] != 1 {
 		t.Fatalf("filtered %v, want 1 tried", f)
 	}
 	req = &Request{Startable: func(c []*worker.Worker) []*worker.Worker { return c[2:] }}
-	if got := Choose(context.Background(), p, ws, req); got != ws[2] {
+	if got := prepChoose(context.Background(), p, ws, req); got != ws[2] {
 		t.Fatalf("picked %s, want the one startable available worker", got.ID)
 	}
 	if f := req.Decision.Filtered; f[FilterCannotStart] != 2 || f[FilterUnavailable] != 1 {
@@ -712,7 +712,13 @@ func TestFilterReasons(t *testing.T) {
 	}
 	// Every candidate tried: all again.
 	req = &Request{Tried: ws}
-	if got := Choose(context.Background(), p, ws, req); got == nil || got == ws[3] {
+	if got := prepChoose(context.Background(), p, ws, req); got == nil || got == ws[3] {
 		t.Fatal("no pick when every worker was tried")
 	}
+}
+
+// prepChoose is the gateway's sequence for one request: Prepare, then Choose.
+func prepChoose(ctx context.Context, p Policy, candidates []*worker.Worker, req *Request) *worker.Worker {
+	Prepare(ctx, p, candidates, req)
+	return Choose(ctx, p, candidates, req)
 }

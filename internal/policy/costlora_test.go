@@ -30,7 +30,7 @@ func TestCostAdapterTerm(t *testing.T) {
 		seen := map[string]bool{}
 		for i := range 20 {
 			req := &Request{PromptBytes: 400, Text: string(rune('A' + i)), Adapter: "a"}
-			w := Choose(context.Background(), p, ws, req)
+			w := prepChoose(context.Background(), p, ws, req)
 			seen[w.ID] = true
 			// The first three: after them, what this replica sent since the (never renewed)
 			// report outweighs the adapter's load elsewhere, as it should.
@@ -46,17 +46,17 @@ func TestCostAdapterTerm(t *testing.T) {
 		}
 		p, _ = New("least_load", cfg) // a replica that has sent nothing yet
 		req := &Request{PromptBytes: 400, Adapter: "new"}
-		if w := Choose(context.Background(), p, ws, req); w == ws[0] {
+		if w := prepChoose(context.Background(), p, ws, req); w == ws[0] {
 			t.Errorf("a new adapter went to the worker whose slots are all held (L %v)", req.Decision.Chosen.Adapter)
 		}
 		// This replica just sent "new" somewhere: the next request for it follows.
 		first := req.Decision.Worker
 		req2 := &Request{PromptBytes: 400, Text: "other", Adapter: "new"}
-		if w := Choose(context.Background(), p, ws, req2); w.ID != first {
+		if w := prepChoose(context.Background(), p, ws, req2); w.ID != first {
 			t.Errorf("the second request for a just-sent adapter went to %s, not %s", w.ID, first)
 		}
 		base := &Request{PromptBytes: 400}
-		Choose(context.Background(), p, ws, base)
+		prepChoose(context.Background(), p, ws, base)
 		if base.Decision.Chosen.Adapter != 0 {
 			t.Errorf("a base-model request paid L = %v", base.Decision.Chosen.Adapter)
 		}
@@ -81,12 +81,12 @@ func TestPreciseSkipsEventsForAdapters(t *testing.T) {
 	kv := &fakeKV{held: map[string]int{ws[0].ID: 1 << 20}}
 	p := newCostPolicy(t, "precise_prefix", kv, idReports{})
 	base := &Request{Text: "a prompt the engine holds", PromptBytes: 400}
-	Choose(context.Background(), p, ws, base)
+	prepChoose(context.Background(), p, ws, base)
 	if base.Decision.Branch != BranchPreciseHit {
 		t.Fatalf("base request branch %q, want %q", base.Decision.Branch, BranchPreciseHit)
 	}
 	ad := &Request{Text: "another prompt the events say the engine holds", PromptBytes: 400, Adapter: "x"}
-	Choose(context.Background(), p, ws, ad)
+	prepChoose(context.Background(), p, ws, ad)
 	if ad.Decision.Branch == BranchPreciseHit || ad.Decision.Chosen.Cached > 0 {
 		t.Errorf("adapter request credited with the events' blocks: %q, %v", ad.Decision.Branch, ad.Decision.Chosen)
 	}

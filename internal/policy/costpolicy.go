@@ -48,7 +48,8 @@ const (
 	// BranchFallbackNoEvents: the events could not answer for every candidate (no stream yet,
 	// a resync after a gap, events off), so the prefix tree gave Ĉ.
 	BranchFallbackNoEvents = "fallback_no_events"
-	// BranchFallbackTokenizer: tokenization failed or missed its deadline; the tree gave Ĉ.
+	// BranchFallbackTokenizer: tokenization failed or missed its deadline, or the request was
+	// not prepared (Prepare); the tree gave Ĉ.
 	BranchFallbackTokenizer = "fallback_tokenizer"
 )
 
@@ -86,8 +87,8 @@ type Cost struct {
 	// follow is the learned F, calib each worker's prediction error (learn.go).
 	follow follower
 	calib  calibration
-	// decideNS sums the time precise decisions took, tokenization and matching included;
-	// decided counts them.
+	// decideNS sums the time precise decisions took matching the events (tokenization is
+	// Prepare's); decided counts them.
 	decideNS, decided atomic.Int64
 	// filtered counts the candidates each filter reason dropped, over committed decisions.
 	filtered [NumFilters]atomic.Uint64
@@ -207,7 +208,7 @@ func (p *Cost) RecordWarm(workerID, text string) {
 func (p *Cost) Decisions() map[string]uint64 { return p.dec.snapshot() }
 
 // DecisionTime returns the number of decisions precise_prefix took on events and the mean time
-// one took, tokenization and matching included (fallbacks excluded).
+// one took matching them (fallbacks excluded; tokenization is Prepare's).
 func (p *Cost) DecisionTime() (n int64, mean time.Duration) {
 	n = p.decided.Load()
 	if n == 0 {

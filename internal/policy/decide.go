@@ -12,7 +12,7 @@ import (
 // One decision of a cost-based policy, top-down, in the order it runs (the cost itself is in
 // cost.go's package comment):
 //
-//  1. gather  the prompt's tokens (precise_prefix), one pinned load snapshot, each candidate's
+//  1. gather  the prompt's tokens (precise_prefix: fetched by Prepare), one pinned load snapshot, each candidate's
 //     report and the replica's estimate of its engine (loadmon.Estimate);
 //  2. filter  every reason a worker is out, in one list (Filter*), each counted in
 //     Decision.Filtered: already tried and cannot start (Choose, from the request), unavailable
@@ -87,12 +87,12 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 	if req == nil {
 		req = &Request{}
 	}
-	// 1. Gather, 2. filter: the prompt's tokens first (before any load is read, so that a slow
-	// tokenizer leaves the loads no staler), then the loads.
+	// 1. Gather, 2. filter: the prompt's tokens Prepare fetched (precise.go: no I/O here),
+	// then the loads.
 	var toks []uint32
 	branch := -1
 	if p.src == fromEvents && p.eventsAnswer(req) { // loraevents.go
-		toks, branch = p.tokenize(ctx, candidates, req)
+		toks, branch = p.preparedTokens(candidates, req)
 	}
 	buf := getCands(len(candidates))
 	av := *buf
@@ -128,41 +128,6 @@ func (p *Cost) decide(ctx context.Context, candidates []*worker.Worker, req *Req
 func noneCached(req *Request, pick func(uint64) *worker.Worker) *worker.Worker {
 	// No cache to agree on: ties go by the whole routing text, which spreads them.
 	return pick(hashString(req.Text))
-}
-
-// tokenize returns the prompt's tokens for precise_prefix, before any load is read, under the
-// request's context (the tokenizer bounds it by its own deadline too); nil with the fallback
-// branch when the events cannot answer or the tokenizer fails.
-func (p *Cost) tokenize(ctx context.Context, candidates []*worker.Worker, req *Request) ([]uint32, int) {
-	if p.kv == nil || req.Text == "" && !req.Chat {
-		return nil, coNoEvents
-	}
-	var idBuf [64]string
-	ids := idBuf[:0]
-	// Spread tokenization over the workers by the prompt's opening: the same opening asks the
-	// same worker.
-	key := hashString(prefixChars(req.Text, placementChars))
-	var via *worker.Worker
-	var viaScore uint64
-	for _, w := range candidates {
-		if w.Available() {
-			ids = append(ids, w.ID)
-			if s := score(key, w.ID); via == nil || s > viaScore {
-				via, viaScore = w, s
-			}
-		}
-	}
-	if _, ok := p.kv.(SaltedMatcher); req.Salted && !ok {
-		return nil, coNoEvents
-	}
-	if via == nil || !p.covers(req.eventsModel(), ids, req.Salted || req.Adapter != "") { // partialkv.go: some engines may not have published; loraevents.go
-		return nil, coNoEvents
-	}
-	toks, err := p.kv.Tokenize(ctx, via, req.Model, req.Chat, req.Body, req.promptText())
-	if err != nil || len(toks) == 0 {
-		return nil, coTokenizer
-	}
-	return toks, -1
 }
 
 // gather reads one load snapshot under the replica's lock for candidates, filters them

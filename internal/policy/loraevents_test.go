@@ -36,7 +36,7 @@ func TestPreciseMatchesAdaptersOwnBlocks(t *testing.T) {
 		byAdapter: map[string]map[string]int{"sql": {ws[2].ID: 1 << 20}, "chat": {ws[1].ID: 1 << 20}}}
 	p := newCostPolicy(t, "precise_prefix", kv, idReports{})
 	req := &Request{Model: "sql", Parent: "base", Adapter: "sql", Text: text, PromptBytes: 400}
-	if got := Choose(context.Background(), p, ws, req); got != ws[2] {
+	if got := prepChoose(context.Background(), p, ws, req); got != ws[2] {
 		t.Fatalf("adapter request went to %s, want the holder of its adapter's blocks %s", got.ID, ws[2].ID)
 	}
 	if req.Decision.Branch != BranchPreciseHit || req.Decision.Chosen.Cached == 0 {
@@ -48,7 +48,7 @@ func TestPreciseMatchesAdaptersOwnBlocks(t *testing.T) {
 		}
 	}
 	other := &Request{Model: "other", Parent: "base", Adapter: "other", Text: text + " again", PromptBytes: 400}
-	Choose(context.Background(), p, ws, other)
+	prepChoose(context.Background(), p, ws, other)
 	if other.Decision.Branch != BranchPreciseMiss || other.Decision.Chosen.Cached != 0 {
 		t.Fatalf("an adapter nobody holds: %q %+v, want a precise miss", other.Decision.Branch, other.Decision.Chosen)
 	}

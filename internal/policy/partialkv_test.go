@@ -57,7 +57,7 @@ func TestPreciseFallsBackPerWorker(t *testing.T) {
 	text := strings.Repeat("a conversation only the quiet engine was sent ", 30)
 	p.RecordWarm(ws[0].ID, text) // the tree holds it on the engine without events
 	req := &Request{Model: "m", Text: text}
-	if got := Choose(context.Background(), p, ws, req); got != ws[0] {
+	if got := prepChoose(context.Background(), p, ws, req); got != ws[0] {
 		t.Fatalf("picked %s, want %s, which the tree says holds the prompt", got.ID, ws[0].ID)
 	}
 	d := p.Decisions()
@@ -68,7 +68,7 @@ func TestPreciseFallsBackPerWorker(t *testing.T) {
 	// nothing in the tree, the events win.
 	other := strings.Repeat("a prompt the published engine holds ", 30)
 	kv.held[ws[1].ID] = len(other)
-	if got := Choose(context.Background(), p, ws, &Request{Model: "m", Text: other}); got != ws[1] {
+	if got := prepChoose(context.Background(), p, ws, &Request{Model: "m", Text: other}); got != ws[1] {
 		t.Fatalf("picked %s, want the published holder %s", got.ID, ws[1].ID)
 	}
 }

@@ -36,8 +36,8 @@ type Request struct {
 	// Chat is set for chat completions, whose prompt is the body's messages.
 	Chat bool
 	// Body is the raw request body, read-only; nil when the caller has none. Precise routing
-	// sends a chat request's messages to the engine's tokenizer from it. It is valid only
-	// during Pick: the gateway recycles the buffer once the request is done.
+	// sends a chat request's messages to the engine's tokenizer from it (Prepare). It is valid
+	// only during Prepare and Pick: the gateway recycles the buffer once the request is done.
 	Body []byte
 	// PromptBytes is the length of the whole prompt in bytes as the caller knows it (the request
 	// body's length at the gateway), 0 when unknown. Text may be cut to a few KiB; this tells a
@@ -65,6 +65,7 @@ type Request struct {
 	Decision Decision
 
 	peers peerChain // Text hashed for the replica sync plane (peers.go)
+	prep  prepared  // what Prepare fetched (precise.go)
 }
 
 // Decision records why a policy picked the worker it returned, for audit headers, metrics and
@@ -112,8 +113,8 @@ func (req *Request) decide(branch string, predicted float64, has bool) {
 type Policy interface {
 	// Name returns the canonical policy name.
 	Name() string
-	// Pick chooses the worker. ctx is the request's: work a pick does on the request's behalf
-	// (tokenizing it) ends when the client leaves.
+	// Pick chooses the worker; it does no I/O (what a decision needs from elsewhere, Prepare
+	// fetched before). ctx is the request's.
 	Pick(ctx context.Context, candidates []*worker.Worker, req *Request) *worker.Worker
 }
 
@@ -132,7 +133,7 @@ type CacheObserver interface {
 }
 
 // DecisionTimer is implemented by policies that time their decisions (precise_prefix: the
-// tokenization and the event match included).
+// event match; the tokenization is Prepare's, before the decision).
 type DecisionTimer interface {
 	// DecisionTime returns the number of timed decisions and the mean time one took.
 	DecisionTime() (n int64, mean time.Duration)

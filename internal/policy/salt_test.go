@@ -18,18 +18,18 @@ func TestSaltSeparatesPrefixes(t *testing.T) {
 	salted := func(salt uint64) *Request {
 		return &Request{Text: SaltedText(text, salt), Salt: salt, Salted: true, PromptBytes: len(text)}
 	}
-	first := Choose(context.Background(), p, ws, salted(1))
+	first := prepChoose(context.Background(), p, ws, salted(1))
 	again := salted(1)
-	if got := Choose(context.Background(), p, ws, again); got != first || again.Decision.Chosen.Cached == 0 {
+	if got := prepChoose(context.Background(), p, ws, again); got != first || again.Decision.Chosen.Cached == 0 {
 		t.Fatalf("the same salt: %s with Ĉ %v, want %s with a hit", got.ID, again.Decision.Chosen.Cached, first.ID)
 	}
 	other := salted(2)
-	Choose(context.Background(), p, ws, other)
+	prepChoose(context.Background(), p, ws, other)
 	if d := other.Decision; !d.HasCost || d.Chosen.Cached != 0 || d.RunnerUp.Cached != 0 || d.Predicted != 0 {
 		t.Fatalf("another salt: decision %+v, want no predicted hit", d)
 	}
 	unsalted := &Request{Text: text, PromptBytes: len(text)}
-	Choose(context.Background(), p, ws, unsalted)
+	prepChoose(context.Background(), p, ws, unsalted)
 	if d := unsalted.Decision; d.Chosen.Cached != 0 || d.Predicted != 0 {
 		t.Fatalf("no salt: decision %+v, want no predicted hit", d)
 	}
@@ -63,20 +63,20 @@ func TestPreciseLooksSaltedPromptsUpBySalt(t *testing.T) {
 	kv := &saltedKV{fakeKV: fakeKV{held: map[string]int{ws[0].ID: len(text)}}, bySalt: map[uint64]map[string]int{7: {ws[2].ID: len(text)}}}
 	p := newCostPolicy(t, "precise", kv, cahLoads{})
 	req := &Request{Model: "m", Text: SaltedText(text, 7), Salt: 7, Salted: true}
-	if got := Choose(context.Background(), p, ws, req); got != ws[2] {
+	if got := prepChoose(context.Background(), p, ws, req); got != ws[2] {
 		t.Fatalf("salted pick %s, want the holder under its salt %s", got.ID, ws[2].ID)
 	}
 	if kv.text != text {
 		t.Fatalf("the tokenizer saw %q, want the prompt without the salt's mark", kv.text)
 	}
 	req = &Request{Model: "m", Text: SaltedText(text, 8), Salt: 8, Salted: true}
-	Choose(context.Background(), p, ws, req)
+	prepChoose(context.Background(), p, ws, req)
 	if req.Decision.Chosen.Cached != 0 || req.Decision.Branch != BranchPreciseMiss {
 		t.Fatalf("another salt: %+v, want a precise miss", req.Decision)
 	}
 	plain := newCostPolicy(t, "precise", &fakeKV{held: map[string]int{ws[0].ID: len(text)}}, cahLoads{})
 	req = &Request{Model: "m", Text: SaltedText(text, 7), Salt: 7, Salted: true}
-	Choose(context.Background(), plain, ws, req)
+	prepChoose(context.Background(), plain, ws, req)
 	if d := plain.Decisions(); d[BranchFallbackNoEvents] != 1 || req.Decision.Chosen.Cached != 0 {
 		t.Fatalf("a view without salts: decisions %v, decision %+v; want the tree's fallback and no hit", d, req.Decision)
 	}
@@ -91,15 +91,15 @@ func TestAffinityPlacesAConversation(t *testing.T) {
 	withKey, without := map[string]bool{}, map[string]bool{}
 	for i := range 12 {
 		text := prompt(100+i, " an opening no tree holds")
-		ga := Choose(context.Background(), a, ws, &Request{Text: text, Affinity: "k\x00conv-1", PromptBytes: len(text)})
+		ga := prepChoose(context.Background(), a, ws, &Request{Text: text, Affinity: "k\x00conv-1", PromptBytes: len(text)})
 		a.Forget(ga.ID) // each prompt finds no tree, as on a replica that never saw the conversation
-		gb := Choose(context.Background(), b, ws, &Request{Text: text, Affinity: "k\x00conv-1", PromptBytes: len(text)})
+		gb := prepChoose(context.Background(), b, ws, &Request{Text: text, Affinity: "k\x00conv-1", PromptBytes: len(text)})
 		b.Forget(gb.ID)
 		if ga != gb {
 			t.Fatalf("prompt %d: the replicas placed the conversation on %s and %s", i, ga.ID, gb.ID)
 		}
 		withKey[ga.ID] = true
-		w := Choose(context.Background(), a, ws, &Request{Text: text, PromptBytes: len(text)})
+		w := prepChoose(context.Background(), a, ws, &Request{Text: text, PromptBytes: len(text)})
 		a.Forget(w.ID)
 		without[w.ID] = true
 	}

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/lru"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -133,19 +134,13 @@ type Sticky struct {
 	now   func() time.Time
 	dec   *counters
 
-	mu    sync.Mutex
-	table map[string]*session
-	lru   session // sentinel of the recency list: lru.next is the most recent
-	stats SessionStats
-	own   atomic.Uint64 // BranchPolicy count when inner reports no branches
-}
-
-// session is one bound conversation, an entry of the table and of its recency list.
-type session struct {
-	key        string
-	worker     string
-	last       time.Time
-	prev, next *session
+	mu sync.Mutex
+	// sessions maps a session key to its worker id, one entry a session, bounded by
+	// MaxSessions; each entry's deadline is its last request + TTL, renewed on every request,
+	// so recency order is deadline order and the cold end holds the expired sessions.
+	sessions *lru.Cache[string, string]
+	created  uint64
+	own      atomic.Uint64 // BranchPolicy count when inner reports no branches
 }
 
 // Sticky forwards every optional interface of the package to the policy it wraps (a caller
@@ -165,6 +160,7 @@ var (
 	_ Recorder         = (*Sticky)(nil)
 	_ DecisionTimer    = (*Sticky)(nil)
 	_ Unwrapper        = (*Sticky)(nil)
+	_ Preparer         = (*Sticky)(nil)
 )
 
 const (
@@ -187,12 +183,11 @@ func NewSticky(inner Policy, cfg Config) *Sticky {
 	}
 	p := &Sticky{
 		inner: inner, cfg: c.Sticky, bal: c.CacheAware, loads: c.Loads, now: c.Now,
-		dec:   newCounters(BranchSticky, BranchStickyMoved, BranchStickySaturated, BranchStickyNew),
-		table: map[string]*session{},
+		dec:      newCounters(BranchSticky, BranchStickyMoved, BranchStickySaturated, BranchStickyNew),
+		sessions: lru.New[string, string](c.Sticky.MaxSessions),
 	}
 	p.rec, _ = inner.(Recorder)
 	p.share, _ = c.Peers.(SessionShare)
-	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	return p
 }
 
@@ -211,11 +206,7 @@ func (p *Sticky) Pick(ctx context.Context, candidates []*worker.Worker, req *Req
 	key := sessionKey(req.Key)
 	now := p.now()
 	p.mu.Lock()
-	s := p.lookup(key, now)
-	bound := ""
-	if s != nil {
-		bound = s.worker
-	}
+	bound := p.lookup(key, now)
 	p.mu.Unlock()
 	if bound == "" && p.share != nil {
 		// Another replica may have bound it: the session's earlier turns reached it.
@@ -261,6 +252,37 @@ func (p *Sticky) Pick(ctx context.Context, candidates []*worker.Worker, req *Req
 	}
 	p.bind(key, w.ID, now)
 	return p.sticky(req, w, stMoved, BranchStickyMoved)
+}
+
+// Prepare prepares req for the wrapped policy when Pick will ask it: a request without a key,
+// or, with placement "policy", one whose session is bound neither here nor at a peer. A
+// session bound meanwhile wastes the preparation; one that expired meanwhile is placed by the
+// wrapped policy unprepared (its fallback, the tree for precise_prefix).
+func (p *Sticky) Prepare(ctx context.Context, candidates []*worker.Worker, req *Request) {
+	if pr, ok := p.inner.(Preparer); ok && (req.Key == "" || p.asksInner(sessionKey(req.Key))) {
+		pr.Prepare(ctx, candidates, req)
+	}
+}
+
+// asksInner reports whether Pick would ask the wrapped policy for the session key (bounded by
+// sessionKey): no live session here or at a peer, and placement "policy". It changes nothing.
+func (p *Sticky) asksInner(key string) bool {
+	if p.cfg.Placement != PlacePolicy {
+		return false
+	}
+	now := p.now()
+	p.mu.Lock()
+	_, deadline, ok := p.sessions.Peek(key)
+	p.mu.Unlock()
+	if ok && !now.After(deadline) {
+		return false
+	}
+	if p.share != nil {
+		if _, ok := p.share.SessionWorker(key); ok {
+			return false
+		}
+	}
+	return true
 }
 
 // pickInner asks the wrapped policy.
@@ -325,22 +347,14 @@ func (p *Sticky) saturated(w *worker.Worker, candidates []*worker.Worker) bool {
 	return load-minLoad > p.bal.BalanceAbsThreshold && float64(load) > p.bal.BalanceRelThreshold*float64(minLoad)
 }
 
-// lookup returns key's live session marked used now, dropping it if it expired; the caller
-// holds mu.
-func (p *Sticky) lookup(key string, now time.Time) *session {
-	s := p.table[key]
-	if s == nil {
-		return nil
+// lookup returns the worker of key's live session, its deadline renewed (it is now the most
+// recent), dropping it if it expired; "" when there is none. The caller holds mu.
+func (p *Sticky) lookup(key string, now time.Time) string {
+	id, ok := p.sessions.GetLive(key, now)
+	if ok {
+		p.sessions.AddUntil(key, id, 1, now.Add(p.cfg.TTL))
 	}
-	if now.Sub(s.last) > p.cfg.TTL {
-		p.drop(s)
-		p.stats.Expired++
-		return nil
-	}
-	s.unlink()
-	s.last = now
-	p.pushFront(s)
-	return s
+	return id
 }
 
 // bind binds key to worker id as of now, making it the most recent session and dropping the
@@ -356,49 +370,18 @@ func (p *Sticky) bind(key, id string, now time.Time) {
 func (p *Sticky) bindLocal(key, id string, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	s := p.table[key]
-	if s == nil {
-		s = &session{key: key}
-		p.table[key] = s
-		p.stats.Created++
-	} else {
-		s.unlink()
-	}
-	s.worker, s.last = id, now
-	p.pushFront(s)
 	// Drop up to two expired sessions from the cold end on every bind: with no sweeper goroutine,
-	// sessions nobody asks for again still leave the table at least as fast as new ones come.
-	for i := 0; i < 2 && p.lru.prev != s && now.Sub(p.lru.prev.last) > p.cfg.TTL; i++ {
-		p.drop(p.lru.prev)
-		p.stats.Expired++
+	// sessions nobody asks for again still leave the table at least as fast as new ones come. A
+	// new session past MaxSessions drops expired ones first (counted expired), then the least
+	// recent live one (evicted, by the cache's bound).
+	if _, _, ok := p.sessions.Peek(key); ok {
+		p.sessions.AddUntil(key, id, 1, now.Add(p.cfg.TTL))
+		p.sessions.Expire(now, 2)
+		return
 	}
-	for len(p.table) > p.cfg.MaxSessions {
-		old := p.lru.prev
-		if now.Sub(old.last) > p.cfg.TTL {
-			p.stats.Expired++
-		} else {
-			p.stats.Evicted++
-		}
-		p.drop(old)
-	}
-}
-
-// pushFront makes s the most recent session; the caller holds mu.
-func (p *Sticky) pushFront(s *session) {
-	s.prev, s.next = &p.lru, p.lru.next
-	p.lru.next.prev = s
-	p.lru.next = s
-}
-
-func (s *session) unlink() {
-	s.prev.next, s.next.prev = s.next, s.prev
-	s.prev, s.next = nil, nil
-}
-
-// drop removes s from the table; the caller holds mu.
-func (p *Sticky) drop(s *session) {
-	s.unlink()
-	delete(p.table, s.key)
+	p.created++
+	p.sessions.Expire(now, max(2, p.sessions.Len()+1-p.cfg.MaxSessions))
+	p.sessions.AddUntil(key, id, 1, now.Add(p.cfg.TTL))
 }
 
 // sessionKey bounds a client-chosen key: keys up to MaxKeyBytes are kept as they are, longer
@@ -433,10 +416,7 @@ func (p *Sticky) Sweep() {
 	now := p.now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for s := p.lru.prev; s != &p.lru && now.Sub(s.last) > p.cfg.TTL; s = p.lru.prev {
-		p.drop(s)
-		p.stats.Expired++
-	}
+	p.sessions.Expire(now, -1)
 }
 
 // Forget tells the wrapped policy that the worker is gone. Its sessions stay bound: each moves,
@@ -473,8 +453,8 @@ func (p *Sticky) TreeSizes() map[string]int64 {
 func (p *Sticky) Sessions() SessionStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := p.stats
-	st.Active = len(p.table)
+	st := SessionStats{Active: p.sessions.Len(), Created: p.created}
+	st.Expired, st.Evicted = p.sessions.Drops()
 	return st
 }
 

@@ -221,7 +221,7 @@ func TestStickyTTLAndLRU(t *testing.T) {
 		t.Fatalf("after a fourth session: %+v, want 3 active, 1 evicted", st)
 	}
 	p.mu.Lock()
-	_, hasB := p.table["b"]
+	_, _, hasB := p.sessions.Peek("b")
 	p.mu.Unlock()
 	if hasB {
 		t.Fatal("b, the least recently used session, is still bound")
@@ -260,10 +260,8 @@ func TestStickyKeysAreBounded(t *testing.T) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for k := range p.table {
-		if len(k) > MaxKeyBytes {
-			t.Fatalf("the table holds a key of %d bytes", len(k))
-		}
+	if k, _, _ := p.sessions.Oldest(); p.sessions.Len() != 1 || len(k) > MaxKeyBytes {
+		t.Fatalf("the table holds %d sessions, one of a key of %d bytes", p.sessions.Len(), len(k))
 	}
 }
 

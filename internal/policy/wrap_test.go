@@ -41,10 +41,11 @@ func (e *everything) BestCost(context.Context, []*worker.Worker, *Request) (floa
 	e.hit("BestCost")
 	return 1, true
 }
-func (e *everything) DecisionTime() (int64, time.Duration) { e.hit("DecisionTime"); return 1, 1 }
-func (e *everything) Close() error                         { e.hit("Close"); return nil }
-func (e *everything) Learn(*Request, Answer)               { e.hit("Learn") }
-func (e *everything) Calibration() map[string]float64      { e.hit("Calibration"); return nil }
+func (e *everything) DecisionTime() (int64, time.Duration)                { e.hit("DecisionTime"); return 1, 1 }
+func (e *everything) Close() error                                        { e.hit("Close"); return nil }
+func (e *everything) Learn(*Request, Answer)                              { e.hit("Learn") }
+func (e *everything) Calibration() map[string]float64                     { e.hit("Calibration"); return nil }
+func (e *everything) Prepare(context.Context, []*worker.Worker, *Request) { e.hit("Prepare") }
 
 // TestWrappersForwardEveryInterface reads the package's source for every interface it declares
 // and checks that the sticky wrapper implements each optional one and that calling it reaches
@@ -71,6 +72,7 @@ func TestWrappersForwardEveryInterface(t *testing.T) {
 		"DecisionTimer": func(p Policy) { p.(DecisionTimer).DecisionTime() },
 		"AnswerLearner": func(p Policy) { p.(AnswerLearner).Learn(&Request{}, Answer{}) },
 		"Calibrator":    func(p Policy) { p.(Calibrator).Calibration() },
+		"Preparer":      func(p Policy) { p.(Preparer).Prepare(context.Background(), nil, &Request{}) },
 	}
 	fset := token.NewFileSet()
 	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {

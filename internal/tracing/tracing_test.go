@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/gateway"
 	"github.com/kvgate/kvgate/internal/policy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/tracing"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -171,18 +172,8 @@ func TestSpansReachCollector(t *testing.T) {
 	srv := newGateway(t, tr, e, log)
 
 	const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"tell me about caches"}]}`))
-	req.Header.Set("Traceparent", "00-"+traceID+"-"+parentID+"-01")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
+	testutil.MustPostOK(t, srv.URL+"/v1/chat/completions", "", `{"model":"m","messages":[{"role":"user","content":"tell me about caches"}]}`,
+		"Traceparent", "00-"+traceID+"-"+parentID+"-01")
 	// The access line is written after the request span ends, once the handler has returned.
 	var line string
 	select {
