@@ -22,10 +22,10 @@ func addFlowFlags(fs *flag.FlagSet, c *gateway.FlowConfig) {
 	fs.Int64Var(&c.MaxBytes, "max-queue-bytes", d.MaxBytes, "queue: request-body bytes one model's queue may hold (429 above)")
 	fs.DurationVar(&c.Timeout, "queue-timeout", d.Timeout, "queue: how long a request may wait (then 429, or 503 when no worker is available)")
 	fs.DurationVar(&c.Aging, "queue-aging", d.Aging, "queue: a waiting request's priority rises by one per this much wait, so that low bands are never starved (negative = strict bands)")
-	fs.Float64Var(&c.Saturation.MaxWaiting, "queue-max-engine-waiting", s.MaxWaiting, "queue: requests an engine may hold waiting past its running batch and still take more (negative = none)")
+	fs.Float64Var(&c.Saturation.MaxWaiting, "queue-max-engine-waiting", s.MaxWaiting, "queue: requests an engine may hold waiting past its running batch and still take more (0 = none at an engine that states its batch, max_running_requests, else 2; negative = none)")
 	fs.Float64Var(&c.Saturation.MaxKVUsage, "queue-max-kv-usage", s.MaxKVUsage, "queue: KV-cache usage (0-1] at which an engine takes no more")
 	fs.DurationVar(&c.Saturation.MaxPredictedWait, "queue-max-predicted-wait", s.MaxPredictedWait, "queue: predicted wait before a new request's prefill starts (an engine's queued prefill over its prefill rate, as estimated between load reports) at which the engine takes no more; also the pool's, when the routing cost predicts it on the best engine")
-	fs.Int64Var(&c.Saturation.DefaultSlots, "queue-default-slots", s.DefaultSlots, "queue: running batch an engine is taken to hold until its reports show it full")
+	fs.Int64Var(&c.Saturation.DefaultSlots, "queue-default-slots", s.DefaultSlots, "queue: running batch an engine is taken to hold until it states one or its reports show it full")
 	fs.Var((*tenantList)(&c.Tenants), "tenant", "a tenant's share and limits, NAME[:weight=W,priority=P,rps=R,tps=T] (repeatable; NAME is a key's name or a --tenant-header value; * = every other tenant; tps counts prompt tokens)")
 	fs.StringVar(&c.TenantHeader, "tenant-header", "", "request header naming the tenant, before the key's name (only behind a trusted front that sets or strips it: any client can send it)")
 }

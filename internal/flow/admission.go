@@ -32,8 +32,7 @@ type Admission struct {
 }
 
 // NewAdmission returns the admission of one model configured by c, which must have had its
-// defaults applied (Config.WithDefaults, once: a second pass reads the explicit 0 of
-// Saturation.MaxWaiting as its default), its saturation gate c.Saturation, reading the time
+// defaults applied (Config.WithDefaults), its saturation gate c.Saturation, reading the time
 // from now.
 func NewAdmission(c Config, now func() time.Time) *Admission {
 	return &Admission{Queue: NewQueue(c), sat: c.Saturation, now: now}

@@ -148,3 +148,70 @@ func TestCanStart(t *testing.T) {
 		}
 	}
 }
+
+// TestJudgeStatedBatch: an engine that states its running batch (max_running_requests) is full
+// at it under the default MaxWaiting, from its first report and before any shows requests
+// waiting, and this replica's sends and finishes since the report move it; an engine that states
+// none may hold LearnWaiting waiting (so that a report shows its batch full), and an explicit
+// MaxWaiting holds for both.
+func TestJudgeStatedBatch(t *testing.T) {
+	inflight := int64(3)
+	judge := func(s Saturation, e *loadmon.Estimate, r loadmon.Report) Signals {
+		sig := Signals{Available: true, Inflight: inflight}
+		s.Judge(&sig, e, &r, r.PolledAt)
+		return sig
+	}
+	def := DefaultSaturation()
+	// The 3 running are this replica's.
+	stated := loadmon.Report{PolledAt: t0, Running: 3, MaxRunning: 4, InflightAtPoll: 3}
+	var e loadmon.Estimate
+	sig := judge(def, &e, stated)
+	if sig.Slots != 4 || !sig.SlotsStated || def.Headroom(sig) != 1 {
+		t.Fatalf("slots %d stated %v headroom %g, want 4, true and the one free slot", sig.Slots, sig.SlotsStated, def.Headroom(sig))
+	}
+	inflight = 4 // this replica sent one since the report
+	if sig := judge(def, &e, stated); def.CanStart(sig) {
+		t.Fatal("an engine whose 4 slots are running took a request to wait")
+	}
+	inflight = 3 // one finished: its slot is free at once, before the next report
+	if sig := judge(def, &e, stated); def.Headroom(sig) != 1 {
+		t.Fatalf("headroom %g after a finish, want 1", def.Headroom(sig))
+	}
+	inflight = 0
+	full := loadmon.Report{PolledAt: t0.Add(time.Second), Running: 4, MaxRunning: 4}
+	if sig := judge(def, &e, full); def.CanStart(sig) || def.Level(sig) != 1 {
+		t.Fatalf("a full engine: can start %v, level %g", def.CanStart(sig), def.Level(sig))
+	}
+	// Hostile statements are bounded: a huge one is MaxSlots, a negative one none.
+	var h loadmon.Estimate
+	if sig := judge(def, &h, loadmon.Report{PolledAt: t0, MaxRunning: 1 << 40}); sig.Slots != loadmon.MaxSlots {
+		t.Fatalf("slots %d from a huge statement, want %d", sig.Slots, loadmon.MaxSlots)
+	}
+	if sig := judge(def, &h, loadmon.Report{PolledAt: t0.Add(time.Second), Running: 4, MaxRunning: -4}); sig.SlotsStated || def.Headroom(sig) < 1 {
+		t.Fatalf("a negative statement: stated %v headroom %g, want unknown slots and room", sig.SlotsStated, def.Headroom(sig))
+	}
+
+	// No statement: full at 4 only once a report shows requests waiting, and then with
+	// LearnWaiting more waiting.
+	var u loadmon.Estimate
+	if sig := judge(def, &u, loadmon.Report{PolledAt: t0, Running: 4}); !def.CanStart(sig) {
+		t.Fatal("an engine of unknown batch refused a request")
+	}
+	sig = judge(def, &u, loadmon.Report{PolledAt: t0.Add(time.Second), Running: 4, Waiting: 1})
+	if sig.Slots != 4 || sig.SlotsStated || def.Headroom(sig) != LearnWaiting-1 {
+		t.Fatalf("slots %d stated %v headroom %g, want 4 learned and %d", sig.Slots, sig.SlotsStated, def.Headroom(sig), LearnWaiting-1)
+	}
+	// An explicit MaxWaiting applies to both kinds; a negative one holds none waiting.
+	two := Saturation{MaxWaiting: 2}.WithDefaults()
+	var e2 loadmon.Estimate
+	if sig := judge(two, &e2, full); two.Headroom(sig) != 2 {
+		t.Fatalf("headroom %g of a full stated engine with MaxWaiting 2, want 2", two.Headroom(sig))
+	}
+	none := Saturation{MaxWaiting: -1}.WithDefaults()
+	if sig := judge(none, &u, loadmon.Report{PolledAt: t0.Add(2 * time.Second), Running: 4, Waiting: 1}); none.CanStart(sig) {
+		t.Fatal("MaxWaiting -1 let an engine of learned batch hold more waiting")
+	}
+	if none.WithDefaults().MaxWaiting != -1 || def.WithDefaults().MaxWaiting != 0 {
+		t.Fatal("WithDefaults is not idempotent on MaxWaiting")
+	}
+}

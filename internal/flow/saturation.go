@@ -14,7 +14,15 @@ import (
 type Saturation struct {
 	// MaxWaiting is how many requests an engine may hold waiting (past its running batch) and
 	// still take more: the queue dispatches to it while its estimated waiting requests are
-	// below this. Default 2; 0 keeps engine queues empty.
+	// below this. Positive: that many at every engine; negative: none at any. Zero (the
+	// default): none at an engine that states its running batch (Signals.SlotsStated), and
+	// LearnWaiting at one that does not. A request waiting at an engine waits there in arrival
+	// order, behind every other one sent before it, where at the gateway fair share and
+	// priority would order it: a quiet tenant's request dispatched behind two waiting ones
+	// waits for three slots to free instead of one. Waiting at the engine only hides the time
+	// between a slot freeing and the gateway knowing it, and a replica knows at once when its
+	// own requests finish (another replica's, at the engine's next report; with several
+	// replicas and no replica sync, a positive value keeps engines busy across that).
 	MaxWaiting float64
 	// MaxKVUsage is the KV-cache usage, in [0,1], at and above which an engine takes no more.
 	// Default 0.8: past it an engine that admits more preempts running requests to make room,
@@ -37,28 +45,28 @@ type Saturation struct {
 	// the fleet simulator set it from the routing cost's (policy.CostConfig.Estimate:
 	// --prefill-rate, --bytes-per-token), so that both read one picture of each engine.
 	Estimate loadmon.EstimateConfig
-	// DefaultSlots is the running batch an engine is taken to hold until a report shows it
-	// full (requests waiting), from which on its reported running count is its capacity; it also
-	// bounds the in-flight requests of an engine without a fresh report. Default 256 (SGLang's
-	// and vLLM's usual running-request cap).
+	// DefaultSlots is the running batch an engine is taken to hold until it states one (its
+	// reports' max_running_requests) or a report shows it full (requests waiting), from which
+	// on its reported running count is its capacity; it also bounds the in-flight requests of
+	// an engine without a fresh report. Default 256 (SGLang's and vLLM's usual running-request
+	// cap).
 	DefaultSlots int64
 }
 
+// LearnWaiting is the requests an engine that does not state its running batch may hold
+// waiting past it under the default MaxWaiting: its batch is learned only from a report that
+// shows requests waiting (loadmon.Estimate.Slots), so it must be let hold some.
+const LearnWaiting = 2
+
 // DefaultSaturation returns the defaults.
 func DefaultSaturation() Saturation {
-	return Saturation{MaxWaiting: 2, MaxKVUsage: 0.8, MaxPredictedWait: time.Second, Estimate: loadmon.DefaultEstimateConfig(), DefaultSlots: 256}
+	return Saturation{MaxKVUsage: 0.8, MaxPredictedWait: time.Second, Estimate: loadmon.DefaultEstimateConfig(), DefaultSlots: 256}
 }
 
-// WithDefaults returns s with its zero fields at their defaults (MaxWaiting keeps an explicit 0
-// only through a negative value, which means 0).
+// WithDefaults returns s with its zero fields at their defaults (a zero MaxWaiting is its
+// default, which depends on the engine).
 func (s Saturation) WithDefaults() Saturation {
 	d := DefaultSaturation()
-	switch {
-	case s.MaxWaiting == 0:
-		s.MaxWaiting = d.MaxWaiting
-	case s.MaxWaiting < 0:
-		s.MaxWaiting = 0
-	}
 	orDefault(&s.MaxKVUsage, d.MaxKVUsage)
 	orDefault(&s.MaxPredictedWait, d.MaxPredictedWait)
 	orDefault(&s.DefaultSlots, d.DefaultSlots)
@@ -101,8 +109,11 @@ type Signals struct {
 	KVUsage float64
 	// Inflight is this gateway's in-flight count for the engine.
 	Inflight int64
-	// Slots is the engine's learned running batch (loadmon.Estimate.Slots); 0 means unknown.
-	Slots int64
+	// Slots is the engine's running batch (loadmon.Estimate.Slots); 0 means unknown.
+	// SlotsStated is true when the engine stated it (loadmon.Estimate.SlotsStated), rather
+	// than a report showing it full.
+	Slots       int64
+	SlotsStated bool
 	// PredictedWait is the predicted wait, in seconds, before a new request's prefill starts on
 	// this engine (loadmon.Estimate.Wait: its queued prefill and what was sent since, over its
 	// prefill rate); meaningful only when HasWait.
@@ -116,7 +127,18 @@ func (s Saturation) capacity(sig *Signals) float64 {
 	if slots <= 0 {
 		slots = s.DefaultSlots
 	}
-	return float64(slots) + s.MaxWaiting
+	return float64(slots) + s.waiting(sig)
+}
+
+// waiting is how many requests the engine may hold waiting past its batch (MaxWaiting).
+func (s Saturation) waiting(sig *Signals) float64 {
+	switch {
+	case s.MaxWaiting > 0:
+		return s.MaxWaiting
+	case s.MaxWaiting < 0 || sig.SlotsStated:
+		return 0
+	}
+	return LearnWaiting
 }
 
 // load is the engine's requests now as far as the gateway can tell.
@@ -139,7 +161,8 @@ func (s Saturation) Headroom(sig Signals) float64 {
 }
 
 // CanStart reports whether the engine can start a request without queueing it: available,
-// under MaxKVUsage, and holding fewer than its running batch plus MaxWaiting. It leaves the
+// under MaxKVUsage, and holding fewer than its running batch plus the requests MaxWaiting lets
+// it hold waiting. It leaves the
 // predicted wait out: a request dispatched from the queue picks among the engines that can
 // start it, and the routing cost weighs queued prefill against the cache the request finds
 // (a prompt-less wait at the bound already holds the queue).
@@ -193,9 +216,10 @@ func (s Saturation) WaitLevel(wait float64) float64 {
 // of now; sig.Available and sig.Inflight are the caller's.
 func (s *Saturation) Judge(sig *Signals, e *loadmon.Estimate, r *loadmon.Report, now time.Time) {
 	e.Observe(r.PolledAt, float64(r.WaitingUncachedTokens), r.Running, r.Waiting, &s.Estimate)
+	e.ObserveBatch(r.MaxRunning)
 	sig.HasReport, sig.Running, sig.Waiting = true, r.Running, r.Waiting
 	sig.SentSince = e.Requests(r, sig.Inflight) - float64(r.Backlog())
-	sig.Slots, sig.KVUsage = e.Slots(), e.KVUsage(r)
+	sig.Slots, sig.SlotsStated, sig.KVUsage = e.Slots(), e.SlotsStated(), e.KVUsage(r)
 	if r.HasUncachedTokens {
 		sig.PredictedWait, sig.HasWait = e.Wait(now, r.Replicas, &s.Estimate), true
 	}

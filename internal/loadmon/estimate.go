@@ -125,7 +125,9 @@ type Estimate struct {
 	// measured it.
 	rate  float64
 	rated int
-	slots int64
+	// slots is the running batch learned from reports with requests waiting; stated the one
+	// the engine states (ObserveBatch), which wins while it is stated.
+	slots, stated int64
 }
 
 // since is what one kind of sender sent an engine and saw finish since its report.
@@ -282,6 +284,29 @@ func (e *Estimate) KVUsage(r *Report) float64 {
 	return min(max((used+delta)/float64(r.MaxTokens), 0), 1)
 }
 
-// Slots returns the engine's running batch as its reports show it (the running count of a
-// report with requests waiting, or more running since); 0 while unknown.
-func (e *Estimate) Slots() int64 { return e.slots }
+// MaxSlots bounds the running batch an engine may state (ObserveBatch): a larger statement is
+// taken as this many, so that a hostile or mistaken report cannot make one engine look able to
+// take every queued request at once.
+const MaxSlots = 65536
+
+// ObserveBatch records the running batch the engine states in its report: the most requests it
+// runs at once (max_running_requests, summed over its ranks; Report.MaxRunning), capped at
+// MaxSlots. A report that states none (0) leaves the batch to what the running and waiting
+// counts show, as before any statement.
+func (e *Estimate) ObserveBatch(maxRunning int64) {
+	e.stated = min(max(maxRunning, 0), MaxSlots)
+}
+
+// Slots returns the engine's running batch: the one it states (ObserveBatch), else as its
+// reports show it (the running count of a report with requests waiting, or more running
+// since); 0 while unknown.
+func (e *Estimate) Slots() int64 {
+	if e.stated > 0 {
+		return e.stated
+	}
+	return e.slots
+}
+
+// SlotsStated reports whether Slots is the batch the engine states, rather than one its reports
+// showed full or none.
+func (e *Estimate) SlotsStated() bool { return e.stated > 0 }
