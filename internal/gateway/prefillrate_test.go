@@ -30,6 +30,7 @@ func polledGateway(t *testing.T, url, rt string) (srv *httptest.Server, mon *loa
 	mon = loadmon.New(reg, loadmon.Config{Interval: time.Hour, Mode: loadmon.ModeScaled})
 	pc := policy.DefaultConfig()
 	pc.NoBackground, pc.Loads = true, mon
+	pc.Cost.RateFromCounters = true // the tests read μ from the counters (off by default)
 	router := newRouter(t, "cache_aware_hash", pc)
 	cfg := Config{AuditHeaders: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	bearer = auditClient(&cfg)

@@ -272,7 +272,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	}
 	if r.polled.After(st.est.Polled()) {
 		st.est.Observe(r.polled, q, r.running, r.waiting, &s.est)
-		if r.rate > 0 {
+		if r.rate > 0 && s.cfg.RateFromCounters {
 			st.est.ObserveRate(r.rate, &s.est) // the engine's own counters (loadmon/prefillrate.go)
 		}
 	}
