@@ -117,6 +117,10 @@ type CostConfig struct {
 	// HerdShare weighs the herd term H (costherd.go), in decode steps per request sent to the
 	// worker within its current step and not yet reported. Default 0 (off).
 	HerdShare float64 `yaml:"herd_share"`
+	// StepDelay adds the shared-step term K (coststep.go): the delay a prompt's prefill adds to
+	// the first tokens of the requests sent to the worker within its current decode step, in
+	// seconds, once that step's prefill outlasts its decode. Default false (off).
+	StepDelay bool `yaml:"step_delay"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
@@ -222,6 +226,15 @@ type Terms struct {
 	// yet reported add to this one's wait, in seconds (costherd.go); 0 unless
 	// CostConfig.HerdShare is set.
 	Herd float64
+	// StepSent is n of the shared-step term K (coststep.go): the requests sent to the worker
+	// within its current decode step and not yet reported, times the replica estimate and
+	// CostConfig.DelayShare; 0 unless CostConfig.StepDelay.
+	StepSent float64
+	// StepTokens is X of K: those requests' uncached tokens, times the replica estimate.
+	StepTokens float64
+	// Step is K, in seconds: what this prompt's prefill adds to the first tokens of those
+	// requests, the next step's prefill being longer than its decode (coststep.go).
+	Step float64
 	// Adapter is L, what the request's LoRA adapter costs on the worker where it is not
 	// running (a load, or the wait for a slot), in seconds (costlora.go).
 	Adapter float64
@@ -230,10 +243,11 @@ type Terms struct {
 	Cost float64
 }
 
-// Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, in seconds;
-// +Inf where a term is NaN (a hostile report). Ĉ beyond P counts as P.
+// Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, with L, H
+// and K where they are on, in seconds; +Inf where a term is NaN (a hostile report). Ĉ beyond P
+// counts as P.
 func (t *Terms) Formula() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd + t.stepDelay()
 }
 
 // TTFT returns the prompt's own expected time to first token on the worker,
@@ -244,9 +258,10 @@ func (t *Terms) TTFT() float64 {
 	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode) + t.Adapter + t.Herd
 }
 
-// price sets t.Cost from the other terms.
+// price sets t.Cost (and K, t.Step) from the other terms.
 func (t *Terms) price() {
-	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd
+	t.Step = t.stepDelay()
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd + t.Step
 }
 
 // formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
@@ -459,6 +474,10 @@ func (t Terms) String() string {
 	if t.Herd != 0 { // H, where the herd term is on (costherd.go)
 		b = append(b, " h="...)
 		b = strconv.AppendFloat(b, t.Herd, 'f', 3, 64)
+	}
+	if t.Step != 0 { // K, where the shared-step term charges something (coststep.go)
+		b = append(b, " k="...)
+		b = strconv.AppendFloat(b, t.Step, 'f', 3, 64)
 	}
 	if t.PeerSent > 0 {
 		b = append(b, " sp="...)

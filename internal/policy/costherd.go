@@ -25,12 +25,13 @@ const herdRing = 32
 // herdSends is a replica's record of its latest sends to one worker, for n_w.
 type herdSends struct {
 	at   [herdRing]time.Time
+	tok  [herdRing]float64 // each send's uncached tokens, for the shared-step term (coststep.go)
 	next int
 }
 
-// add records a send at t.
-func (h *herdSends) add(t time.Time) {
-	h.at[h.next] = t
+// add records a send at t of uncached tokens.
+func (h *herdSends) add(t time.Time, uncached float64) {
+	h.at[h.next], h.tok[h.next] = t, uncached
 	h.next = (h.next + 1) % herdRing
 }
 
@@ -43,6 +44,18 @@ func (h *herdSends) since(from time.Time) int {
 		}
 	}
 	return n
+}
+
+// sinceTokens counts the recorded sends after from (exclusive) and sums their uncached tokens.
+func (h *herdSends) sinceTokens(from time.Time) (int, float64) {
+	n, tok := 0, 0.0
+	for i := range h.at {
+		if h.at[i].After(from) {
+			n++
+			tok += h.tok[i]
+		}
+	}
+	return n, tok
 }
 
 // herd sets t.Herd of c as of now (D, and c.r, c.peerReq set); the caller holds s.mu.

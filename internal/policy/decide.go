@@ -341,6 +341,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		t.Decode = max(float64(r.running+r.waiting)+c.ahead, 0) / gen
 	}
 	s.herd(c, now)
+	s.stepSends(c, now) // K's sends, priced with Ĉ (coststep.go)
 	s.behind(t)
 	t.price()
 }
@@ -614,8 +615,8 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if c.fresh && st.est.Follows(c.r.polled) {
 		st.est.Sent(loadmon.Own, c.t.Prompt, uncached)
 	}
-	if s.cfg.HerdShare > 0 {
-		st.herd.add(s.now())
+	if s.cfg.HerdShare > 0 || s.cfg.StepDelay {
+		st.herd.add(s.now(), uncached)
 	}
 	if s.meanUncached == 0 {
 		s.meanUncached = uncached
