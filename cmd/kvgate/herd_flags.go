@@ -13,4 +13,5 @@ import (
 func herdFlags(fs *flag.FlagSet, c *policy.CostConfig, prefix string) {
 	fs.Float64Var(&c.HerdShare, "cost-herd-share", c.HerdShare, prefix+"cost: decode steps charged per request sent to a worker within its current step and not yet reported, in [0,100] (0 = off)")
 	fs.BoolVar(&c.StepDelay, "cost-step-delay", c.StepDelay, prefix+"cost: add the shared-step term K: the delay a prompt's prefill adds to the first tokens of the requests sent to a worker within its current decode step, once that step's prefill outlasts its decode")
+	fs.Float64Var(&c.PrefillChunk, "cost-prefill-chunk", c.PrefillChunk, prefix+"cost: the most prompt tokens an engine prefills in one step beside its decode (vLLM max_num_batched_tokens, SGLang chunked_prefill_size), for --cost-step-delay, in [1,1e7]")
 }

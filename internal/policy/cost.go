@@ -121,13 +121,18 @@ type CostConfig struct {
 	// the first tokens of the requests sent to the worker within its current decode step, in
 	// seconds, once that step's prefill outlasts its decode. Default false (off).
 	StepDelay bool `yaml:"step_delay"`
+	// PrefillChunk is the most prompt tokens an engine prefills in one step alongside its batch's
+	// decode (vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size), for K: a prompt
+	// lengthens the step the requests before it complete in by its part of one chunk at most.
+	// Default 2048.
+	PrefillChunk float64 `yaml:"prefill_chunk"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
 		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, RateCap: 64, DelayShare: 1, MaxTokenUsage: 1,
-		MinDecodeRate: 1, MeanWindow: 64,
+		MinDecodeRate: 1, MeanWindow: 64, PrefillChunk: 2048,
 		LoRA: DefaultLoRACost()}
 }
 
@@ -146,6 +151,7 @@ func (c CostConfig) withDefaults() CostConfig {
 		d float64
 	}{
 		{&c.MinDecodeRate, d.MinDecodeRate}, {&c.MeanWindow, d.MeanWindow}, {&c.MaxTokenUsage, d.MaxTokenUsage},
+		{&c.PrefillChunk, d.PrefillChunk},
 	} {
 		if *f.v == 0 {
 			*f.v = f.d
@@ -178,6 +184,8 @@ func (c CostConfig) validate() error {
 		return errors.New("min_decode_rate must be in [0, 1e6] tokens/s per running request")
 	case c.MeanWindow != 0 && !(c.MeanWindow >= 1) || c.MeanWindow > 1e6:
 		return errors.New("mean_window must be in [1, 1e6] requests")
+	case c.PrefillChunk != 0 && !(c.PrefillChunk >= 1) || c.PrefillChunk > 1e7:
+		return errors.New("prefill_chunk must be in [1, 1e7] tokens")
 	}
 	if err := validHerdShare(c.HerdShare); err != nil {
 		return err
@@ -230,8 +238,12 @@ type Terms struct {
 	// within its current decode step and not yet reported, times the replica estimate and
 	// CostConfig.DelayShare; 0 unless CostConfig.StepDelay.
 	StepSent float64
-	// StepTokens is X of K: those requests' uncached tokens, times the replica estimate.
+	// StepTokens is X of K: the prefill the worker's next step carries before this prompt, in
+	// tokens: the queued prefill (Q), then those requests' uncached tokens times the replica
+	// estimate, at most CostConfig.PrefillChunk.
 	StepTokens float64
+	// StepRoom is what is left of that step's chunk for this prompt, in tokens.
+	StepRoom float64
 	// Step is K, in seconds: what this prompt's prefill adds to the first tokens of those
 	// requests, the next step's prefill being longer than its decode (coststep.go).
 	Step float64
