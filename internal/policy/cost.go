@@ -234,13 +234,13 @@ type Terms struct {
 	// yet reported add to this one's wait, in seconds (costherd.go); 0 unless
 	// CostConfig.HerdShare is set.
 	Herd float64
-	// StepSent is n of the shared-step term K (coststep.go): the requests sent to the worker
-	// within its current decode step and not yet reported, times the replica estimate and
-	// CostConfig.DelayShare; 0 unless CostConfig.StepDelay.
+	// StepSent is n of the shared-step term K (coststep.go): the requests this replica sent the
+	// worker within its current decode step and not yet reported, times CostConfig.DelayShare;
+	// 0 unless CostConfig.StepDelay.
 	StepSent float64
 	// StepTokens is X of K: the prefill the worker's next step carries before this prompt, in
-	// tokens: the queued prefill (Q), then those requests' uncached tokens times the replica
-	// estimate, at most CostConfig.PrefillChunk.
+	// tokens: the queued prefill (Q), then those requests' uncached tokens, at most
+	// CostConfig.PrefillChunk.
 	StepTokens float64
 	// StepRoom is what is left of that step's chunk for this prompt, in tokens.
 	StepRoom float64

@@ -21,7 +21,8 @@ import (
 // the second prompt goes to the other engine, where without K the engines tie (D differs by
 // 1 ms, inside ε) and it follows the first. With 40-token prompts (80 tokens, 10 ms) the step
 // hides both: K = 0. One step later the first send no longer counts. Behind 2 replicas the
-// send counts twice (n = 2, X = 160 tokens, D = 12 ms): K = 2 × (30 − 12 − (20 − 12)) ms.
+// send counts once (this replica's own; D = 12 ms, the report's replica estimate scaling the
+// send in D): K = 1 × (20 − 12) ms.
 func TestStepTermArithmetic(t *testing.T) {
 	for _, tt := range []struct {
 		on             bool
@@ -34,7 +35,7 @@ func TestStepTermArithmetic(t *testing.T) {
 		{false, 80, 1, 1, true, 0, 0.011},
 		{true, 80, 1, 1, false, 0.009, 0.011},
 		{true, 40, 1, 1, true, 0, 0.011},
-		{true, 80, 2, 1, false, 0.020, 0.012},
+		{true, 80, 2, 1, false, 0.008, 0.012},
 		{true, 80, 1, 0, true, 0, 0.011}, // DelayShare 0: the greedy cost has no delay to others
 	} {
 		t.Run(fmt.Sprint(tt.on, tt.prompt, tt.replicas, tt.delayShare), func(t *testing.T) {
@@ -72,8 +73,8 @@ func TestStepTermArithmetic(t *testing.T) {
 			if tt.wantK > 0 {
 				// K by its formula from the recorded n, X, μ, D and u = P.
 				n, x, u := onFirst.StepSent, onFirst.StepTokens, onFirst.Prompt
-				if n != tt.replicas || x != tt.prompt*tt.replicas {
-					t.Fatalf("n = %v, X = %v, want %v and %v", n, x, tt.replicas, tt.prompt*tt.replicas)
+				if n != 1 || x != tt.prompt {
+					t.Fatalf("n = %v, X = %v, want 1 and %v", n, x, tt.prompt)
 				}
 				want := n * (max((x+u)/8000-onFirst.Decode, 0) - max(x/8000-onFirst.Decode, 0))
 				if math.Abs(onFirst.Step-want) > 1e-12 {
