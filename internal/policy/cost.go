@@ -128,13 +128,22 @@ type CostConfig struct {
 	// engines that hold their prefixes (llm-d-inference-sim, 8 slots at 1 ms a token: one
 	// gateway's p99 2.3 s with it against 58 ms without, hit 0.74 against 0.99).
 	RateFromCounters bool `yaml:"rate_from_counters"`
+	// StepDelay adds the shared-step term K (coststep.go): the delay a prompt's prefill adds to
+	// the first tokens of the requests sent to the worker within its current decode step, in
+	// seconds, once that step's prefill outlasts its decode. Default false (off).
+	StepDelay bool `yaml:"step_delay"`
+	// PrefillChunk is the most prompt tokens an engine prefills in one step alongside its batch's
+	// decode (vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size), for K: a prompt
+	// lengthens the step the requests before it complete in by its part of one chunk at most.
+	// Default 2048.
+	PrefillChunk float64 `yaml:"prefill_chunk"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
 func DefaultCostConfig() CostConfig {
 	return CostConfig{PrefillRate: 8000, BytesPerToken: 4, TieSeconds: 0.005,
 		TieShare: 0.05, FollowShare: 1, RateDecay: 0.01, RateSamples: 4, RateCap: 64, DelayShare: 1, MaxTokenUsage: 1,
-		MinDecodeRate: 1, MeanWindow: 64, BlindWindow: 0.002,
+		MinDecodeRate: 1, MeanWindow: 64, BlindWindow: 0.002, PrefillChunk: 2048,
 		LoRA: DefaultLoRACost()}
 }
 
@@ -153,6 +162,7 @@ func (c CostConfig) withDefaults() CostConfig {
 		d float64
 	}{
 		{&c.MinDecodeRate, d.MinDecodeRate}, {&c.MeanWindow, d.MeanWindow}, {&c.MaxTokenUsage, d.MaxTokenUsage},
+		{&c.PrefillChunk, d.PrefillChunk},
 	} {
 		if *f.v == 0 {
 			*f.v = f.d
@@ -185,6 +195,8 @@ func (c CostConfig) validate() error {
 		return errors.New("min_decode_rate must be in [0, 1e6] tokens/s per running request")
 	case c.MeanWindow != 0 && !(c.MeanWindow >= 1) || c.MeanWindow > 1e6:
 		return errors.New("mean_window must be in [1, 1e6] requests")
+	case c.PrefillChunk != 0 && !(c.PrefillChunk >= 1) || c.PrefillChunk > 1e7:
+		return errors.New("prefill_chunk must be in [1, 1e7] tokens")
 	}
 	if err := validHerdShare(c.HerdShare); err != nil {
 		return err
@@ -239,6 +251,19 @@ type Terms struct {
 	// yet reported add to this one's wait, in seconds (costherd.go); 0 unless
 	// CostConfig.HerdShare is set.
 	Herd float64
+	// StepSent is n of the shared-step term K (coststep.go): the requests this replica sent the
+	// worker within its current decode step and not yet reported, times CostConfig.DelayShare;
+	// 0 unless CostConfig.StepDelay.
+	StepSent float64
+	// StepTokens is X of K: the prefill the worker's next step carries before this prompt, in
+	// tokens: the queued prefill (Q), then those requests' uncached tokens, at most
+	// CostConfig.PrefillChunk.
+	StepTokens float64
+	// StepRoom is what is left of that step's chunk for this prompt, in tokens.
+	StepRoom float64
+	// Step is K, in seconds: what this prompt's prefill adds to the first tokens of those
+	// requests, the next step's prefill being longer than its decode (coststep.go).
+	Step float64
 	// Adapter is L, what the request's LoRA adapter costs on the worker where it is not
 	// running (a load, or the wait for a slot), in seconds (costlora.go).
 	Adapter float64
@@ -247,10 +272,11 @@ type Terms struct {
 	Cost float64
 }
 
-// Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, in seconds;
-// +Inf where a term is NaN (a hostile report). Ĉ beyond P counts as P.
+// Formula returns the cost of the other terms, (Q + S + (P − Ĉ) × (1 + B)) ÷ μ + D, with L, H
+// and K where they are on, in seconds; +Inf where a term is NaN (a hostile report). Ĉ beyond P
+// counts as P.
 func (t *Terms) Formula() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd + t.stepDelay()
 }
 
 // TTFT returns the prompt's own expected time to first token on the worker,
@@ -261,9 +287,10 @@ func (t *Terms) TTFT() float64 {
 	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode) + t.Adapter + t.Herd
 }
 
-// price sets t.Cost from the other terms.
+// price sets t.Cost (and K, t.Step) from the other terms.
 func (t *Terms) price() {
-	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd
+	t.Step = t.stepDelay()
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd + t.Step
 }
 
 // formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
@@ -483,6 +510,10 @@ func (t Terms) String() string {
 	if t.Herd != 0 { // H, where the herd term is on (costherd.go)
 		b = append(b, " h="...)
 		b = strconv.AppendFloat(b, t.Herd, 'f', 3, 64)
+	}
+	if t.Step != 0 { // K, where the shared-step term charges something (coststep.go)
+		b = append(b, " k="...)
+		b = strconv.AppendFloat(b, t.Step, 'f', 3, 64)
 	}
 	if t.PeerSent > 0 {
 		b = append(b, " sp="...)

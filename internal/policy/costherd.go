@@ -25,14 +25,14 @@ const herdRing = 32
 // herdSends is a replica's record of its latest sends to one worker, for n_w.
 type herdSends struct {
 	at   [herdRing]time.Time
-	tok  [herdRing]float64 // the uncached tokens of each send
+	tok  [herdRing]float64 // each send's uncached tokens (costblind.go, coststep.go)
 	last time.Time         // the latest send's
 	next int
 }
 
-// add records a send at t of tok uncached tokens.
-func (h *herdSends) add(t time.Time, tok float64) {
-	h.at[h.next], h.tok[h.next], h.last = t, tok, t
+// add records a send at t of uncached tokens.
+func (h *herdSends) add(t time.Time, uncached float64) {
+	h.at[h.next], h.tok[h.next], h.last = t, uncached, t
 	h.next = (h.next + 1) % herdRing
 }
 

@@ -308,6 +308,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	}
 	s.herd(c, now)
 	s.blindTies(c)
+	s.stepSends(c, now) // K's sends, priced with Ĉ (coststep.go)
 	s.behind(t)
 	t.price()
 }
@@ -581,7 +582,7 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if c.fresh && st.est.Follows(c.r.polled) {
 		st.est.Sent(loadmon.Own, c.t.Prompt, uncached)
 	}
-	if s.cfg.HerdShare > 0 || s.peers != nil {
+	if s.cfg.HerdShare > 0 || s.cfg.StepDelay || s.peers != nil {
 		now := s.now()
 		st.herd.add(now, uncached)
 		s.burst.add(now, s.cfg.BlindWindow, s.cfg.MeanWindow)
