@@ -58,6 +58,11 @@ type flowGate struct {
 	identity keyIdentities
 	metrics  *flowMetrics
 
+	// picking serializes a first attempt's judgement of which engines can start it, its pick
+	// and the record of the send (flowTicket.choose): two requests judged at once would both
+	// see one free slot and both take it.
+	picking sync.Mutex
+
 	mu      sync.Mutex
 	models  map[string]*modelFlow
 	engines map[*worker.Worker]*loadmon.Estimate
@@ -119,6 +124,25 @@ func (t *flowTicket) startable() func([]*worker.Worker) []*worker.Worker {
 		return nil
 	}
 	return t.g.startable
+}
+
+// choose runs a pick (choose, with the engines that can start the request as req.Startable on
+// a first attempt) and records its send, then releases the pending hold: the request is counted
+// pending or sent to its engine throughout, and a first attempt's judgement, pick and send are
+// one step against every other first attempt, so two cannot both take one free slot.
+func (t *flowTicket) choose(first bool, req *policy.Request, choose func() *worker.Worker) *worker.Worker {
+	if t.mf == nil {
+		return choose()
+	}
+	if first {
+		req.Startable = t.startable()
+		t.g.picking.Lock()
+		defer t.g.picking.Unlock()
+	}
+	w := choose()
+	t.sent(w, &req.Decision)
+	t.pick()
+	return w
 }
 
 // pick releases the pending hold once the request is about to reach a worker.

@@ -194,12 +194,7 @@ func (s *Server) picker(ctx context.Context, pol policy.Policy, candidates []*wo
 	return func(tried []*worker.Worker) *worker.Worker {
 		// The request's own filters (tried, cannot start) are policy.Choose's first.
 		req.Tried, req.Startable = tried, nil
-		if len(tried) == 0 {
-			req.Startable = t.startable() // before the hold moves to a worker
-		}
-		t.pick()
-		w := policy.Choose(ctx, pol, candidates, req)
-		t.sent(w, &req.Decision)
+		w := t.choose(len(tried) == 0, req, func() *worker.Worker { return policy.Choose(ctx, pol, candidates, req) })
 		if w != nil {
 			s.metrics.selected(pol.Name(), req.Model, w)
 			s.routed(ctx, pol.Name(), &req.Decision)
