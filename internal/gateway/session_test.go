@@ -36,7 +36,7 @@ func TestSessionKey(t *testing.T) {
 	}
 }
 
-// TestSessionKeysPrecedence: the documented order (docs/routing.md, "Affinity keys"): the
+// TestSessionKeysPrecedence: the documented order (docs/api.md, "Affinity keys"): the
 // routing-key header, the session headers in their configured order, prompt_cache_key,
 // conversation, then the user (x-user-id, the body's user), which is a session key but no
 // affinity key.

@@ -321,7 +321,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 // so B is the waiting requests. Only the queue the engine reports counts, not S: what this
 // replica sent since the report is mostly admitted already on a fleet that is not saturated, and
 // S × the replica estimate counted as a queue made precise_prefix's multi-turn p99 at 8 gateways
-// 156 ms against 110 ms (docs/routing.md §9). B is 0 until this replica has sent a prompt (no
+// 156 ms against 110 ms (docs/history/routing-rule-based-default.md). B is 0 until this replica has sent a prompt (no
 // mean yet).
 func (s *scorer) behind(t *Terms) {
 	t.Behind = 0
