@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/internal/loadmon"
+	"github.com/kvgate/kvgate/internal/worker"
 )
 
 // TestHerdTermArithmetic: two engines of 10 running requests each, the fleet generating 1,000
@@ -38,23 +39,9 @@ func TestHerdTermArithmetic(t *testing.T) {
 			}
 			p := newCostPolicy(t, "least_load", nil, reports)
 			p.sc.cfg.HerdShare = tt.share
-			pick := func() (string, Decision) {
-				req := &Request{Model: "m", Text: "the same system prompt", PromptBytes: 4}
-				w := Choose(context.Background(), p, ws, req)
-				t.Cleanup(w.Acquire()) // in flight until the test ends: the engine has not reported it
-				return w.ID, req.Decision
-			}
+			pick := samePrompt(t, p, ws, "the same system prompt", 4)
 			costClock.advance(time.Millisecond) // after the report: the engine has not seen it
-			first, _ := pick()
-			costClock.advance(time.Millisecond)
-			second, d := pick()
-			if (second == first) != tt.same {
-				t.Fatalf("second prompt to %s after %s, want same=%v (decision %+v)", second, first, tt.same, d)
-			}
-			onFirst := d.Chosen
-			if second != first {
-				onFirst = d.RunnerUp
-			}
+			first, onFirst := pickedTwice(t, pick, time.Millisecond, tt.same)
 			if onFirst.Worker != first || math.Abs(onFirst.Decode-0.011) > 1e-12 {
 				t.Fatalf("terms of the first engine %+v, want D = 11 requests ÷ 1000 tokens/s", onFirst)
 			}
@@ -69,7 +56,7 @@ func TestHerdTermArithmetic(t *testing.T) {
 			}
 			// One step (12 ms) on, neither send is within the batch's current step.
 			costClock.advance(12 * time.Millisecond)
-			_, d = pick()
+			_, d := pick()
 			if d.Chosen.Herd != 0 || d.RunnerUp.Herd != 0 {
 				t.Fatalf("H a step later: %v and %v, want 0", d.Chosen.Herd, d.RunnerUp.Herd)
 			}
@@ -138,4 +125,31 @@ func TestHerdCountsThePeersSends(t *testing.T) {
 	if d.Worker != ws[0].ID || math.Abs(d.Decode-0.012) > 1e-12 || math.Abs(d.Herd-0.5*2*0.012) > 1e-12 {
 		t.Fatalf("terms of the peers' engine %+v, want D 0.012 s and H 0.012 s", d)
 	}
+}
+
+// samePrompt returns a pick of text (promptBytes long) by p among ws, each pick held in flight
+// until the test ends (the engines have not reported it).
+func samePrompt(t *testing.T, p Policy, ws []*worker.Worker, text string, promptBytes int) func() (string, Decision) {
+	return func() (string, Decision) {
+		req := &Request{Model: "m", Text: text, PromptBytes: promptBytes}
+		w := Choose(context.Background(), p, ws, req)
+		t.Cleanup(w.Acquire())
+		return w.ID, req.Decision
+	}
+}
+
+// pickedTwice picks, then picks again gap later, fails unless the second pick follows the first
+// exactly when same, and returns the first engine and its terms at the second decision.
+func pickedTwice(t *testing.T, pick func() (string, Decision), gap time.Duration, same bool) (string, Terms) {
+	t.Helper()
+	first, _ := pick()
+	costClock.advance(gap)
+	second, d := pick()
+	if (second == first) != same {
+		t.Fatalf("second prompt to %s after %s, want same=%v (decision %+v)", second, first, same, d)
+	}
+	if second != first {
+		return first, d.RunnerUp
+	}
+	return first, d.Chosen
 }

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -47,23 +46,9 @@ func TestStepTermArithmetic(t *testing.T) {
 			}
 			p := newCostPolicy(t, "least_load", nil, reports)
 			p.sc.cfg.StepDelay, p.sc.cfg.DelayShare = tt.on, tt.delayShare
-			pick := func() (string, Decision) {
-				req := &Request{Model: "m", Text: "the same prompt", PromptBytes: int(tt.prompt * 4)}
-				w := Choose(context.Background(), p, ws, req)
-				t.Cleanup(w.Acquire()) // in flight until the test ends: the engine has not reported it
-				return w.ID, req.Decision
-			}
+			pick := samePrompt(t, p, ws, "the same prompt", int(tt.prompt*4))
 			costClock.advance(50 * time.Millisecond)
-			first, _ := pick()
-			costClock.advance(time.Millisecond)
-			second, d := pick()
-			if (second == first) != tt.same {
-				t.Fatalf("second prompt to %s after %s, want same=%v (decision %+v)", second, first, tt.same, d)
-			}
-			onFirst := d.Chosen
-			if second != first {
-				onFirst = d.RunnerUp
-			}
+			first, onFirst := pickedTwice(t, pick, time.Millisecond, tt.same)
 			if onFirst.Worker != first || math.Abs(onFirst.Decode-tt.wantDec) > 1e-12 || onFirst.Sent != 0 || onFirst.Rate != 8000 {
 				t.Fatalf("terms of the first engine %+v, want D %v s, S 0, μ 8000", onFirst, tt.wantDec)
 			}
@@ -92,7 +77,7 @@ func TestStepTermArithmetic(t *testing.T) {
 				t.Fatalf("audit terms %q: k= shown %v, want %v", onFirst.String(), hasK, tt.wantK > 0)
 			}
 			costClock.advance(13 * time.Millisecond) // past the step
-			_, d = pick()
+			_, d := pick()
 			if d.Chosen.Step != 0 || d.RunnerUp.Step != 0 {
 				t.Fatalf("K a step later: %v and %v, want 0", d.Chosen.Step, d.RunnerUp.Step)
 			}
