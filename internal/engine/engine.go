@@ -150,12 +150,17 @@ const (
 
 // req is the engine's record of one request.
 type req struct {
-	id        uint64
-	state     reqState
-	started   bool // produced its first token
-	admitted  bool // was ever admitted
-	arrival   time.Duration
-	firstAt   time.Duration
+	id       uint64
+	state    reqState
+	started  bool // produced its first token
+	admitted bool // was ever admitted
+	arrival  time.Duration
+	firstAt  time.Duration
+	// scheduled is when the request's prefill first started (its first chunk, or its slot's
+	// prefill clock), began whether it has: vLLM's request_prefill_time_seconds runs from the
+	// step that first schedules a request to its first token.
+	scheduled time.Duration
+	began     bool
 	keys      []uint64
 	promptLen int
 	maxTokens int

@@ -34,6 +34,12 @@ type Load struct {
 	PromptTokens, CachedTokens int64
 	// GeneratedTokens counts output tokens since start.
 	GeneratedTokens int64
+	// PrefillSeconds is the time requests spent in prefill since start, summed over requests:
+	// each from the step that first scheduled its prefill to its first token (vLLM's
+	// request_prefill_time_seconds, whose sum it is). PrefilledTokens is the uncached prompt
+	// tokens of the same requests, counted with them: their ratio is a prompt's prefill rate.
+	PrefillSeconds  float64
+	PrefilledTokens int64
 	// Finished, Aborted and Preemptions count those events since start.
 	Finished, Aborted, Preemptions int64
 	// DecodeStall is the time since start by which steps with decoding requests ran longer than
@@ -57,6 +63,8 @@ func (e *Engine) Load() Load {
 		PromptTokens:          e.stats.prompt,
 		CachedTokens:          e.stats.cached,
 		GeneratedTokens:       e.stats.generated,
+		PrefillSeconds:        e.stats.prefill.Seconds(),
+		PrefilledTokens:       e.stats.prefilledTokens,
 		Finished:              e.stats.finished,
 		Aborted:               e.stats.aborted,
 		Preemptions:           e.stats.preempted,
@@ -85,6 +93,8 @@ type stats struct {
 	prompt, cached, generated    int64
 	finished, aborted, preempted int64
 	stall                        time.Duration // see Load.DecodeStall
+	prefill                      time.Duration // see Load.PrefillSeconds
+	prefilledTokens              int64         // see Load.PrefilledTokens
 	gen                          decayed
 	// hits decays the cached tokens and the prompt tokens (the queries) together: they are
 	// always added at the same time, so one exponential serves both.
@@ -95,6 +105,13 @@ func (s *stats) admit(t, w time.Duration, cached, prompt int) {
 	s.prompt += int64(prompt)
 	s.cached += int64(cached)
 	s.hits.add(t, w, float64(cached), float64(prompt))
+}
+
+// prefilled counts one request's time in prefill, from its first scheduled step to its first
+// token, and the uncached tokens it prefilled.
+func (s *stats) prefilled(d time.Duration, uncached int) {
+	s.prefill += max(d, 0)
+	s.prefilledTokens += int64(max(uncached, 0))
 }
 
 func (s *stats) generate(t, w time.Duration, n int) {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -227,4 +228,34 @@ func FuzzEngineOps(f *testing.F) {
 			t.Fatalf("idle engine holds %d requests, %d tokens", e.Live(), e.Load().UsedTokens)
 		}
 	})
+}
+
+// TestPrefillCounters: each request's time in prefill runs from the step that first schedules
+// its prefill to its first token (vLLM's request_prefill_time_seconds), with its uncached
+// tokens: one 4,096-token prompt alone prefills in two 2,048-token chunks at 8,000 tokens/s
+// (0.512 s), and the same prompt again, all but its last token cached, in one step. A prompt
+// admitted behind it is timed from its own first chunk, not from its admission, in both timing
+// models.
+func TestPrefillCounters(t *testing.T) {
+	for _, timing := range []TimingModel{TimingBatched, TimingPerSlot} {
+		cfg := DefaultConfig()
+		cfg.Timing = timing
+		e := mustNew(t, cfg)
+		p := text("p", 4096)
+		mustSubmit(t, e, 0, Request{ID: 1, Text: p, MaxTokens: 1})
+		drain(t, e, 10000)
+		l := e.Load()
+		if l.PrefilledTokens != 4096 || math.Abs(l.PrefillSeconds-0.512) > 0.001 {
+			t.Fatalf("%v: prefilled %d tokens in %.4f s, want 4096 in 0.512 s", timing, l.PrefilledTokens, l.PrefillSeconds)
+		}
+		mustSubmit(t, e, e.Now(), Request{ID: 2, Text: p, MaxTokens: 1})
+		drain(t, e, 10000)
+		l2 := e.Load()
+		if got := l2.PrefilledTokens - l.PrefilledTokens; got != 1 {
+			t.Fatalf("%v: the cached prompt added %d uncached tokens, want its last one", timing, got)
+		}
+		if got := l2.PrefillSeconds - l.PrefillSeconds; got <= 0 || got > 0.01 {
+			t.Fatalf("%v: the cached prompt spent %.4f s in prefill, want one short step", timing, got)
+		}
+	}
 }

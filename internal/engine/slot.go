@@ -49,6 +49,9 @@ func (e *Engine) admitSlots(t time.Duration) {
 			p += e.cfg.LoraLoad
 		}
 		r.prefillFrom, r.prefillDur = t, max(time.Duration(float64(p)*f), 1)
+		if !r.began {
+			r.began, r.scheduled = true, t
+		}
 		r.due = t + r.prefillDur
 		heap.Push(&e.slots, r)
 	}
@@ -72,6 +75,7 @@ func (e *Engine) slotEvent(r *req) {
 		e.publish(r)
 		r.generated = 1
 		r.started, r.firstAt = true, t
+		e.stats.prefilled(t-r.scheduled, r.promptLen-r.cached)
 		e.pending = append(e.pending, Event{Kind: FirstToken, ID: r.id, At: t, Tokens: 1, TTFT: t - r.arrival})
 		e.stats.generate(t, e.cfg.StatsWindow, 1)
 		r.itl = time.Duration(float64(e.cfg.DecodeBase) * e.loadFactor(len(e.running)))

@@ -24,6 +24,9 @@ func (e *Engine) startStep(t time.Duration) {
 		if r.computed < r.target {
 			if budget > 0 {
 				n := min(budget, r.target-r.computed)
+				if !r.began {
+					r.began, r.scheduled = true, t // its first chunk: its prefill starts
+				}
 				e.plan = append(e.plan, chunk{r, n})
 				budget -= n
 				prefill += n
@@ -182,6 +185,7 @@ func (e *Engine) apply(s int, t time.Duration) {
 		gen++
 		if !r.started {
 			r.started, r.firstAt = true, t
+			e.stats.prefilled(t-r.scheduled, r.promptLen-r.cached)
 			e.pending = append(e.pending, Event{Kind: FirstToken, ID: r.id, At: t, Tokens: 1, TTFT: t - r.arrival})
 		} else if e.cfg.EmitTokens {
 			e.pending = append(e.pending, Event{Kind: Tokens, ID: r.id, At: t, Tokens: 1})

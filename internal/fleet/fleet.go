@@ -111,6 +111,11 @@ type Config struct {
 	Warm policy.WarmConfig
 	// Sync models the replica sync plane between the gateways (sync.go); the zero value is off.
 	Sync SyncModel
+	// PrefillCounters makes the engines' reports carry their prefill counters, as vLLM's
+	// /metrics does (prompt tokens, prefix-cache hits, seconds in prefill): each gateway turns
+	// their growth into the engine's prompt prefill rate (loadmon.PrefillCounters). False: the
+	// reports carry none, as SGLang's /v1/loads.
+	PrefillCounters bool
 }
 
 // DefaultConfig returns the defaults: 8 engines, 1 gateway, cache_aware on effective load, 1 s

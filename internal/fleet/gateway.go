@@ -30,8 +30,10 @@ type gateway struct {
 
 	reports []loadmon.Report
 	polled  []bool
-	phase   time.Duration
-	req     policy.Request
+	// counters are each engine's prefill counters at the last poll (Config.PrefillCounters).
+	counters []loadmon.PrefillCounters
+	phase    time.Duration
+	req      policy.Request
 	// fullText: the policy sees the whole prompt, not the gateway's routing prefix (the oracle).
 	fullText bool
 	// cands are the workers the policy chooses among once a worker change happened (the
@@ -61,6 +63,9 @@ func newGateway(s *sim, g int) (*gateway, error) {
 		rng:     rand.New(rand.NewPCG(s.cfg.Seed, uint64(g)+1)),
 		reports: make([]loadmon.Report, len(s.engines)),
 		polled:  make([]bool, len(s.engines)),
+	}
+	if s.cfg.PrefillCounters {
+		gw.counters = make([]loadmon.PrefillCounters, len(s.engines))
 	}
 	for i := range s.engines {
 		w, err := worker.New(worker.Spec{URL: fmt.Sprintf("http://engine-%d:8000", i), Models: []string{simModel}}, worker.BreakerConfig{Disabled: true})
@@ -157,8 +162,13 @@ func (g *gateway) poll() {
 	polledAt := epoch.Add(s.now)
 	for i, se := range s.engines {
 		s.syncEngine(i)
-		g.reports[i] = loadmon.ReportOf(rankOf(se.e.Load()))
+		l := se.e.Load()
+		g.reports[i] = loadmon.ReportOf(rankOf(l))
 		g.reports[i].PolledAt, g.reports[i].InflightAtPoll = polledAt, g.workers[i].Inflight()
+		if g.counters != nil {
+			g.reports[i].SetPrefillCounters(l.PrefilledTokens, 0, l.PrefillSeconds)
+			g.counters[i].Derive(&g.reports[i], s.cfg.StaleAfter)
+		}
 		g.reports[i].LoRA = s.loraReport(i)
 		g.polled[i] = true
 	}

@@ -73,16 +73,30 @@ func TestPrefillRateFromLLMDSimCounters(t *testing.T) {
 		t.Fatalf("prefill rate %.0f (report %v), want the engine's 1,000 (at most 1,200, at least %d):\n%+v", r.PrefillRate, ok, minLLMDRate, r)
 	}
 	cost := post(99).Get(headerCost)
-	i := strings.Index(cost, "mu=")
-	if i < 0 {
-		t.Fatalf("x-kvgate-cost %q has no mu", cost)
-	}
 	t.Logf("x-kvgate-cost: %s; report prefill_rate %.0f", cost, r.PrefillRate)
-	f := strings.Fields(cost[i+3:])
-	mu, _ := strconv.ParseFloat(f[0], 64)
-	if mu < minLLMDRate || mu > 1200 {
-		t.Fatalf("the decision priced mu=%v (%q), want the engine's 1,000 (at most 1,200, at least %d)", mu, cost, minLLMDRate)
+	if mup := costField(t, cost, "mup"); mup < minLLMDRate || mup > 1200 {
+		t.Fatalf("the decision priced the prompt at mup=%v (%q), want the engine's 1,000 (at most 1,200, at least %d)", mup, cost, minLLMDRate)
 	}
+	// The queue is not priced at one prompt's rate: an engine of 8 slots drains it faster.
+	if mu := costField(t, cost, "mu"); mu != 8000 {
+		t.Fatalf("the decision priced the queue at mu=%v (%q), want the 8,000 default until the queue's falls measure it", mu, cost)
+	}
+}
+
+// costField returns the value of name= in an x-kvgate-cost header.
+func costField(t *testing.T, cost, name string) float64 {
+	t.Helper()
+	for _, f := range strings.Fields(cost) {
+		if v, ok := strings.CutPrefix(f, name+"="); ok {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("x-kvgate-cost %q: %s=%q", cost, name, v)
+			}
+			return x
+		}
+	}
+	t.Fatalf("x-kvgate-cost %q has no %s", cost, name)
+	return 0
 }
 
 // minLLMDRate is the least prefill rate TestPrefillRateFromLLMDSimCounters accepts, in tokens/s:

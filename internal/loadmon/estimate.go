@@ -110,8 +110,8 @@ func (c *EstimateConfig) Tokens(n int64) float64 {
 //	KV usage         (the report's used tokens + the KV sent − the KV freed since) ÷ its capacity
 //
 // Inputs come through narrow methods: Observe (a newer report), Sent and Finished (a request
-// sent or ended, by this replica or a peer), ObserveRate (a prefill rate measured elsewhere,
-// such as an engine's Prometheus counters). The zero value knows nothing. Not safe for
+// sent or ended, by this replica or a peer), ObservePromptRate (a prompt's prefill rate from the
+// engine's own Prometheus counters), ObserveQueueRate (a queue's rate measured elsewhere). The zero value knows nothing. Not safe for
 // concurrent use: every owner holds its own lock around it.
 type Estimate struct {
 	polled time.Time
@@ -125,6 +125,9 @@ type Estimate struct {
 	// measured it.
 	rate  float64
 	rated int
+	// prompt is one prompt's prefill rate as the engine's own counters measure it (ObservePromptRate),
+	// tokens/s; 0 unknown.
+	prompt float64
 	// slots is the running batch learned from reports with requests waiting; stated the one
 	// the engine states (ObserveBatch), which wins while it is stated.
 	slots, stated int64
@@ -181,16 +184,40 @@ func (e *Estimate) Observe(polled time.Time, queued float64, running, waiting in
 	return true
 }
 
-// ObserveRate sets μ to a rate measured elsewhere (an engine's own counters), in tokens/s; it
-// counts as RateSamples measured intervals, so it replaces PrefillRate at once. A non-positive
-// or non-finite rate is ignored.
-func (e *Estimate) ObserveRate(tokensPerSecond float64, cfg *EstimateConfig) {
-	if !(tokensPerSecond > 0) || math.IsInf(tokensPerSecond, 0) {
-		return
+// ObservePromptRate records one prompt's prefill rate as the engine's own counters measure it
+// (loadmon/prefillrate.go), in tokens/s: PromptRate from then on, and a floor of Rate (an engine
+// drains its queue at least as fast as it prefills one prompt). A non-positive or non-finite
+// rate is ignored; one above RateCap × PrefillRate counts as that.
+func (e *Estimate) ObservePromptRate(tokensPerSecond float64, cfg *EstimateConfig) {
+	if r, ok := boundRate(tokensPerSecond, cfg); ok {
+		e.prompt = r
 	}
-	e.rate = min(tokensPerSecond, cfg.RateCap*cfg.PrefillRate)
-	e.rated = max(e.rated, cfg.RateSamples)
 }
+
+// ObserveQueueRate sets μ, the rate the engine drains its queue at, to one measured elsewhere
+// (tokens/s), as if RateSamples intervals had measured it: it replaces PrefillRate at once, and
+// the backlog's falls move it on from there. Bounded as ObservePromptRate is.
+func (e *Estimate) ObserveQueueRate(tokensPerSecond float64, cfg *EstimateConfig) {
+	if r, ok := boundRate(tokensPerSecond, cfg); ok {
+		e.rate, e.rated = r, max(e.rated, cfg.RateSamples)
+	}
+}
+
+// boundRate returns a rate reported from outside the estimate, at most RateCap × PrefillRate; ok
+// false for a non-positive or non-finite one.
+func boundRate(tokensPerSecond float64, cfg *EstimateConfig) (float64, bool) {
+	if !(tokensPerSecond > 0) || math.IsInf(tokensPerSecond, 0) {
+		return 0, false
+	}
+	return min(tokensPerSecond, cfg.RateCap*cfg.PrefillRate), true
+}
+
+// PromptRate returns μp, the rate one prompt prefills at once the engine starts it, in tokens
+// per second: the last rate ObservePromptRate recorded, else 0 (unknown: the prompt is priced at
+// Rate). It differs from Rate on an engine that prefills several prompts at once, which drains
+// its queue that many times faster than each prompt prefills (llm-d-inference-sim: 8 slots at
+// 1 ms a token, μp 1,000 tokens/s, Rate about 8,000).
+func (e *Estimate) PromptRate(cfg *EstimateConfig) float64 { return e.prompt }
 
 // Sent records a request sent to the engine by origin since the report: kv prompt tokens, of
 // which uncached were predicted to miss its cache.
@@ -219,13 +246,14 @@ func (e *Estimate) of(o Origin) *since {
 	return &e.own
 }
 
-// Rate returns μ, in tokens per second: measured once RateSamples intervals measured it, else
-// cfg.PrefillRate.
+// Rate returns μ, the rate the engine drains its queued prefill at, in tokens per second:
+// measured once RateSamples intervals measured it, else cfg.PrefillRate; never below PromptRate
+// (an engine drains its queue at least as fast as it prefills one prompt).
 func (e *Estimate) Rate(cfg *EstimateConfig) float64 {
 	if e.rated >= cfg.RateSamples && e.rate > 0 {
-		return e.rate
+		return max(e.rate, e.prompt)
 	}
-	return cfg.PrefillRate
+	return max(cfg.PrefillRate, e.prompt)
 }
 
 // Measured returns the measured μ, tokens/s, and the intervals that measured it; 0 before any.

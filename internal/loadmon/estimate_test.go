@@ -39,11 +39,23 @@ func TestEstimateRate(t *testing.T) {
 		t.Fatalf("rate %g past RateCap × PrefillRate", got)
 	}
 	var f Estimate
-	f.ObserveRate(12_000, &cfg)
-	f.ObserveRate(math.NaN(), &cfg)
-	f.ObserveRate(-1, &cfg)
-	if got := f.Rate(&cfg); got != 12_000 {
-		t.Fatalf("rate %g from a measured 12000 (then NaN and −1, ignored)", got)
+	f.ObservePromptRate(12_000, &cfg)
+	f.ObservePromptRate(math.NaN(), &cfg)
+	f.ObservePromptRate(-1, &cfg)
+	if got, q := f.PromptRate(&cfg), f.Rate(&cfg); got != 12_000 || q != 12_000 {
+		t.Fatalf("prompt rate %g, queue rate %g from a measured 12000 (then NaN and −1, ignored): want both 12000", got, q)
+	}
+	// A prompt rate below the queue's leaves the queue's: an engine of several slots drains its
+	// queue faster than one prompt prefills.
+	var g Estimate
+	g.ObservePromptRate(1_000, &cfg)
+	if got, q := g.PromptRate(&cfg), g.Rate(&cfg); got != 1_000 || q != cfg.PrefillRate {
+		t.Fatalf("prompt rate %g, queue rate %g: want 1000 and the default %g", got, q, cfg.PrefillRate)
+	}
+	g.ObserveQueueRate(5_000, &cfg)
+	g.ObserveQueueRate(math.Inf(1), &cfg)
+	if q := g.Rate(&cfg); q != 5_000 {
+		t.Fatalf("queue rate %g, want the 5000 observed (+Inf ignored)", q)
 	}
 }
 

@@ -55,7 +55,7 @@ type pollState struct {
 	genTotal int64
 	genAt    time.Time
 	// The last prefill counters seen, for derivePrefillRate (prefillrate.go).
-	prefill prefillCounters
+	prefill PrefillCounters
 }
 
 // sources is the one place where a load source is defined: the path it is polled on and how its
@@ -182,7 +182,7 @@ func (m *Monitor) pollWorker(ctx context.Context, st *pollState, sc *scratch) re
 		if err == nil {
 			rep.PolledAt, rep.InflightAtPoll = sent, inflight
 			st.deriveThroughput(&rep, m.cfg.StaleAfter)
-			st.prefill.derive(&rep, m.cfg.StaleAfter)
+			st.prefill.Derive(&rep, m.cfg.StaleAfter)
 			st.source = src
 			return result{at: start, entry: Entry{Report: rep, Source: src, Runtime: rt, Latency: m.cfg.Now().Sub(start)}}
 		}

@@ -24,17 +24,19 @@ const maxPrefillSeconds = 1e10
 // measured: less is one short prompt's prefill, whose overhead dominates its rate.
 const minPrefillSeconds = 0.05
 
-// prefillCounters is what the previous poll's counters were.
-type prefillCounters struct {
+// PrefillCounters is what one engine's previous poll's counters were: each poller keeps one per
+// engine (the load monitor, and each of the fleet simulator's gateways). The zero value has seen
+// no poll.
+type PrefillCounters struct {
 	uncached int64 // prompt tokens less prefix-cache hits
 	seconds  float64
 	at       time.Time
 }
 
-// derive sets r.PrefillRate from the counters' growth since the previous poll, and keeps r's
+// Derive sets r.PrefillRate from the counters' growth since the previous poll, and keeps r's
 // counters for the next. The first poll, a counter that went back (a restarted engine), polls
 // more than maxGap apart and less than minPrefillSeconds of prefill give no rate.
-func (c *prefillCounters) derive(r *Report, maxGap time.Duration) {
+func (c *PrefillCounters) Derive(r *Report, maxGap time.Duration) {
 	// Every poll is kept, with the counters at 0 where the page lacked them: a labelled
 	// counter appears only once it counted something, so an idle engine's page has none.
 	prev := *c
@@ -48,4 +50,12 @@ func (c *prefillCounters) derive(r *Report, maxGap time.Duration) {
 		return
 	}
 	r.PrefillRate = clampRate(float64(dTok) / dSec)
+}
+
+// SetPrefillCounters sets r's prefill counters (see Report.PromptTokensTotal), for a report that
+// is not parsed from a page (the fleet simulator's engines), and marks them counted.
+func (r *Report) SetPrefillCounters(promptTokens, prefixHitTokens int64, prefillSeconds float64) {
+	r.PromptTokensTotal, r.PrefixHitTokensTotal = max(promptTokens, 0), max(prefixHitTokens, 0)
+	r.PrefillSecondsTotal = min(max(prefillSeconds, 0), maxPrefillSeconds)
+	r.prefillCounted = true
 }

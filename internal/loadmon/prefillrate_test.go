@@ -16,7 +16,7 @@ func TestPrefillRateFromVLLMCounters(t *testing.T) {
 			"vllm:request_prefill_time_seconds_bucket{le=\"+Inf\"} 3\n" +
 			"vllm:request_prefill_time_seconds_sum{model_name=\"m\"} " + ftoa(secs) + "\n"
 	}
-	var c prefillCounters
+	var c PrefillCounters
 	at := time.Unix(1000, 0)
 	poll := func(body string, dt time.Duration) Report {
 		t.Helper()
@@ -26,7 +26,7 @@ func TestPrefillRateFromVLLMCounters(t *testing.T) {
 		}
 		at = at.Add(dt)
 		r.PolledAt = at
-		c.derive(&r, 10*time.Second)
+		c.Derive(&r, 10*time.Second)
 		return r
 	}
 	if r := poll(page(1000, 0, 1), time.Second); r.PrefillRate != 0 || r.PromptTokensTotal != 1000 || r.PrefillSecondsTotal != 1 {

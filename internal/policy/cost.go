@@ -121,12 +121,12 @@ type CostConfig struct {
 	// over the sync plane: the blind term (costblind.go) counts this replica's own sends to a
 	// worker within it once more for every live peer. 0 turns the term off. Default 0.002.
 	BlindWindow float64 `yaml:"blind_window"`
-	// RateFromCounters prices μ with the prefill rate an engine's own counters give
-	// (loadmon/prefillrate.go) instead of the estimate's. Off by default: the counters give
-	// each prompt's own prefill rate, and an engine that prefills several prompts at once
-	// drains its queue that many times faster, so Q and S priced at it herd requests off the
-	// engines that hold their prefixes (llm-d-inference-sim, 8 slots at 1 ms a token: one
-	// gateway's p99 2.3 s with it against 58 ms without, hit 0.74 against 0.99).
+	// RateFromCounters prices each prompt's own miss (P − Ĉ) at μp, the prefill rate an
+	// engine's own counters give (loadmon/prefillrate.go), and the queue (Q, S, the delay to the
+	// B requests behind) at μ, never below μp. Off by default: a prompt's time in prefill
+	// includes the step its last token takes, so μp reads low where hits are many (fleet
+	// simulator with --engine-prefill-counters: mixed speeds at 1 gateway 3.31 → 2.69 s, but
+	// shared-prefix 0.22 → 0.80 s; docs/routing.md §8.2).
 	RateFromCounters bool `yaml:"rate_from_counters"`
 	// StepDelay adds the shared-step term K (coststep.go): the delay a prompt's prefill adds to
 	// the first tokens of the requests sent to the worker within its current decode step, in
@@ -243,8 +243,14 @@ type Terms struct {
 	// Behind is B, the requests expected to wait behind this prompt's prefill on the worker,
 	// weighted by CostConfig.DelayShare: each waits (P − Ĉ) ÷ μ longer for it.
 	Behind float64
-	// Rate is μ, the worker's prefill rate, in tokens per second.
+	// Rate is μ, the rate the worker drains its queued prefill at, in tokens per second: Q, S
+	// and the delay to the B requests behind are priced at it.
 	Rate float64
+	// PromptRate is μp, the rate one prompt prefills at on the worker once started, in tokens
+	// per second, as its own counters measure it (loadmon.Estimate.PromptRate): the prompt's own
+	// P − Ĉ is priced at it. An engine that prefills several prompts at once drains its queue
+	// faster than each prompt prefills. Equal to Rate where the engine counts no prefill time.
+	PromptRate float64
 	// Decode is D, the decode-side cost of joining the worker's batch, in seconds.
 	Decode float64
 	// Herd is H, what the requests sent to the worker within its current decode step and not
@@ -276,7 +282,7 @@ type Terms struct {
 // and K where they are on, in seconds; +Inf where a term is NaN (a hostile report). Ĉ beyond P
 // counts as P.
 func (t *Terms) Formula() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd + t.stepDelay()
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.PromptRate, t.Decode) + t.Adapter + t.Herd + t.stepDelay()
 }
 
 // TTFT returns the prompt's own expected time to first token on the worker,
@@ -284,19 +290,24 @@ func (t *Terms) Formula() float64 {
 // requests behind it. It is what a decision predicts the client will see (the calibration
 // metrics, admission by a TTFT objective); Cost is what the pick minimises.
 func (t *Terms) TTFT() float64 {
-	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.Decode) + t.Adapter + t.Herd
+	return formula(t.Queued, t.Sent, t.Prompt, t.Cached, 0, t.Rate, t.PromptRate, t.Decode) + t.Adapter + t.Herd
 }
 
 // price sets t.Cost (and K, t.Step) from the other terms.
 func (t *Terms) price() {
 	t.Step = t.stepDelay()
-	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.Decode) + t.Adapter + t.Herd + t.Step
+	t.Cost = formula(t.Queued, t.Sent, t.Prompt, t.Cached, t.Behind, t.Rate, t.PromptRate, t.Decode) + t.Adapter + t.Herd + t.Step
 }
 
 // formula is Terms.Formula on the terms themselves (the scorer never makes Q, S or B negative), so
-// that pricing a candidate copies no Terms.
-func formula(q, s, p, c, b, mu, d float64) float64 {
-	return finite((q+s+max(p-c, 0)*(1+b))/mu + d)
+// that pricing a candidate copies no Terms: the queue ahead and the delay to the B requests
+// behind at the queue's rate μ, the prompt's own prefill at its own rate μp (μ where μp is 0).
+func formula(q, s, p, c, b, mu, mup, d float64) float64 {
+	miss := max(p-c, 0)
+	if !(mup > 0) {
+		mup = mu
+	}
+	return finite((q+s+miss*b)/mu + miss/mup + d)
 }
 
 // report is the part of a worker's load report the cost reads: a decision copies one per
@@ -486,7 +497,8 @@ func finite(x float64) float64 {
 
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
-// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, L in seconds where it is
+// (3 decimals), then Ĉ's follow share and owner credit in whole tokens, μp in tokens per second
+// where the engine's counters give one other than μ (mup=), L in seconds where it is
 // not 0, H in seconds where the herd term is on (h=, only when not 0), and with replica sync the part of S its peers sent (sp=, only when some) and the blind term's part of it (sb=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
@@ -502,6 +514,10 @@ func (t Terms) String() string {
 		{" follow=", t.Follow, 0}, {" credit=", t.Credit, 0}} {
 		b = append(b, f.name...)
 		b = strconv.AppendFloat(b, f.v, 'f', f.prec, 64)
+	}
+	if t.PromptRate > 0 && t.PromptRate != t.Rate { // μp, where the engine's counters give it (§8.2)
+		b = append(b, " mup="...)
+		b = strconv.AppendFloat(b, t.PromptRate, 'f', 0, 64)
 	}
 	if t.Adapter != 0 { // L, for an adapter's request where it does not run (costlora.go)
 		b = append(b, " l="...)

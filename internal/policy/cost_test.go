@@ -675,12 +675,40 @@ func TestTTFTLeavesOutTheDelayBehind(t *testing.T) {
 	}
 }
 
+// TestPromptRatePricesTheMissAlone: with μp, the rate one prompt prefills at (an engine's own
+// counters), the prompt's own miss is priced at μp and the queue ahead and the delay to the
+// requests behind at the queue's μ. Hand-worked: Q 4,000, S 1,000, P 3,000, Ĉ 1,000, B 2,
+// μ 8,000, μp 1,000 tokens/s, D 0.25 s; and an engine of 8 slots that prefills each prompt at
+// 1,000 tokens/s loses a 2,000-token miss to one that holds the prompt behind 8,000 queued.
+func TestPromptRatePricesTheMissAlone(t *testing.T) {
+	tm := Terms{Queued: 4000, Sent: 1000, Prompt: 3000, Cached: 1000, Behind: 2, Rate: 8000, PromptRate: 1000, Decode: 0.25}
+	if got, want := tm.TTFT(), (4000+1000)/8000.0+2000/1000.0+0.25; math.Abs(got-want) > 1e-12 {
+		t.Errorf("TTFT = %v, want %v", got, want)
+	}
+	if got, want := tm.Formula(), (4000+1000+2000*2)/8000.0+2000/1000.0+0.25; math.Abs(got-want) > 1e-12 {
+		t.Errorf("Formula = %v, want %v", got, want)
+	}
+	tm.PromptRate = 0 // unknown: the miss at μ, as before
+	if got, want := tm.Formula(), (4000+1000+2000*3)/8000.0+0.25; math.Abs(got-want) > 1e-12 {
+		t.Errorf("Formula without μp = %v, want %v", got, want)
+	}
+	holder := Terms{Queued: 8000, Prompt: 2000, Cached: 2000, Rate: 8000, PromptRate: 1000}
+	idle := Terms{Prompt: 2000, Rate: 8000, PromptRate: 1000}
+	if h, i := holder.Formula(), idle.Formula(); h >= i {
+		t.Errorf("holder %v ≥ idle %v: the miss at the prompt's own 1,000 tokens/s costs 2 s, the queue 1 s", h, i)
+	}
+	holder.PromptRate, idle.PromptRate = 0, 0 // one rate: the queue and the miss both at 8,000
+	if h, i := holder.Formula(), idle.Formula(); h <= i {
+		t.Errorf("with one rate, holder %v ≤ idle %v: want the idle engine (0.25 s against 1 s)", h, i)
+	}
+}
+
 // seededCost is a worker's state that follows the report polled at polled, with q tokens queued
 // at it, sentTok uncached tokens this replica sent since and μ measured at rate.
 func seededCost(sc *scorer, polled time.Time, q, sentTok, rate float64) *workerCost {
 	st := &workerCost{}
 	st.est.Observe(polled, q, 0, 0, &sc.est)
-	st.est.ObserveRate(rate, &sc.est)
+	st.est.ObserveQueueRate(rate, &sc.est)
 	if sentTok > 0 {
 		st.est.Sent(loadmon.Own, sentTok, sentTok)
 	}

@@ -48,7 +48,7 @@ func TestHerdTermArithmetic(t *testing.T) {
 			if want := tt.share * 1 * onFirst.Decode; math.Abs(onFirst.Herd-want) > 1e-12 || math.Abs(onFirst.Herd-tt.wantHerd) > 1e-12 {
 				t.Fatalf("H of the first engine %v, want %v", onFirst.Herd, tt.wantHerd)
 			}
-			if got := onFirst.Cost - onFirst.Herd; math.Abs(got-formula(onFirst.Queued, onFirst.Sent, onFirst.Prompt, onFirst.Cached, onFirst.Behind, onFirst.Rate, onFirst.Decode)) > 1e-12 {
+			if got := onFirst.Cost - onFirst.Herd; math.Abs(got-formula(onFirst.Queued, onFirst.Sent, onFirst.Prompt, onFirst.Cached, onFirst.Behind, onFirst.Rate, onFirst.PromptRate, onFirst.Decode)) > 1e-12 {
 				t.Fatalf("cost %v less H is not the other terms' formula (%+v)", onFirst.Cost, onFirst)
 			}
 			if hasH := strings.Contains(onFirst.String(), " h="); hasH != (tt.share > 0) {

@@ -66,7 +66,7 @@ func TestStepTermArithmetic(t *testing.T) {
 					t.Fatalf("K %v, want n × the step's lengthening %v", onFirst.Step, want)
 				}
 			}
-			other := formula(onFirst.Queued, onFirst.Sent, onFirst.Prompt, onFirst.Cached, onFirst.Behind, onFirst.Rate, onFirst.Decode)
+			other := formula(onFirst.Queued, onFirst.Sent, onFirst.Prompt, onFirst.Cached, onFirst.Behind, onFirst.Rate, onFirst.PromptRate, onFirst.Decode)
 			if math.Abs(onFirst.Cost-onFirst.Step-other) > 1e-12 || math.Abs(onFirst.Formula()-onFirst.Cost) > 1e-12 {
 				t.Fatalf("cost %v less K is not the other terms' formula %v (%+v)", onFirst.Cost, other, onFirst)
 			}

@@ -260,7 +260,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		// No report to go by: this replica's own requests in flight are all it knows.
 		t.Sent = float64(c.w.Inflight()) * s.meanUncached
 		c.ahead = float64(c.w.Inflight())
-		t.Rate = st.est.Rate(&s.est)
+		t.Rate, t.PromptRate = st.est.Rate(&s.est), st.est.PromptRate(&s.est)
 		s.behind(t)
 		t.price()
 		return
@@ -273,10 +273,10 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	if r.polled.After(st.est.Polled()) {
 		st.est.Observe(r.polled, q, r.running, r.waiting, &s.est)
 		if r.rate > 0 && s.cfg.RateFromCounters {
-			st.est.ObserveRate(r.rate, &s.est) // the engine's own counters (loadmon/prefillrate.go)
+			st.est.ObservePromptRate(r.rate, &s.est) // the engine's own counters (loadmon/prefillrate.go)
 		}
 	}
-	t.Rate = st.est.Rate(&s.est)
+	t.Rate, t.PromptRate = st.est.Rate(&s.est), st.est.PromptRate(&s.est)
 	s.blind(c, now) // the peers' decisions not yet heard of (costblind.go)
 	if st.est.Follows(r.polled) {
 		// The engine has been prefilling since the poll: what it had queued then, and then what
