@@ -36,6 +36,16 @@ func TestPrefillRateFromVLLMCounters(t *testing.T) {
 	if r := poll(page(4000, 1000, 3), time.Second); r.PrefillRate != 1000 {
 		t.Fatalf("rate %v, want 1000", r.PrefillRate)
 	}
+	// One interval whose tokens came without their prefill time (counted on arrival, timed at
+	// the first token) moves the rate by its share of the sums, not to its own 40,000 tokens/s.
+	for i := 1; i <= 3; i++ { // three more intervals of 2,000 uncached tokens in 2 s
+		if r := poll(page(4000+3000*i, 1000+1000*i, 3+2*float64(i)), time.Second); r.PrefillRate != 1000 {
+			t.Fatalf("steady interval %d: rate %v, want 1000", i, r.PrefillRate)
+		}
+	}
+	if r := poll(page(17000, 4000, 9.1), time.Second); r.PrefillRate < 1000 || r.PrefillRate > 2000 {
+		t.Fatalf("after a burst of arrivals: rate %v, want near the 1000 of the sums", r.PrefillRate)
+	}
 	if r := poll(page(10, 0, 0.1), time.Second); r.PrefillRate != 0 {
 		t.Fatalf("after a restart: rate %v, want none", r.PrefillRate)
 	}
