@@ -40,6 +40,8 @@ type Load struct {
 	// tokens of the same requests, counted with them: their ratio is a prompt's prefill rate.
 	PrefillSeconds  float64
 	PrefilledTokens int64
+	// PrefilledRequests counts the requests PrefillSeconds sums over (the histogram's _count).
+	PrefilledRequests int64
 	// Finished, Aborted and Preemptions count those events since start.
 	Finished, Aborted, Preemptions int64
 	// DecodeStall is the time since start by which steps with decoding requests ran longer than
@@ -65,6 +67,7 @@ func (e *Engine) Load() Load {
 		GeneratedTokens:       e.stats.generated,
 		PrefillSeconds:        e.stats.prefill.Seconds(),
 		PrefilledTokens:       e.stats.prefilledTokens,
+		PrefilledRequests:     e.stats.prefilledRequests,
 		Finished:              e.stats.finished,
 		Aborted:               e.stats.aborted,
 		Preemptions:           e.stats.preempted,
@@ -95,6 +98,7 @@ type stats struct {
 	stall                        time.Duration // see Load.DecodeStall
 	prefill                      time.Duration // see Load.PrefillSeconds
 	prefilledTokens              int64         // see Load.PrefilledTokens
+	prefilledRequests            int64         // see Load.PrefilledRequests
 	gen                          decayed
 	// hits decays the cached tokens and the prompt tokens (the queries) together: they are
 	// always added at the same time, so one exponential serves both.
@@ -112,6 +116,7 @@ func (s *stats) admit(t, w time.Duration, cached, prompt int) {
 func (s *stats) prefilled(d time.Duration, uncached int) {
 	s.prefill += max(d, 0)
 	s.prefilledTokens += int64(max(uncached, 0))
+	s.prefilledRequests++
 }
 
 func (s *stats) generate(t, w time.Duration, n int) {

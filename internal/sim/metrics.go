@@ -101,7 +101,6 @@ func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 	lora := s.eng.Lora()
 	hist := s.ttft
 	hist.counts = append([]uint64(nil), s.ttft.counts...)
-	prefillSeconds, prefilled := s.prefillSeconds, s.prefilled
 	s.mu.Unlock()
 
 	labels := fmt.Sprintf("model_name=%q", s.cfg.Model)
@@ -120,11 +119,11 @@ func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
 		metric(p+"prompt_tokens_total", "counter", "Number of prefill tokens processed.", float64(l.PromptTokens))
 		metric(p+"generation_tokens_total", "counter", "Number of generation tokens processed.", float64(l.GeneratedTokens))
 		metric(p+"num_preemptions_total", "counter", "Cumulative number of preemptions.", float64(l.Preemptions))
-		if prefilled > 0 { // a labelled histogram appears once observed, as vLLM's does
+		if prefilled := l.PrefilledRequests; prefilled > 0 { // a labelled histogram appears once observed, as vLLM's does
 			name := p + "request_prefill_time_seconds"
 			fmt.Fprintf(&sb, "# HELP %s Histogram of time spent in PREFILL phase for request.\n# TYPE %s histogram\n", name, name)
 			fmt.Fprintf(&sb, "%s_bucket{%s,le=\"+Inf\"} %d\n%s_sum{%s} %s\n%s_count{%s} %d\n",
-				name, labels, prefilled, name, labels, formatFloat(prefillSeconds), name, labels, prefilled)
+				name, labels, prefilled, name, labels, formatFloat(l.PrefillSeconds), name, labels, prefilled)
 		}
 		if lora.MaxLoras > 0 || len(s.cfg.LoraModules) > 0 {
 			writeLoraMetric(&sb, lora, time.Now())

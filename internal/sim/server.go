@@ -34,11 +34,7 @@ type Server struct {
 	waiters map[uint64]*waiter
 	rng     *rand.Rand
 	ttft    histogram
-	// prefillSeconds and prefilled sum each request's time from admission to its first token,
-	// and count them (vLLM's request_prefill_time_seconds).
-	prefillSeconds float64
-	prefilled      uint64
-	evs            []engine.Event
+	evs     []engine.Event
 	// pub publishes the engine's KV-cache events, batch gathering them; nil when off.
 	pub   *kvevents.Publisher
 	batch kvevents.Batch
@@ -70,12 +66,10 @@ type faultState struct {
 type waiter struct {
 	notify   chan struct{}
 	admitted bool
-	// admittedAt is the engine time the request started prefill.
-	admittedAt time.Duration
-	cached     int
-	prompt     int
-	tokens     int
-	done       bool
+	cached   int
+	prompt   int
+	tokens   int
+	done     bool
 }
 
 func (w *waiter) signal() {
@@ -171,13 +165,9 @@ func (s *Server) syncLocked() {
 		}
 		switch ev.Kind {
 		case engine.Admitted:
-			w.admitted, w.cached, w.prompt, w.admittedAt = true, ev.CachedTokens, ev.PromptTokens, ev.At
+			w.admitted, w.cached, w.prompt = true, ev.CachedTokens, ev.PromptTokens
 		case engine.FirstToken:
 			s.ttft.observe(ev.TTFT.Seconds())
-			if w.admitted {
-				s.prefillSeconds += (ev.At - w.admittedAt).Seconds()
-				s.prefilled++
-			}
 			w.tokens += ev.Tokens
 		case engine.Tokens:
 			w.tokens += ev.Tokens
