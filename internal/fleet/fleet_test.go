@@ -257,3 +257,30 @@ func TestTraceReplayKeepsRecordedTimes(t *testing.T) {
 		t.Fatalf("at 10× the trace spans %.3f s, want just above 2 s", fast.SpanSec)
 	}
 }
+
+// TestPrefillCountersReachTheReports: with Config.PrefillCounters each gateway reads every busy
+// engine's prompt prefill rate from its counters, as the load monitor reads vLLM's: on one-shot
+// 4,000-token prompts at 4,000 tokens/s (half the default speed), the rate in the reports is the
+// engine's, within 20 % (a prompt's first chunk may share a step with another's last); without
+// the counters the reports carry none.
+func TestPrefillCountersReachTheReports(t *testing.T) {
+	for _, counted := range []bool{true, false} {
+		w := bench.NewLongContext(1)
+		w.Tenants, w.ContextWords = 200, 3000 // each prompt new to its engine: its prefill is all of it
+		sched := mustSchedule(t, w.Init(), bench.Arrivals{Rate: 0.5}, bench.Limits{Duration: 30 * time.Second})
+		eng := engine.DefaultConfig()
+		eng.PrefillTPS = 4000
+		_, s, err := run(context.Background(), Config{Engines: 2, Policy: "least_load", Engine: eng, Seed: 3, PrefillCounters: counted}, sched)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range s.gws[0].reports {
+			switch {
+			case counted && (r.PrefillRate < 0.8*4000 || r.PrefillRate > 1.2*4000):
+				t.Errorf("engine %d: prefill rate %.0f from its counters, want 4000 ± 20 %%", i, r.PrefillRate)
+			case !counted && r.PrefillRate != 0:
+				t.Errorf("engine %d: prefill rate %.0f without counters, want none", i, r.PrefillRate)
+			}
+		}
+	}
+}
