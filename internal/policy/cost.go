@@ -304,8 +304,8 @@ func (t *Terms) price() {
 // behind at the queue's rate μ, the prompt's own prefill at its own rate μp (μ where μp is 0).
 func formula(q, s, p, c, b, mu, mup, d float64) float64 {
 	miss := max(p-c, 0)
-	if !(mup > 0) {
-		mup = mu
+	if !(mup > 0) || mup == mu {
+		return finite((q+s+miss*(1+b))/mu + d) // one rate: one division
 	}
 	return finite((q+s+miss*b)/mu + miss/mup + d)
 }
