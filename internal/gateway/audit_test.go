@@ -87,7 +87,7 @@ func newAuditGateway(t *testing.T, cfg Config, name string, pc policy.Config, n 
 		}
 		ws = append(ws, f)
 	}
-	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer}
+	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer, client: http.DefaultClient}
 	h := s.Handler()
 	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() { g.done <- r.URL.Path }()
