@@ -2,10 +2,11 @@ package gateway
 
 import (
 	"fmt"
-	"net/http/httptest"
+
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/policy"
@@ -18,19 +19,30 @@ import (
 // evicts them; the next answer for one of them shows it held nothing, so the gateway no longer
 // predicts the other one there: its prediction for it falls from all of it to about what the
 // engine then reports (the opening, which the answer put back).
+//
+// The engine and the gateway run in a synctest bubble on testutil.MemNet: the engine's prefill of
+// the 14,000 tokens passes on the bubble's clock.
 func TestAnEvictionShownByAnAnswerCorrectsTheTree(t *testing.T) {
+	synctest.Test(t, testAnEvictionShownByAnAnswerCorrectsTheTree)
+}
+
+func testAnEvictionShownByAnAnswerCorrectsTheTree(t *testing.T) {
+	mn := testutil.NewMemNet()
 	eng := sim.NewServer(sim.Config{Model: "m", Engine: engine.Config{KVTokens: 4096}})
 	t.Cleanup(eng.Close)
-	es := httptest.NewServer(eng)
+	es := mn.NewServer(eng)
 	t.Cleanup(es.Close)
-	g, _ := newAuditGateway(t, Config{AuditHeaders: true}, "cache_aware_hash", policy.DefaultConfig(), 0)
+	g, _ := newAuditGatewayOn(t, mn, Config{AuditHeaders: true}, "cache_aware_hash", policy.DefaultConfig(), 0)
 	g.mustRegister(t, AddWorkerRequest{URL: es.URL})
 	bearer := g.bearer
 
 	complete := func(url, prompt string, hdr ...string) (predicted float64, cached, tokens int) {
 		t.Helper()
 		body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, prompt)
-		h, b := testutil.MustPostOK(t, url+"/v1/completions", bearer, body)
+		h, b := testutil.PostOKVia(t, g.client, url+"/v1/completions", bearer, body)
+		if h == nil {
+			t.FailNow()
+		}
 		p, c, _ := answerTokens(b)
 		predicted, _ = strconv.ParseFloat(h.Get("X-Kvgate-Predicted-Hit"), 64)
 		return predicted, c, p

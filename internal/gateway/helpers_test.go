@@ -170,6 +170,12 @@ func newTestGateway(t testing.TB, cfg Config, policyName string, workers ...*fak
 // bubble runs on the bubble's clock. It is stopped, and its router closed, when t ends.
 func newTestGatewayOn(t testing.TB, mn *testutil.MemNet, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
 	t.Helper()
+	return newGatewayOver(t, mn, cfg, newRouter(t, policyName, policy.DefaultConfig()), workers...)
+}
+
+// newGatewayOver is newTestGatewayOn over router.
+func newGatewayOver(t testing.TB, mn *testutil.MemNet, cfg Config, router *policy.Router, workers ...*fakeWorker) *testGateway {
+	t.Helper()
 	client := http.DefaultClient
 	if mn != nil {
 		client = mn.Client()
@@ -186,7 +192,7 @@ func newTestGatewayOn(t testing.TB, mn *testutil.MemNet, cfg Config, policyName 
 		cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
 	}
 	bearer := auditClient(&cfg)
-	s := New(cfg, worker.NewRegistry(), newRouter(t, policyName, policy.DefaultConfig()), nil)
+	s := New(cfg, worker.NewRegistry(), router, nil)
 	t.Cleanup(s.Stop)
 	for _, f := range workers {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
