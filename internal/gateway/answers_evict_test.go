@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"fmt"
-
 	"strconv"
 	"strings"
 	"testing"
