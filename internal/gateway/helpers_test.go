@@ -319,9 +319,15 @@ func wantError(t *testing.T, resp *http.Response, status int) apiError {
 // countListing returns how many of the engines at urls list model in their /v1/models.
 func countListing(t *testing.T, model string, urls ...string) int {
 	t.Helper()
+	return countListingVia(t, http.DefaultClient, model, urls...)
+}
+
+// countListingVia is countListing through client.
+func countListingVia(t *testing.T, client *http.Client, model string, urls ...string) int {
+	t.Helper()
 	n := 0
 	for _, u := range urls {
-		if listsModel(t, u, model) {
+		if listsModelVia(t, client, u, model) {
 			n++
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -20,13 +21,19 @@ import (
 // named (name=path, comma-separated).
 func startLoraSim(t *testing.T, modules string) *httptest.Server {
 	t.Helper()
+	return startLoraSimOn(t, nil, modules)
+}
+
+// startLoraSimOn is startLoraSim on the in-memory network mn (nil: loopback).
+func startLoraSimOn(t *testing.T, mn *testutil.MemNet, modules string) *httptest.Server {
+	t.Helper()
 	ms, err := sim.ParseLoraModules(modules)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := sim.NewServer(sim.Config{Model: "base", Flavor: sim.FlavorVLLM, LoraModules: ms})
 	t.Cleanup(e.Close)
-	srv := httptest.NewServer(e)
+	srv := newServerOn(mn, e)
 	t.Cleanup(srv.Close)
 	return srv
 }

@@ -20,7 +20,13 @@ import (
 // listsModel reports whether the engine at base lists model in its /v1/models.
 func listsModel(t *testing.T, base, model string) bool {
 	t.Helper()
-	resp, err := http.Get(base + "/v1/models")
+	return listsModelVia(t, http.DefaultClient, base, model)
+}
+
+// listsModelVia is listsModel through client.
+func listsModelVia(t *testing.T, client *http.Client, base, model string) bool {
+	t.Helper()
+	resp, err := client.Get(base + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
