@@ -1,15 +1,11 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
-	"log/slog"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +15,6 @@ import (
 	"github.com/kvgate/kvgate/internal/flow"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
-	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
@@ -63,6 +58,15 @@ func newHeldWorkerOn(t *testing.T, mn *testutil.MemNet) *heldWorker {
 func (h *heldWorker) next(t *testing.T) string {
 	t.Helper()
 	return testutil.Recv(t, h.arrived, "a request to reach the worker")
+}
+
+// handOver releases a request h holds, checks that the answer on ch is a 200, and returns the
+// prompt of the request the worker receives next.
+func (h *heldWorker) handOver(t *testing.T, ch chan *http.Response) string {
+	t.Helper()
+	h.release <- struct{}{}
+	answerOK(t, ch)
+	return h.next(t)
 }
 
 // flowGateway is a test gateway with flow control on, whose engines each take one request.
@@ -127,9 +131,7 @@ func TestFlowLateBindingPriorityOrder(t *testing.T) {
 	if n := hw.requests(); n != 1 {
 		t.Fatalf("the worker saw %d requests while saturated, want 1", n)
 	}
-	hw.release <- struct{}{}
-	answerOK(t, first)
-	if got := hw.next(t); got != "high" {
+	if got := hw.handOver(t, first); got != "high" {
 		t.Fatalf("after the first finished, %q went; want the permitted high priority", got)
 	}
 	hw.release <- struct{}{}
@@ -456,66 +458,6 @@ func metricSum(t *testing.T, s *Server, name string, match map[string]string) (s
 	return sum, series
 }
 
-// BenchmarkFlowIdle measures what flow control adds to a request while its queue is empty and
-// the pool has headroom: admission (key lookup, tenant, limits, saturation over the pool) and
-// release, against the same handler path with the queue off.
-//
-//	go test -run XXX -bench FlowIdle -benchmem ./internal/gateway/
-func BenchmarkFlowIdle(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "off"
-		if on {
-			name = "on"
-		}
-		b.Run("handler/"+name, func(b *testing.B) {
-			router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
-			cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}},
-				APIKeys: []string{"team=k1"}, Flow: FlowConfig{Config: flow.Config{Enabled: on}}}
-			s := New(cfg, worker.NewRegistry(), router, nil)
-			for i := range 8 {
-				if _, err := s.Register(context.Background(), AddWorkerRequest{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1)}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			h := s.Handler()
-			body := proxyCostBody(1_000, false)
-			b.ReportAllocs()
-			w := &discardWriter{h: http.Header{}}
-			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-				req.Header.Set("Authorization", "Bearer k1")
-				clear(w.h)
-				h.ServeHTTP(w, req)
-			}
-		})
-	}
-	b.Run("admit", func(b *testing.B) {
-		router, _ := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-		defer router.Close()
-		s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), APIKeys: []string{"team=k1"},
-			Flow: FlowConfig{Config: flow.Config{Enabled: true}}}, worker.NewRegistry(), router, nil)
-		for i := range 8 {
-			w, _ := worker.New(worker.Spec{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1), Models: []string{"m"}}, worker.BreakerConfig{Disabled: true})
-			w.SetHealth(worker.Ready)
-			_ = s.reg.Add(w)
-		}
-		pol, _ := router.For("m", worker.Regular)
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-		req.Header.Set("Authorization", "Bearer k1")
-		fr := &flowRequest{model: "m", candidates: s.reg.View().Pool("m").Regular, pol: pol, preq: &policy.Request{}, bytes: 1000}
-		var t flowTicket
-		b.ReportAllocs()
-		for b.Loop() {
-			t = flowTicket{}
-			if f := s.flow.admit(req, fr, &t); f != nil {
-				b.Fatal(f.msg)
-			}
-			t.pick()
-			t.done()
-		}
-	})
-}
-
 // settableLoads is a load source whose report the test sets: one for every worker, or, in
 // byURL, one for a worker's URL.
 type settableLoads struct {
@@ -565,9 +507,7 @@ func TestFlowKVFreedBetweenReports(t *testing.T) {
 	if n := hw.requests(); n != 1 {
 		t.Fatalf("the worker saw %d requests with its KV cache full, want 1", n)
 	}
-	hw.release <- struct{}{}
-	answerOK(t, first)
-	if got := hw.next(t); got != "B" {
+	if got := hw.handOver(t, first); got != "B" {
 		t.Fatalf("after the first finished, %q went; want the queued B", got)
 	}
 	hw.release <- struct{}{}
