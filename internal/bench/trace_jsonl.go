@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,9 +69,7 @@ func ParseTraceLine(line []byte) (TraceEntry, error) {
 	case e.PrefixID == "" && e.PrefixTokens > 0:
 		return e, errors.New("prefix_tokens needs a prefix_id")
 	}
-	if e.OutputTokens == 0 {
-		e.OutputTokens = 64
-	}
+	e.OutputTokens = cmp.Or(e.OutputTokens, 64)
 	return e, nil
 }
 

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -135,12 +136,8 @@ type MooncakeOptions struct {
 }
 
 func (o MooncakeOptions) withDefaults() MooncakeOptions {
-	if o.BlockTokens == 0 {
-		o.BlockTokens = 512
-	}
-	if o.TimeScale == 0 {
-		o.TimeScale = 1
-	}
+	o.BlockTokens = cmp.Or(o.BlockTokens, 512)
+	o.TimeScale = cmp.Or(o.TimeScale, 1)
 	return o
 }
 
