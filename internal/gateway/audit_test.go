@@ -78,7 +78,7 @@ func newAuditGateway(t *testing.T, cfg Config, name string, pc policy.Config, n 
 // newAuditGatewayOn is newAuditGateway on the in-memory network mn (nil: loopback).
 func newAuditGatewayOn(t *testing.T, mn *testutil.MemNet, cfg Config, name string, pc policy.Config, n int) (*testGateway, []*fakeWorker) {
 	t.Helper()
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
 	pc.NoBackground = true
 	ws := make([]*fakeWorker, n)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -35,7 +34,7 @@ func newReplica(t *testing.T, mn *testutil.MemNet, global bool, pcfg policy.Conf
 	t.Helper()
 	reg := worker.NewRegistry()
 	r := &replica{}
-	cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg := Config{Logger: slog.New(slog.DiscardHandler)}
 	mcfg := loadmon.Config{Interval: 40 * time.Millisecond, Mode: loadmon.ModeScaled}
 	if mn != nil {
 		cfg.Proxy.Transport, mcfg.Transport = mn.Transport(), mn.Transport()

@@ -81,7 +81,7 @@ func (memTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 //	go test -run XXX -bench HandlerPath -benchmem ./internal/gateway/
 func BenchmarkHandlerPath(b *testing.B) {
 	router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}}},
+	s := New(Config{Logger: slog.New(slog.DiscardHandler), Proxy: proxy.Config{Transport: memTransport{}}},
 		worker.NewRegistry(), router, nil)
 	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: "http://127.0.0.1:1"}); err != nil {
 		b.Fatal(err)
@@ -129,7 +129,7 @@ func BenchmarkFlowIdle(b *testing.B) {
 		}
 		b.Run("handler/"+name, func(b *testing.B) {
 			router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
-			cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}},
+			cfg := Config{Logger: slog.New(slog.DiscardHandler), Proxy: proxy.Config{Transport: memTransport{}},
 				APIKeys: []string{"team=k1"}, Flow: FlowConfig{Config: flow.Config{Enabled: on}}}
 			s := New(cfg, worker.NewRegistry(), router, nil)
 			for i := range 8 {
@@ -152,7 +152,7 @@ func BenchmarkFlowIdle(b *testing.B) {
 	b.Run("admit", func(b *testing.B) {
 		router, _ := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
 		defer router.Close()
-		s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), APIKeys: []string{"team=k1"},
+		s := New(Config{Logger: slog.New(slog.DiscardHandler), APIKeys: []string{"team=k1"},
 			Flow: FlowConfig{Config: flow.Config{Enabled: true}}}, worker.NewRegistry(), router, nil)
 		for i := range 8 {
 			w, _ := worker.New(worker.Spec{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1), Models: []string{"m"}}, worker.BreakerConfig{Disabled: true})

@@ -186,7 +186,7 @@ func newGatewayOver(t testing.TB, mn *testutil.MemNet, cfg Config, router *polic
 		}
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Proxy.Retry.MaxAttempts == 0 {
 		cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
@@ -338,7 +338,7 @@ func countListingVia(t *testing.T, client *http.Client, model string, urls ...st
 // registered.
 func newQuietServer(t testing.TB, policyName string, urls ...string) *Server {
 	t.Helper()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), newRouter(t, policyName, policy.DefaultConfig()), nil)
+	s := New(Config{Logger: slog.New(slog.DiscardHandler)}, worker.NewRegistry(), newRouter(t, policyName, policy.DefaultConfig()), nil)
 	for _, u := range urls {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
 			t.Fatal(err)

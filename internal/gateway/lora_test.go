@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
@@ -45,7 +44,7 @@ func TestLoraAdaptersRouteOnlyToTheirWorkers(t *testing.T) {
 	onlyB := startLoraSim(t, "b=/p/b")
 	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 	reg := worker.NewRegistry()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg, router, nil)
+	s := New(Config{Logger: slog.New(slog.DiscardHandler)}, reg, router, nil)
 	for _, u := range []string{both.URL, onlyB.URL} {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
 			t.Fatal(err)

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -56,7 +55,7 @@ func TestLoraLoadOnDemand(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := worker.NewRegistry()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), LoRA: LoRAConfig{OnDemand: true, Sources: srcs}}, reg, router, nil)
+	s := New(Config{Logger: slog.New(slog.DiscardHandler), LoRA: LoRAConfig{OnDemand: true, Sources: srcs}}, reg, router, nil)
 	for _, e := range engines {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: e.URL}); err != nil {
 			t.Fatal(err)

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -35,7 +34,7 @@ func polledGatewayOn(t *testing.T, mn *testutil.MemNet, url, rt string) (srv *ht
 	t.Helper()
 	reg := worker.NewRegistry()
 	mcfg := loadmon.Config{Interval: time.Hour, Mode: loadmon.ModeScaled}
-	cfg := Config{AuditHeaders: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg := Config{AuditHeaders: true, Logger: slog.New(slog.DiscardHandler)}
 	if mn != nil {
 		mcfg.Transport, cfg.Proxy.Transport = mn.Transport(), mn.Transport()
 	}
