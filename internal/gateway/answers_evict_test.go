@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"testing/synctest"
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/policy"
@@ -22,8 +21,7 @@ import (
 // The engine and the gateway run in a synctest bubble on testutil.MemNet: the engine's prefill of
 // the 14,000 tokens passes on the bubble's clock.
 func TestAnEvictionShownByAnAnswerCorrectsTheTree(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mn := testutil.NewMemNet()
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		eng := sim.NewServer(sim.Config{Model: "m", Engine: engine.Config{KVTokens: 4096}})
 		t.Cleanup(eng.Close)
 		es := mn.NewServer(eng)

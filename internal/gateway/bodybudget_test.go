@@ -23,14 +23,13 @@ import (
 // It runs in a synctest bubble on testutil.MemNet: a refusal comes exactly the budget's wait
 // after the request, and the bytes are given back by the time every goroutine is idle.
 func TestBodyBudgetBoundsBodiesHeld(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const (
 			budget = 8 << 20
 			size   = 3 << 20
 			users  = 8
 			wait   = 100 * time.Millisecond
 		)
-		mn := testutil.NewMemNet()
 		f := newFakeWorkerOn(t, mn, "m")
 		release := make(chan struct{})
 		var peak int64

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/flow"
@@ -176,9 +175,8 @@ func TestFlowCancelLeavesQueue(t *testing.T) {
 // the timeout, to the nanosecond on a synctest bubble's clock; one whose pool lost its last
 // worker while it waited is answered 503 then.
 func TestFlowTimeout429And503(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const timeout = 50 * time.Millisecond
-		mn := testutil.NewMemNet()
 		hw := newHeldWorkerOn(t, mn)
 		g, queued := flowGatewayOn(t, mn, FlowConfig{Config: flow.Config{Timeout: timeout}}, nil, hw.fakeWorker)
 		first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"))
@@ -229,8 +227,7 @@ func TestFlowTimeout429And503(t *testing.T) {
 // bucket refills a second later (on a synctest bubble's clock: a loaded machine's stall cannot
 // refill it early).
 func TestFlowQueueFullAndRateLimit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mn := testutil.NewMemNet()
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		hw := newHeldWorkerOn(t, mn)
 		fc := FlowConfig{Config: flow.Config{MaxRequests: 1, Tenants: []flow.Tenant{{Name: "slow", RequestsPerSecond: 1}}}}
 		g, queued := flowGatewayOn(t, mn, fc, []string{"slow=k1", "k2"}, hw.fakeWorker)
@@ -544,8 +541,7 @@ func TestFlowPicksAnEngineThatCanStart(t *testing.T) {
 // finish, report or arrival to wake the dispatcher. On a synctest bubble's clock the drain is
 // armed for, and the request answered at, the predicted moment exactly.
 func TestFlowDispatchesWhenPrefillDrains(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mn := testutil.NewMemNet()
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		f := newFakeWorkerOn(t, mn, "m")
 		g, queued := flowGatewayOn(t, mn, FlowConfig{}, nil, f)
 		g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxPredictedWait: time.Second, Estimate: loadmon.EstimateConfig{PrefillRate: 8000}}.WithDefaults()

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -71,7 +70,7 @@ func newReplica(t *testing.T, mn *testutil.MemNet, global bool, pcfg policy.Conf
 // share does not depend on how loaded the machine is, and the run takes no real time waiting.
 func slowShare(t *testing.T, global bool) (share float64) {
 	t.Run(map[bool]string{false: "local", true: "global"}[global], func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) { share = slowShareIn(t, testutil.NewMemNet(), global) })
+		testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) { share = slowShareIn(t, mn, global) })
 	})
 	return share
 }

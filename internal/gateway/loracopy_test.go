@@ -63,8 +63,7 @@ func adapterChat(c openai.Client, ctx context.Context, model, text string) error
 // It runs in a synctest bubble on testutil.MemNet: the states it waits for (the long request in
 // flight, the second copy) are checked once every goroutine is idle, not polled.
 func TestLoraCopyWhenSaturated(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mn := testutil.NewMemNet()
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		ms, _ := sim.ParseLoraModules("x=/adapters/x")
 		slow := sim.NewServer(sim.Config{Model: "base", Flavor: sim.FlavorVLLM, LoraModules: ms,
 			Engine: engine.Config{DecodeBase: 20 * time.Millisecond}})

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/engine"
@@ -104,9 +103,8 @@ const minLLMDRate = 400
 // engine's configured rate, within 1 %, since engine, gateway and polls run in a synctest bubble
 // on testutil.MemNet and the engine's prefill is timed on the bubble's clock.
 func TestPrefillRateFromSimVLLMCounters(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const rate = 20000 // tokens/s
-		mn := testutil.NewMemNet()
 		eng := sim.NewServer(sim.Config{Model: "m", Flavor: sim.FlavorVLLM, Engine: engine.Config{PrefillTPS: rate}})
 		t.Cleanup(eng.Close)
 		es := mn.NewServer(eng)

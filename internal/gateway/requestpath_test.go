@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testutil"
@@ -133,9 +132,8 @@ func TestStreamedAnswerFlushedWhateverItsContentType(t *testing.T) {
 // worker's first event must reach the client within the timeout: 3 s against milliseconds (with
 // 1 s, a loaded machine that held that event back as long made the answer a bare 504).
 func TestMidStreamRequestTimeoutIsNotTheWorkersFault(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const timeout = 3 * time.Second
-		mn := testutil.NewMemNet()
 		fw := newFakeWorkerOn(t, mn, "m")
 		fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -165,9 +163,8 @@ func TestMidStreamRequestTimeoutIsNotTheWorkersFault(t *testing.T) {
 // TestPrefillRequestHasADeadline: a hung prefill worker holds the client no longer than the
 // request timeout (to the nanosecond, on a synctest bubble's clock).
 func TestPrefillRequestHasADeadline(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const timeout = 500 * time.Millisecond
-		mn := testutil.NewMemNet()
 		p, d := newFakeWorkerOn(t, mn, "m"), newFakeWorkerOn(t, mn, "m")
 		p.setHandler(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 		g := newTestGatewayOn(t, mn, Config{Proxy: proxyTimeout(timeout)}, "round_robin")

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/policy"
@@ -271,7 +270,7 @@ func TestWarmBoundedAndCancelledOnDelete(t *testing.T) {
 func TestWarmFailuresAndDeadline(t *testing.T) {
 	inBubble := func(name string, f func(t *testing.T, mn *testutil.MemNet)) {
 		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { f(t, testutil.NewMemNet()) })
+			testutil.InBubble(t, f)
 		})
 	}
 	inBubble("refused", func(t *testing.T, mn *testutil.MemNet) {

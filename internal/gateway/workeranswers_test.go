@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/testutil"
@@ -78,9 +77,8 @@ func TestWorkerServerErrorIsReplaced(t *testing.T) {
 // clock, to the nanosecond, and the steady stream's gaps can sit just under the bound without a
 // loaded machine's stall cutting it.
 func TestStreamIdleTimeout(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const idle = 300 * time.Millisecond
-		mn := testutil.NewMemNet()
 		f := newFakeWorkerOn(t, mn, "m")
 		released := make(chan struct{}, 1)
 		f.setHandler(func(w http.ResponseWriter, r *http.Request) {
@@ -165,8 +163,7 @@ func TestStreamIdleCountsEvents(t *testing.T) {
 		"a partial event, a line": "data: {\"choices\":[]}\n",
 	} {
 		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				mn := testutil.NewMemNet()
+			testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 				f := newFakeWorkerOn(t, mn, "m")
 				f.setHandler(func(w http.ResponseWriter, r *http.Request) {
 					w.Header().Set("Content-Type", "text/event-stream")

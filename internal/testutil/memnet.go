@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"testing"
+	"testing/synctest"
 )
 
 // MemNet is a set of in-memory listeners that its Dial reaches by address. Make it inside the
@@ -132,3 +134,10 @@ type memConn struct {
 
 func (c *memConn) LocalAddr() net.Addr  { return c.local }
 func (c *memConn) RemoteAddr() net.Addr { return c.remote }
+
+// InBubble runs f in a testing/synctest bubble with a new MemNet: f's servers, clients and
+// timers all run on the bubble's clock, which moves only when every goroutine in it waits.
+func InBubble(t *testing.T, f func(t *testing.T, mn *MemNet)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) { f(t, NewMemNet()) })
+}

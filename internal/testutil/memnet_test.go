@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"testing"
-	"testing/synctest"
 	"time"
 )
 
@@ -15,8 +14,7 @@ import (
 // with a loopback RemoteAddr, a handler's hour-long wait passes on the bubble's clock at once,
 // a client deadline cuts a slow answer at its exact time, and a closed server refuses dials.
 func TestMemNet(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		mn := NewMemNet()
+	InBubble(t, func(t *testing.T, mn *MemNet) {
 		srv := mn.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path == "/slow" {
 				time.Sleep(time.Hour)
