@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -119,12 +118,10 @@ func TestLoraCopyWhenSaturated(t *testing.T) {
 func TestLoraUnloadsIdleForRoom(t *testing.T) {
 	e1, e2 := startLoraSim(t, ""), startLoraSim(t, "")
 	srcs, _ := ParseLoRASources("x=/adapters/x,y=/adapters/y,z=/adapters/z")
-	var mu sync.Mutex
-	now := time.Unix(1000, 0)
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	clock := testutil.NewClock(time.Unix(1000, 0))
 	var logs testutil.SyncBuffer
 	cfg := Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-		LoRA: LoRAConfig{OnDemand: true, Sources: srcs, MaxLoaded: 1, IdleUnload: 10 * time.Minute, Now: clock}}
+		LoRA: LoRAConfig{OnDemand: true, Sources: srcs, MaxLoaded: 1, IdleUnload: 10 * time.Minute, Now: clock.Now}}
 	_, reg, c := loraGateway(t, cfg, e1, e2)
 	for _, m := range []string{"x", "y"} {
 		if err := adapterChat(c, t.Context(), m, "load "+m); err != nil {
@@ -140,9 +137,7 @@ func TestLoraUnloadsIdleForRoom(t *testing.T) {
 			t.Fatalf("a load with no room and nothing idle: %v, want 503", err)
 		}
 	}
-	mu.Lock()
-	now = now.Add(11 * time.Minute)
-	mu.Unlock()
+	clock.Advance(11 * time.Minute)
 	if err := adapterChat(c, t.Context(), "y", "y stays busy"); err != nil {
 		t.Fatal(err)
 	}
