@@ -59,7 +59,7 @@ func startEventRigWith(t *testing.T, engines, replicas int, edit func(*sim.Confi
 		}
 		ch := make(chan struct{}, 1<<16)
 		o.kv.events.AfterMessage = func() { ch <- struct{}{} }
-		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		log := slog.New(slog.DiscardHandler)
 		o.gw.Logger = log
 		ready, done := make(chan listenAddrs, 1), make(chan error, 1)
 		go func() { done <- serve(ctx, o, log, ready) }()
@@ -179,7 +179,7 @@ func TestKVEventsBindNeedsAllowedHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := worker.NewRegistry()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.DiscardHandler)
 	if _, _, err := startKVEvents(&o.kv, reg, log); err == nil || !strings.Contains(err.Error(), "--kv-events-allowed-hosts") {
 		t.Fatalf("a bind beyond loopback without an allow-list started: %v", err)
 	}

@@ -40,7 +40,7 @@ func TestLLMDLongContextKeepsPrefixesWhereTheyAre(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.DiscardHandler)
 	o.gw.Logger = log
 	ctx, cancel := context.WithCancel(context.Background())
 	done, ready := make(chan error, 1), make(chan listenAddrs, 1)

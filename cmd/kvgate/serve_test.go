@@ -111,7 +111,7 @@ func TestServeBuiltinFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addrs, stop := startServe(t, o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	addrs, stop := startServe(t, o, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	c := openai.NewClient(option.WithBaseURL("http://"+addrs.api+"/v1/"), option.WithAPIKey("x"), option.WithMaxRetries(0))
 	resp, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,15 +74,9 @@ func (c LiveConfig) withDefaults() (LiveConfig, error) {
 	if c.Timeout < 0 || c.MaxInflight < 0 || c.ProgressEvery < 0 {
 		return c, errors.New("timeout, max in-flight and progress interval must be >= 0")
 	}
-	if c.Timeout == 0 {
-		c.Timeout = 5 * time.Minute
-	}
-	if c.MaxInflight == 0 {
-		c.MaxInflight = 2048
-	}
-	if c.ProgressEvery == 0 {
-		c.ProgressEvery = 500 * time.Millisecond
-	}
+	c.Timeout = cmp.Or(c.Timeout, 5*time.Minute)
+	c.MaxInflight = cmp.Or(c.MaxInflight, 2048)
+	c.ProgressEvery = cmp.Or(c.ProgressEvery, 500*time.Millisecond)
 	if c.Client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = c.MaxInflight

@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,37 +69,47 @@ func ParseTraceLine(line []byte) (TraceEntry, error) {
 	case e.PrefixID == "" && e.PrefixTokens > 0:
 		return e, errors.New("prefix_tokens needs a prefix_id")
 	}
-	if e.OutputTokens == 0 {
-		e.OutputTokens = 64
-	}
+	e.OutputTokens = cmp.Or(e.OutputTokens, 64)
 	return e, nil
 }
 
 // ParseTrace reads a JSONL trace. Blank lines and lines starting with '#' are skipped. Errors name
 // the line. Entries must be in non-decreasing arrival order.
 func ParseTrace(r io.Reader) ([]TraceEntry, error) {
+	return parseLines(r, "trace", true, ParseTraceLine, func(prev, e TraceEntry) error {
+		if e.Arrival < prev.Arrival {
+			return fmt.Errorf("arrival %v is before the previous line's %v", e.Arrival, prev.Arrival)
+		}
+		return nil
+	})
+}
+
+// parseLines reads a trace of one entry a line with parse; what names the trace in errors
+// ("trace"), which name the line. Blank lines are skipped, and with comments lines starting with
+// '#'. order checks each entry against the one before it. A trace with no entries is an error.
+func parseLines[E any](r io.Reader, what string, comments bool, parse func([]byte) (E, error), order func(prev, e E) error) ([]E, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 64<<20)
-	var out []TraceEntry
+	var out []E
 	for n := 1; sc.Scan(); n++ {
 		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 || line[0] == '#' {
+		if len(line) == 0 || comments && line[0] == '#' {
 			continue
 		}
-		e, err := ParseTraceLine(line)
-		if err != nil {
-			return nil, fmt.Errorf("trace line %d: %w", n, err)
+		e, err := parse(line)
+		if err == nil && len(out) > 0 {
+			err = order(out[len(out)-1], e)
 		}
-		if len(out) > 0 && e.Arrival < out[len(out)-1].Arrival {
-			return nil, fmt.Errorf("trace line %d: arrival %v is before the previous line's %v", n, e.Arrival, out[len(out)-1].Arrival)
+		if err != nil {
+			return nil, fmt.Errorf("%s line %d: %w", what, n, err)
 		}
 		out = append(out, e)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading trace: %w", err)
+		return nil, fmt.Errorf("reading %s: %w", what, err)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("trace has no requests")
+		return nil, fmt.Errorf("%s has no requests", what)
 	}
 	return out, nil
 }

@@ -2,9 +2,8 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
+	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -77,30 +76,13 @@ func ParseMooncake(r io.Reader, blockTokens int) ([]MooncakeEntry, error) {
 	if blockTokens < 1 || blockTokens > 1<<16 {
 		return nil, fmt.Errorf("block tokens %d must be in [1, 65536]", blockTokens)
 	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64*1024), 64<<20)
-	var out []MooncakeEntry
-	for n := 1; sc.Scan(); n++ {
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
-			continue
+	parse := func(line []byte) (MooncakeEntry, error) { return ParseMooncakeLine(line, blockTokens) }
+	return parseLines(r, "mooncake trace", false, parse, func(prev, e MooncakeEntry) error {
+		if e.Timestamp < prev.Timestamp {
+			return fmt.Errorf("timestamp %v is before the previous line's %v", e.Timestamp, prev.Timestamp)
 		}
-		e, err := ParseMooncakeLine(line, blockTokens)
-		if err != nil {
-			return nil, fmt.Errorf("mooncake trace line %d: %w", n, err)
-		}
-		if len(out) > 0 && e.Timestamp < out[len(out)-1].Timestamp {
-			return nil, fmt.Errorf("mooncake trace line %d: timestamp %v is before the previous line's %v", n, e.Timestamp, out[len(out)-1].Timestamp)
-		}
-		out = append(out, e)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading mooncake trace: %w", err)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("mooncake trace has no requests")
-	}
-	return out, nil
+		return nil
+	})
 }
 
 // WriteMooncake writes entries as a Mooncake-format trace, one JSON object a line.
@@ -135,12 +117,8 @@ type MooncakeOptions struct {
 }
 
 func (o MooncakeOptions) withDefaults() MooncakeOptions {
-	if o.BlockTokens == 0 {
-		o.BlockTokens = 512
-	}
-	if o.TimeScale == 0 {
-		o.TimeScale = 1
-	}
+	o.BlockTokens = cmp.Or(o.BlockTokens, 512)
+	o.TimeScale = cmp.Or(o.TimeScale, 1)
 	return o
 }
 

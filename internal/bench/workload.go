@@ -157,12 +157,20 @@ func NewSharedPrefix(seed uint64) *SharedPrefix {
 
 // Init (re)generates the system prompts after the fields were changed, and returns w.
 func (w *SharedPrefix) Init() *SharedPrefix {
-	w.prompts = make([]string, w.Prefixes)
-	for i := range w.prompts {
-		r := rngFor(w.Seed, 1, i)
-		w.prompts[i] = fmt.Sprintf("System prompt %d. ", i) + Words(r, between(r, w.PrefixWords*9/10, w.PrefixWords*11/10))
-	}
+	w.prompts = seededTexts(w.Seed, 1, w.Prefixes, "System prompt %d. ", w.PrefixWords)
 	return w
+}
+
+// seededTexts returns n texts, text i being title (formatted with i) and then words ±10 % words
+// drawn from seed's stream i of the given kind, so that a workload's texts are the same for a
+// seed whatever else it draws.
+func seededTexts(seed, kind uint64, n int, title string, words int) []string {
+	out := make([]string, n)
+	for i := range out {
+		r := rngFor(seed, kind, i)
+		out[i] = fmt.Sprintf(title, i) + Words(r, between(r, words*9/10, words*11/10))
+	}
+	return out
 }
 
 // Name returns "shared-prefix".
@@ -260,11 +268,7 @@ func NewLongContext(seed uint64) *LongContext {
 
 // Init (re)generates the tenant contexts after the fields were changed, and returns w.
 func (w *LongContext) Init() *LongContext {
-	w.contexts = make([]string, w.Tenants)
-	for i := range w.contexts {
-		r := rngFor(w.Seed, 4, i)
-		w.contexts[i] = fmt.Sprintf("Tenant %d context. ", i) + Words(r, between(r, w.ContextWords*9/10, w.ContextWords*11/10))
-	}
+	w.contexts = seededTexts(w.Seed, 4, w.Tenants, "Tenant %d context. ", w.ContextWords)
 	return w
 }
 

@@ -19,6 +19,7 @@
 package discovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -188,12 +189,8 @@ func New(cfg Config, client dynamic.Interface, reg Registrar) (*Discovery, error
 	if client == nil || reg == nil {
 		return nil, errors.New("service discovery: no Kubernetes client or no registrar")
 	}
-	if cfg.Port == 0 {
-		cfg.Port = DefaultPort
-	}
-	if cfg.BootstrapPortAnnotation == "" {
-		cfg.BootstrapPortAnnotation = DefaultBootstrapPortAnnotation
-	}
+	cfg.Port = cmp.Or(cfg.Port, DefaultPort)
+	cfg.BootstrapPortAnnotation = cmp.Or(cfg.BootstrapPortAnnotation, DefaultBootstrapPortAnnotation)
 	if cfg.Reconcilers <= 0 {
 		cfg.Reconcilers = 4
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -155,6 +156,18 @@ func (t *tally) add(o outcome) {
 		t.clear++
 	default:
 		t.bad++
+	}
+}
+
+// failed is how many requests did not succeed.
+func (t *tally) failed() int { return t.requests - t.ok }
+
+// wantAllOK fails tb unless every request succeeded, naming the first failures; what names the
+// requests ("requests", "completions").
+func (t *tally) wantAllOK(tb testing.TB, what string) {
+	tb.Helper()
+	if t.ok != t.requests {
+		tb.Errorf("%d of %d %s failed: %v", t.failed(), t.requests, what, t.failures(5))
 	}
 }
 

@@ -61,9 +61,7 @@ func TestDrillDrain(t *testing.T) {
 			t.Errorf("a stream was cut: %s", o)
 		}
 	}
-	if tl.ok != tl.requests {
-		t.Errorf("%d of %d completions failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-	}
+	tl.wantAllOK(t, "completions")
 	if n := r.engines[0].arrived() - arrivedAtDelete; n > inflightAtDelete {
 		t.Errorf("%d requests reached the removed worker after DELETE, more than the %d in flight then", n, inflightAtDelete)
 	}
@@ -74,6 +72,6 @@ func TestDrillDrain(t *testing.T) {
 	}
 	r.settle()
 	report(row{drill: "drain: DELETE /workers/{id}, and a worker failing health, with streams on both", requests: tl.requests + 6,
-		failures: tl.requests - tl.ok + 0, shed: shed.at.Sub(failing),
+		failures: tl.failed(), shed: shed.at.Sub(failing),
 		note: "DELETE sheds at once; shed = health failing → not_ready; the 4 streams on the two drained workers finished whole; picks of the not-ready worker after the shed: " + strconv.Itoa(int(latePicks))})
 }

@@ -89,9 +89,7 @@ func TestDrillWorkerKilled(t *testing.T) {
 	if broken != onVictim {
 		t.Errorf("%d streams ended with an SSE error event, want the %d that ran on the dead engine", broken, onVictim)
 	}
-	if tl.ok != tl.requests {
-		t.Errorf("%d of %d completions failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-	}
+	tl.wantAllOK(t, "completions")
 	restarted := time.Now()
 	r.engines[0].restart()
 	back, ok := r.waitAvailable(victim, restarted, 5*time.Second)
@@ -100,7 +98,7 @@ func TestDrillWorkerKilled(t *testing.T) {
 	}
 	r.settle()
 	report(row{drill: "worker killed mid-run (3 engines, 6 streams + 6 clients)", requests: tl.requests + 6,
-		failures: tl.requests - tl.ok, shed: shed.at.Sub(killed), recover: back,
+		failures: tl.failed(), shed: shed.at.Sub(killed), recover: back,
 		note: shedNote(shed) + "; " + strconv.Itoa(broken) + " streams on it ended with an SSE error event; recover = restart → ready"})
 }
 
@@ -134,14 +132,12 @@ func TestDrillWorkerHangs(t *testing.T) {
 	}
 	sleepUntil(200 * time.Millisecond)
 	tl := l.stop()
-	if tl.ok != tl.requests {
-		t.Errorf("%d of %d requests failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-	}
+	tl.wantAllOK(t, "requests")
 	if n := r.metric(`kvgate_retries_total{reason="timeout"}`); n == 0 {
 		t.Error("no retry after a timeout was counted")
 	}
 	r.settle()
-	report(row{drill: "worker hangs (attempt timeout 250 ms)", requests: tl.requests, failures: tl.requests - tl.ok,
+	report(row{drill: "worker hangs (attempt timeout 250 ms)", requests: tl.requests, failures: tl.failed(),
 		shed: shed.at.Sub(hung), recover: back,
 		note: shedNote(shed) + " after 10 timeouts; recover = fault cleared → circuit closed (1 s open timeout, counted from the opening, + 3 probes)"})
 }
@@ -189,14 +185,12 @@ func TestDrillErrorStorm(t *testing.T) {
 				t.Fatalf("the worker was never readmitted: circuit %s", victim.Breaker.State(time.Now()))
 			}
 			tl := l.stop()
-			if tl.ok != tl.requests {
-				t.Errorf("%d of %d requests failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-			}
+			tl.wantAllOK(t, "requests")
 			if n := r.metric(`kvgate_retries_total{reason="status_service_unavailable"}`); n == 0 {
 				t.Error("no retry after a 503 was counted")
 			}
 			r.settle()
-			row := row{drill: "error storm: 50 % 503 from one engine, " + tc.name, requests: tl.requests, failures: tl.requests - tl.ok}
+			row := row{drill: "error storm: 50 % 503 from one engine, " + tc.name, requests: tl.requests, failures: tl.failed()}
 			if wasShed {
 				row.shed, row.recover = shed.at.Sub(storm), back
 				row.note = shedNote(shed) + "; " + strconv.Itoa(stormPicks) + " picks of it during the " + tc.storm.String() + " storm; recover = storm ends → circuit closed"
@@ -233,9 +227,7 @@ func TestDrillFlapping(t *testing.T) {
 		back = ev.at.Sub(lastUp)
 	}
 	tl := l.stop()
-	if tl.ok != tl.requests {
-		t.Errorf("%d of %d requests failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-	}
+	tl.wantAllOK(t, "requests")
 	var shedAt time.Duration
 	if ev, ok := r.events.waitFor(start, 0, shedEvent(victim)); ok {
 		shedAt = ev.at.Sub(start)
@@ -266,7 +258,7 @@ func TestDrillFlapping(t *testing.T) {
 		}
 	}
 	r.settle()
-	report(row{drill: "flapping engine (503 on every route 400 ms on / 400 ms off, ×5)", requests: tl.requests, failures: tl.requests - tl.ok,
+	report(row{drill: "flapping engine (503 on every route 400 ms on / 400 ms off, ×5)", requests: tl.requests, failures: tl.failed(),
 		shed: shedAt, recover: back,
 		note: strconv.Itoa(healthLogs) + " health + " + strconv.Itoa(circuitLogs) + " circuit transitions, each logged once and counted; recover = engine healthy for good → ready"})
 }

@@ -50,14 +50,12 @@ func TestDrillWorkerFrozen(t *testing.T) {
 	sleepUntil(500 * time.Millisecond) // load keeps flowing with the worker gone
 	cancel()
 	wg.Wait()
-	if tl.ok != tl.requests {
-		t.Errorf("%d of %d completions failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-	}
+	tl.wantAllOK(t, "completions")
 	if longest > healthBound+onOther {
 		t.Errorf("a request waited %v, past the health bound %v plus %v on the other engine", longest, healthBound, onOther)
 	}
 	r.engines[0].sim().SetFaults(sim.Faults{})
 	r.settle()
-	report(row{drill: "worker frozen (2 engines, 10 clients)", requests: tl.requests, failures: tl.requests - tl.ok,
+	report(row{drill: "worker frozen (2 engines, 10 clients)", requests: tl.requests, failures: tl.failed(),
 		shed: shed.at.Sub(frozen), note: shedNote(shed) + "; longest request " + longest.Round(time.Millisecond).String()})
 }

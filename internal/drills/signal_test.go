@@ -108,9 +108,7 @@ func TestDrillEngineSIGSTOP(t *testing.T) {
 	cancel()
 	wg.Wait()
 	r.sims[0].signal(t, syscall.SIGCONT)
-	if tl.ok != tl.requests {
-		t.Errorf("%d of %d completions failed: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
-	}
+	tl.wantAllOK(t, "completions")
 	if longest > procHealthBound+onOther {
 		t.Errorf("a request waited %v, past the health bound %v plus %v on the other engine", longest, procHealthBound, onOther)
 	}
@@ -124,7 +122,7 @@ func TestDrillEngineSIGSTOP(t *testing.T) {
 		t.Errorf("the gateway never logged the stopped engine not ready\n%s", r.gw.log())
 	}
 	report(row{drill: "engine process SIGSTOPped (2 `kvgate sim` processes, 10 clients)", requests: tl.requests,
-		failures: tl.requests - tl.ok, shed: shed,
+		failures: tl.failed(), shed: shed,
 		note: "longest request " + longest.Round(time.Millisecond).String() + ", health bound " + procHealthBound.String() +
 			"; " + strconv.Itoa(caught) + " requests held by the stopped engine and re-sent"})
 }
@@ -157,12 +155,12 @@ func TestDrillEngineKill9(t *testing.T) {
 	r.sims[0].signal(t, syscall.SIGKILL)
 	wg.Wait()
 	if tl.ok != tl.requests || tl.requests != clients*each {
-		t.Errorf("%d of %d requests failed: %v\n%s", tl.requests-tl.ok, tl.requests, tl.failures(5), r.gw.logLines("request failed"))
+		t.Errorf("%d of %d requests failed: %v\n%s", tl.failed(), tl.requests, tl.failures(5), r.gw.logLines("request failed"))
 	}
 	shed := time.Duration(0)
 	if at, ok := r.notReadyAt(r.sims[0].url, killed); ok {
 		shed = at.Sub(killed)
 	}
 	report(row{drill: "engine process kill -9 (3 `kvgate sim` processes, 10 clients, 150 requests)", requests: tl.requests,
-		failures: tl.requests - tl.ok, shed: shed, note: "a third of the requests done before the kill"})
+		failures: tl.failed(), shed: shed, note: "a third of the requests done before the kill"})
 }

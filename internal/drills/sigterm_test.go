@@ -162,13 +162,13 @@ func TestDrillSIGTERMUnderLoad(t *testing.T) {
 	r := sigtermUnderLoad(t, 20*time.Second, 8, 150)
 	tl := r.tl
 	if tl.ok != tl.requests {
-		t.Errorf("%d of %d in-flight requests were cut: %v", tl.requests-tl.ok, tl.requests, tl.failures(5))
+		t.Errorf("%d of %d in-flight requests were cut: %v", tl.failed(), tl.requests, tl.failures(5))
 	}
 	if _, err := r.client.Get(r.base + "/health"); err == nil {
 		t.Error("kvgate still accepts connections after exiting")
 	}
 	report(row{drill: "SIGTERM under load (built binary; 8 streams + 8 completions of 150 tokens)", requests: tl.requests,
-		failures: tl.requests - tl.ok, shed: r.ended, recover: r.stopped,
+		failures: tl.failed(), shed: r.ended, recover: r.stopped,
 		note: "shed = SIGTERM → last in-flight request finished whole; recover = SIGTERM → process exited 0"})
 }
 

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -73,36 +74,16 @@ func DefaultConfig() Config {
 // WithDefaults returns c with every zero field replaced by its default.
 func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
-	if c.BlockSize == 0 {
-		c.BlockSize = d.BlockSize
-	}
-	if c.KVTokens == 0 {
-		c.KVTokens = d.KVTokens
-	}
-	if c.MaxRunning == 0 {
-		c.MaxRunning = d.MaxRunning
-	}
-	if c.PrefillChunk == 0 {
-		c.PrefillChunk = d.PrefillChunk
-	}
-	if c.PrefillTPS == 0 {
-		c.PrefillTPS = d.PrefillTPS
-	}
-	if c.DecodeBase == 0 {
-		c.DecodeBase = d.DecodeBase
-	}
-	if c.DecodePerReq == 0 {
-		c.DecodePerReq = d.DecodePerReq
-	}
-	if c.StatsWindow == 0 {
-		c.StatsWindow = d.StatsWindow
-	}
-	if c.LoadFactor == 0 {
-		c.LoadFactor = d.LoadFactor
-	}
-	if c.LoraLoad == 0 {
-		c.LoraLoad = DefaultLoraLoad
-	}
+	c.BlockSize = cmp.Or(c.BlockSize, d.BlockSize)
+	c.KVTokens = cmp.Or(c.KVTokens, d.KVTokens)
+	c.MaxRunning = cmp.Or(c.MaxRunning, d.MaxRunning)
+	c.PrefillChunk = cmp.Or(c.PrefillChunk, d.PrefillChunk)
+	c.PrefillTPS = cmp.Or(c.PrefillTPS, d.PrefillTPS)
+	c.DecodeBase = cmp.Or(c.DecodeBase, d.DecodeBase)
+	c.DecodePerReq = cmp.Or(c.DecodePerReq, d.DecodePerReq)
+	c.StatsWindow = cmp.Or(c.StatsWindow, d.StatsWindow)
+	c.LoadFactor = cmp.Or(c.LoadFactor, d.LoadFactor)
+	c.LoraLoad = cmp.Or(c.LoraLoad, DefaultLoraLoad)
 	return c
 }
 

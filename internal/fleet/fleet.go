@@ -15,6 +15,7 @@
 package fleet
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -137,30 +138,18 @@ func (c Config) withDefaults() Config {
 	if c.Engines == 0 && len(c.EngineMix) > 0 {
 		c.Engines = mixCount(c.EngineMix)
 	}
-	if c.Engines == 0 {
-		c.Engines = d.Engines
-	}
-	if c.Gateways == 0 {
-		c.Gateways = d.Gateways
-	}
-	if c.Policy == "" {
-		c.Policy = d.Policy
-	}
+	c.Engines = cmp.Or(c.Engines, d.Engines)
+	c.Gateways = cmp.Or(c.Gateways, d.Gateways)
+	c.Policy = cmp.Or(c.Policy, d.Policy)
 	if c.PolicyConfig.CacheAware == (policy.CacheAwareConfig{}) && c.PolicyConfig.PrefixHash == (policy.PrefixHashConfig{}) {
 		c.PolicyConfig.CacheAware, c.PolicyConfig.PrefixHash = d.PolicyConfig.CacheAware, d.PolicyConfig.PrefixHash
 	}
 	if c.PolicyConfig.Cost == (policy.CostConfig{}) {
 		c.PolicyConfig.Cost = d.PolicyConfig.Cost
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = d.PollInterval
-	}
-	if c.StaleAfter == 0 {
-		c.StaleAfter = 3 * c.PollInterval
-	}
-	if c.RoutingPrefixBytes == 0 {
-		c.RoutingPrefixBytes = d.RoutingPrefixBytes
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, d.PollInterval)
+	c.StaleAfter = cmp.Or(c.StaleAfter, 3*c.PollInterval)
+	c.RoutingPrefixBytes = cmp.Or(c.RoutingPrefixBytes, d.RoutingPrefixBytes)
 	return c
 }
 

@@ -29,10 +29,7 @@ func TestFlowModelAccountsEveryRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shed := 0
-	for _, n := range rep.Shed {
-		shed += n
-	}
+	shed := shedTotal(rep)
 	if sum.OK+sum.Errors != 600 {
 		t.Fatalf("%d requests recorded, want 600", sum.OK+sum.Errors)
 	}
@@ -126,10 +123,7 @@ func TestFlowTables(t *testing.T) {
 				scale := row.scale
 				sum, rep := runPolicy(row.pol, scale, fm)
 				wait := fmt.Sprintf("%.2f / %.2f s", rep.Classes[0].WaitP50, rep.Classes[0].WaitP99)
-				shed := 0
-				for _, n := range rep.Shed {
-					shed += n
-				}
+				shed := shedTotal(rep)
 				fmt.Fprintf(&b, "| ×%g | %s | %.2f s | %.2f s | %.2f s | %.2f s | %.3f | %.0f | %s | %d |\n", 1/scale, name, sum.TTFTP50/1000, sum.TTFTP99/1000, rep.OwnPrefillP99, rep.IdealPrefillP99, float64(rep.Good)/sum.SpanSec, sum.OutTokSec, wait, shed)
 			}
 		}
@@ -137,52 +131,57 @@ func TestFlowTables(t *testing.T) {
 	}
 	if only == "" || only == "tenants" {
 		classes := []FlowClass{{Tenant: "noisy", Share: 10}, {Tenant: "quiet", Share: 1}}
-		var b strings.Builder
-		fmt.Fprintf(&b, "\n| run | tenant | TTFT p50 | TTFT p99 | queue wait p99 / max | share while both queued |\n|---|---|---|---|---|---|\n")
-		for _, c := range []struct {
-			name string
-			fm   FlowModel
-		}{
+		t.Log(classTable(run, "| run | tenant | TTFT p50 | TTFT p99 | queue wait p99 / max | share while both queued |", []flowRun{
 			{"quiet alone", FlowModel{Config: q, Classes: classes, Only: classes[1].Label()}},
 			{"both, on arrival", FlowModel{Config: unbounded, Classes: classes, OnArrival: true}},
 			{"both, fair queue", FlowModel{Config: q, Classes: classes}},
 			{"1:1, both backlogged", FlowModel{Config: q, Classes: []FlowClass{{Tenant: "a", Share: 1}, {Tenant: "b", Share: 1}}}},
-		} {
-			_, rep := run(0.5, c.fm)
-			for _, cr := range rep.Classes {
-				if cr.Summary.OK+cr.Summary.Errors == 0 {
-					continue
-				}
-				fmt.Fprintf(&b, "| %s | %s | %.2f s | %.2f s | %.2f / %.2f s | %.3f |\n", c.name, cr.Label, cr.Summary.TTFTP50/1000, cr.Summary.TTFTP99/1000, cr.WaitP99, cr.WaitMax, cr.Share)
-			}
-		}
-		t.Log(b.String())
+		}, func(cr FlowClassReport, _ int) string {
+			return fmt.Sprintf("%.2f / %.2f s | %.3f", cr.WaitP99, cr.WaitMax, cr.Share)
+		}))
 	}
 	if only == "" || only == "bands" {
 		classes := []FlowClass{{Tenant: "app", Priority: 5, Share: 1}, {Tenant: "app", Priority: 0, Share: 10}}
-		var b strings.Builder
-		fmt.Fprintf(&b, "\n| run | band | TTFT p50 | TTFT p99 | queue wait p50 / p99 / max | shed |\n|---|---|---|---|---|---|\n")
-		for _, c := range []struct {
-			name string
-			fm   FlowModel
-		}{
+		t.Log(classTable(run, "| run | band | TTFT p50 | TTFT p99 | queue wait p50 / p99 / max | shed |", []flowRun{
 			{"high alone", FlowModel{Config: q, Classes: classes, Only: classes[0].Label()}},
 			{"both bands", FlowModel{Config: q, Classes: classes}},
-		} {
-			_, rep := run(0.5, c.fm)
-			shed := 0
-			for _, n := range rep.Shed {
-				shed += n
-			}
-			for _, cr := range rep.Classes {
-				if cr.Summary.OK+cr.Summary.Errors == 0 {
-					continue
-				}
-				fmt.Fprintf(&b, "| %s | %s | %.2f s | %.2f s | %.2f / %.2f / %.2f s | %d |\n", c.name, cr.Label, cr.Summary.TTFTP50/1000, cr.Summary.TTFTP99/1000, cr.WaitP50, cr.WaitP99, cr.WaitMax, shed)
-			}
-		}
-		t.Log(b.String())
+		}, func(cr FlowClassReport, shed int) string {
+			return fmt.Sprintf("%.2f / %.2f / %.2f s | %d", cr.WaitP50, cr.WaitP99, cr.WaitMax, shed)
+		}))
 	}
+}
+
+// flowRun is one named run of a table of TestFlowTables.
+type flowRun struct {
+	name string
+	fm   FlowModel
+}
+
+// classTable runs each of runs at half the trace's rate and returns a Markdown table under
+// header (six columns) with a row for each class that sent requests: the run, the class, its
+// TTFT p50 and p99, then the last columns from rest, given the run's shed total.
+func classTable(run func(float64, FlowModel) (bench.Summary, *FlowReport), header string, runs []flowRun, rest func(cr FlowClassReport, shed int) string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%s\n|---|---|---|---|---|---|\n", header)
+	for _, c := range runs {
+		_, rep := run(0.5, c.fm)
+		for _, cr := range rep.Classes {
+			if cr.Summary.OK+cr.Summary.Errors == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.2f s | %.2f s | %s |\n", c.name, cr.Label, cr.Summary.TTFTP50/1000, cr.Summary.TTFTP99/1000, rest(cr, shedTotal(rep)))
+		}
+	}
+	return b.String()
+}
+
+// shedTotal is how many requests left a queue unserved, for every reason.
+func shedTotal(rep *FlowReport) int {
+	n := 0
+	for _, k := range rep.Shed {
+		n += k
+	}
+	return n
 }
 
 // flowSaturation is the saturation point of the tables, from KVGATE_FLOW_WAIT (the predicted

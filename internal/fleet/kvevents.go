@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"hash/maphash"
@@ -32,18 +33,10 @@ type KVEvents struct {
 }
 
 func (k KVEvents) withDefaults() KVEvents {
-	if k.Delay == 0 {
-		k.Delay = 5 * time.Millisecond
-	}
-	if k.TokenizeBase == 0 {
-		k.TokenizeBase = time.Millisecond
-	}
-	if k.TokenizeTPS == 0 {
-		k.TokenizeTPS = 2e6
-	}
-	if k.TokenizerCache == 0 {
-		k.TokenizerCache = 4096
-	}
+	k.Delay = cmp.Or(k.Delay, 5*time.Millisecond)
+	k.TokenizeBase = cmp.Or(k.TokenizeBase, time.Millisecond)
+	k.TokenizeTPS = cmp.Or(k.TokenizeTPS, 2e6)
+	k.TokenizerCache = cmp.Or(k.TokenizerCache, 4096)
 	return k
 }
 

@@ -10,6 +10,7 @@
 package flow
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -114,11 +115,11 @@ func DefaultConfig() Config {
 // WithDefaults returns c with its zero fields at their defaults.
 func (c Config) WithDefaults() Config {
 	d := DefaultConfig()
-	orDefault(&c.MaxRequests, d.MaxRequests)
-	orDefault(&c.MaxBytes, d.MaxBytes)
-	orDefault(&c.Timeout, d.Timeout)
-	orDefault(&c.Aging, d.Aging)
-	orDefault(&c.AgedShare, d.AgedShare)
+	c.MaxRequests = cmp.Or(c.MaxRequests, d.MaxRequests)
+	c.MaxBytes = cmp.Or(c.MaxBytes, d.MaxBytes)
+	c.Timeout = cmp.Or(c.Timeout, d.Timeout)
+	c.Aging = cmp.Or(c.Aging, d.Aging)
+	c.AgedShare = cmp.Or(c.AgedShare, d.AgedShare)
 	c.Saturation = c.Saturation.WithDefaults()
 	for i := range c.Tenants {
 		if c.Tenants[i].Weight == 0 {
@@ -243,12 +244,4 @@ func ParsePriority(s string) (int, error) {
 // served first), into a flow priority (higher first): its negation, clamped.
 func FromVLLMPriority(p int64) int {
 	return ClampPriority(int(-max(min(p, 1<<20), -(1 << 20))))
-}
-
-// orDefault sets *v to d where it is zero.
-func orDefault[T comparable](v *T, d T) {
-	var zero T
-	if *v == zero {
-		*v = d
-	}
 }

@@ -1,6 +1,7 @@
 package flow
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"time"
@@ -67,9 +68,9 @@ func DefaultSaturation() Saturation {
 // default, which depends on the engine).
 func (s Saturation) WithDefaults() Saturation {
 	d := DefaultSaturation()
-	orDefault(&s.MaxKVUsage, d.MaxKVUsage)
-	orDefault(&s.MaxPredictedWait, d.MaxPredictedWait)
-	orDefault(&s.DefaultSlots, d.DefaultSlots)
+	s.MaxKVUsage = cmp.Or(s.MaxKVUsage, d.MaxKVUsage)
+	s.MaxPredictedWait = cmp.Or(s.MaxPredictedWait, d.MaxPredictedWait)
+	s.DefaultSlots = cmp.Or(s.DefaultSlots, d.DefaultSlots)
 	s.Estimate = s.Estimate.WithDefaults()
 	return s
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -72,29 +72,21 @@ func cachingInference() http.HandlerFunc {
 // newAuditGateway is a gateway over n caching fake workers with pc's policy knobs.
 func newAuditGateway(t *testing.T, cfg Config, name string, pc policy.Config, n int) (*testGateway, []*fakeWorker) {
 	t.Helper()
-	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return newAuditGatewayOn(t, nil, cfg, name, pc, n)
+}
+
+// newAuditGatewayOn is newAuditGateway on the in-memory network mn (nil: loopback).
+func newAuditGatewayOn(t *testing.T, mn *testutil.MemNet, cfg Config, name string, pc policy.Config, n int) (*testGateway, []*fakeWorker) {
+	t.Helper()
+	cfg.Logger = slog.New(slog.DiscardHandler)
 	cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 2, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}
 	pc.NoBackground = true
-	router := newRouter(t, name, pc)
-	bearer := auditClient(&cfg)
-	s := New(cfg, worker.NewRegistry(), router, nil)
-	var ws []*fakeWorker
-	for i := 0; i < n; i++ {
-		f := newFakeWorker(t, "m")
-		f.setHandler(cachingInference())
-		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
-			t.Fatal(err)
-		}
-		ws = append(ws, f)
+	ws := make([]*fakeWorker, n)
+	for i := range ws {
+		ws[i] = newFakeWorkerOn(t, mn, "m")
+		ws[i].setHandler(cachingInference())
 	}
-	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer}
-	h := s.Handler()
-	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer func() { g.done <- r.URL.Path }()
-		h.ServeHTTP(w, r)
-	}))
-	t.Cleanup(g.srv.Close)
-	return g, ws
+	return newGatewayOver(t, mn, cfg, newRouter(t, name, pc), ws...), ws
 }
 
 // histogram returns the sample count and sum of kvgate_prefix_prediction_error.

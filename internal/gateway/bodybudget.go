@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -55,9 +56,7 @@ type bodyBudget struct {
 
 func newBodyBudget(c BodyBudget) *bodyBudget {
 	b := &bodyBudget{limit: c.Bytes, wait: c.Wait, freed: make(chan struct{})}
-	if b.limit == 0 {
-		b.limit = DefaultBodyBudgetBytes
-	}
+	b.limit = cmp.Or(b.limit, DefaultBodyBudgetBytes)
 	if b.wait <= 0 {
 		b.wait = DefaultBodyBudgetWait
 	}

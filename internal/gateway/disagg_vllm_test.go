@@ -59,7 +59,7 @@ func TestVLLMDisaggregatedTwoStep(t *testing.T) {
 	pre := []*pdSim{startPDSim(t), startPDSim(t)}
 	dec := startPDSim(t)
 	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	s := New(Config{Logger: slog.New(slog.DiscardHandler),
 		Proxy: proxy.Config{Retry: proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}}},
 		worker.NewRegistry(), router, nil)
 	for _, a := range []AddWorkerRequest{{URL: pre[0].srv.URL, WorkerType: "prefill"}, {URL: pre[1].srv.URL, WorkerType: "prefill"}, {URL: dec.srv.URL, WorkerType: "decode"}} {

@@ -1,26 +1,20 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"github.com/kvgate/kvgate/internal/testutil"
 	"io"
-	"log/slog"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/internal/flow"
 	"github.com/kvgate/kvgate/internal/loadmon"
 	"github.com/kvgate/kvgate/internal/policy"
-	"github.com/kvgate/kvgate/internal/proxy"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -32,8 +26,11 @@ type heldWorker struct {
 	release chan struct{}
 }
 
-func newHeldWorker(t *testing.T) *heldWorker {
-	h := &heldWorker{fakeWorker: newFakeWorker(t, "m"), arrived: make(chan string, 64), release: make(chan struct{}, 64)}
+func newHeldWorker(t *testing.T) *heldWorker { return newHeldWorkerOn(t, nil) }
+
+// newHeldWorkerOn is newHeldWorker on the in-memory network mn (nil: loopback).
+func newHeldWorkerOn(t *testing.T, mn *testutil.MemNet) *heldWorker {
+	h := &heldWorker{fakeWorker: newFakeWorkerOn(t, mn, "m"), arrived: make(chan string, 64), release: make(chan struct{}, 64)}
 	h.setHandler(func(w http.ResponseWriter, r *http.Request) {
 		var b struct {
 			Messages []struct{ Content string } `json:"messages"`
@@ -62,15 +59,29 @@ func (h *heldWorker) next(t *testing.T) string {
 	return testutil.Recv(t, h.arrived, "a request to reach the worker")
 }
 
+// handOver releases a request h holds, checks that the answer on ch is a 200, and returns the
+// prompt of the request the worker receives next.
+func (h *heldWorker) handOver(t *testing.T, ch chan *http.Response) string {
+	t.Helper()
+	h.release <- struct{}{}
+	answerOK(t, ch)
+	return h.next(t)
+}
+
 // flowGateway is a test gateway with flow control on, whose engines each take one request.
 func flowGateway(t *testing.T, fc FlowConfig, keys []string, workers ...*fakeWorker) (*testGateway, chan struct{}) {
 	t.Helper()
+	return flowGatewayOn(t, nil, fc, keys, workers...)
+}
+
+// flowGatewayOn is flowGateway on the in-memory network mn (nil: loopback).
+func flowGatewayOn(t *testing.T, mn *testutil.MemNet, fc FlowConfig, keys []string, workers ...*fakeWorker) (*testGateway, chan struct{}) {
+	t.Helper()
 	fc.Enabled = true
 	fc.Saturation = flow.Saturation{DefaultSlots: 1, MaxWaiting: -1}
-	g := newTestGateway(t, Config{Flow: fc, APIKeys: keys}, "round_robin", workers...)
+	g := newTestGatewayOn(t, mn, Config{Flow: fc, APIKeys: keys}, "round_robin", workers...)
 	queued := make(chan struct{}, 64)
 	g.flow.onQueued = func() { queued <- struct{}{} }
-	t.Cleanup(g.Stop)
 	return g, queued
 }
 
@@ -119,9 +130,7 @@ func TestFlowLateBindingPriorityOrder(t *testing.T) {
 	if n := hw.requests(); n != 1 {
 		t.Fatalf("the worker saw %d requests while saturated, want 1", n)
 	}
-	hw.release <- struct{}{}
-	answerOK(t, first)
-	if got := hw.next(t); got != "high" {
+	if got := hw.handOver(t, first); got != "high" {
 		t.Fatalf("after the first finished, %q went; want the permitted high priority", got)
 	}
 	hw.release <- struct{}{}
@@ -162,79 +171,107 @@ func TestFlowCancelLeavesQueue(t *testing.T) {
 	}
 }
 
+// TestFlowTimeout429And503: a request queued past the timeout is answered 429 queue_timeout at
+// the timeout, to the nanosecond on a synctest bubble's clock; one whose pool lost its last
+// worker while it waited is answered 503 then.
 func TestFlowTimeout429And503(t *testing.T) {
-	hw := newHeldWorker(t)
-	g, queued := flowGateway(t, FlowConfig{Config: flow.Config{Timeout: 50 * time.Millisecond}}, nil, hw.fakeWorker)
-	var orphan atomic.Bool // the next queued request loses its worker as it joins the queue
-	g.flow.onQueued = func() {
-		if orphan.CompareAndSwap(true, false) {
-			g.reg.View().All[0].SetHealth(worker.NotReady)
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+		const timeout = 50 * time.Millisecond
+		hw := newHeldWorkerOn(t, mn)
+		g, queued := flowGatewayOn(t, mn, FlowConfig{Config: flow.Config{Timeout: timeout}}, nil, hw.fakeWorker)
+		first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"))
+		hw.next(t)
+		start := time.Now()
+		r := answer(t, g.async(context.Background(), "/v1/chat/completions", flowBody("late")))
+		if took := time.Since(start); took != timeout {
+			t.Errorf("the queued request was answered after %v, want %v", took, timeout)
 		}
-		queued <- struct{}{}
-	}
-	first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"))
-	hw.next(t)
-	r := answer(t, g.async(context.Background(), "/v1/chat/completions", flowBody("late")))
-	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
-		t.Fatalf("timeout: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
-	}
-	if e := decodeError(t, r); e.Code != "queue_timeout" || e.Type != "rate_limit_error" {
-		t.Errorf("timeout error %+v", e)
-	}
-	waitQueued(t, queued)
-	// The pool loses its worker while a request waits: 503 at the deadline. The worker goes
-	// once the request is in the queue, before its wait begins: set by the test after the
-	// request was queued, a loaded machine that held the test back for the 50 ms bound let the
-	// request time out with its worker still there (a 429, and a hang on the held request).
-	orphan.Store(true)
-	ch := g.async(context.Background(), "/v1/chat/completions", flowBody("orphan"))
-	waitQueued(t, queued)
-	r = answer(t, ch)
-	if r.StatusCode != 503 || r.Header.Get("Retry-After") == "" {
-		t.Fatalf("empty pool: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
-	}
-	if e := decodeError(t, r); e.Code != "no_available_worker" || strings.Contains(e.Message, "127.0.0.1") {
-		t.Errorf("empty pool error %+v", e)
-	}
-	for reason, want := range map[flow.Reason]float64{flow.ReasonTimeout: 1, flow.ReasonNoWorker: 1} {
-		if v, _ := metricSum(t, g.Server, "kvgate_queue_shed_total", map[string]string{"reason": string(reason)}); v != want {
-			t.Errorf("shed %s = %g, want %g", reason, v, want)
+		if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
+			t.Fatalf("timeout: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
 		}
-	}
-	hw.release <- struct{}{}
-	answer(t, first)
-	g.waitDone(t, 3)
-	settled(t, g)
+		if e := decodeError(t, r); e.Code != "queue_timeout" || e.Type != "rate_limit_error" {
+			t.Errorf("timeout error %+v", e)
+		}
+		waitQueued(t, queued)
+		// The pool loses its worker while a request waits: 503 at the deadline. The bubble's
+		// clock stands still until every goroutine waits, so the request cannot time out
+		// before the test takes the worker away.
+		ch := g.async(context.Background(), "/v1/chat/completions", flowBody("orphan"))
+		waitQueued(t, queued)
+		g.reg.View().All[0].SetHealth(worker.NotReady)
+		r = answer(t, ch)
+		if r.StatusCode != 503 || r.Header.Get("Retry-After") == "" {
+			t.Fatalf("empty pool: %d Retry-After %q", r.StatusCode, r.Header.Get("Retry-After"))
+		}
+		if e := decodeError(t, r); e.Code != "no_available_worker" || strings.Contains(e.Message, "127.0.0.1") {
+			t.Errorf("empty pool error %+v", e)
+		}
+		for reason, want := range map[flow.Reason]float64{flow.ReasonTimeout: 1, flow.ReasonNoWorker: 1} {
+			if v, _ := metricSum(t, g.Server, "kvgate_queue_shed_total", map[string]string{"reason": string(reason)}); v != want {
+				t.Errorf("shed %s = %g, want %g", reason, v, want)
+			}
+		}
+		// The held first request waited for its headers on the worker that went: it is moved
+		// off it (proxy/frozen.go) and, with no worker left, answered 503 too.
+		hw.release <- struct{}{}
+		if s := answerStatus(t, first); s != 503 {
+			t.Errorf("the request held on the lost worker: %d, want 503", s)
+		}
+		g.waitDone(t, 3)
+		settled(t, g)
+	})
 }
 
+// TestFlowQueueFullAndRateLimit: past the queue's bound a request is answered 429 queue_full; a
+// tenant's requests past its rate are answered 429 rate_limited before the queue, until its
+// bucket refills a second later (on a synctest bubble's clock: a loaded machine's stall cannot
+// refill it early).
 func TestFlowQueueFullAndRateLimit(t *testing.T) {
-	hw := newHeldWorker(t)
-	fc := FlowConfig{Config: flow.Config{MaxRequests: 1, Tenants: []flow.Tenant{{Name: "slow", RequestsPerSecond: 1}}}}
-	g, queued := flowGateway(t, fc, []string{"slow=k1", "k2"}, hw.fakeWorker)
-	first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"), "Authorization", "Bearer k2")
-	hw.next(t)
-	second := g.async(context.Background(), "/v1/chat/completions", flowBody("B"), "Authorization", "Bearer k2")
-	waitQueued(t, queued)
-	r := g.post(t, "/v1/chat/completions", flowBody("C"), "Authorization", "Bearer k2")
-	if r.StatusCode != 429 || decodeError(t, r).Code != "queue_full" {
-		t.Fatalf("past the bound: %d", r.StatusCode)
-	}
-	// The rate limit refuses before the queue: the tenant's second request in a second.
-	r = g.post(t, "/v1/chat/completions", flowBody("D"), "Authorization", "Bearer k1") // queue full: 429, but it took the token
-	r.Body.Close()
-	r = g.post(t, "/v1/chat/completions", flowBody("E"), "Authorization", "Bearer k1")
-	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" {
-		t.Fatalf("rate limit: %d %q", r.StatusCode, r.Header.Get("Retry-After"))
-	}
-	if e := decodeError(t, r); e.Code != "rate_limited" || !strings.Contains(e.Message, `"slow"`) {
-		t.Errorf("rate limit error %+v", e)
-	}
-	hw.release <- struct{}{}
-	hw.release <- struct{}{}
-	answer(t, first)
-	answer(t, second)
-	g.waitDone(t, 5)
-	settled(t, g)
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+		hw := newHeldWorkerOn(t, mn)
+		fc := FlowConfig{Config: flow.Config{MaxRequests: 1, Tenants: []flow.Tenant{{Name: "slow", RequestsPerSecond: 1}}}}
+		g, queued := flowGatewayOn(t, mn, fc, []string{"slow=k1", "k2"}, hw.fakeWorker)
+		first := g.async(context.Background(), "/v1/chat/completions", flowBody("A"), "Authorization", "Bearer k2")
+		hw.next(t)
+		second := g.async(context.Background(), "/v1/chat/completions", flowBody("B"), "Authorization", "Bearer k2")
+		waitQueued(t, queued)
+		code := func(key, prompt string) (string, string) {
+			r := g.post(t, "/v1/chat/completions", flowBody(prompt), "Authorization", "Bearer "+key)
+			if r.StatusCode != 429 {
+				t.Fatalf("%s: status %d, want 429", prompt, r.StatusCode)
+			}
+			ra := r.Header.Get("Retry-After")
+			e := decodeError(t, r)
+			if e.Code == "rate_limited" && !strings.Contains(e.Message, `"slow"`) {
+				t.Errorf("rate limit error %+v", e)
+			}
+			return e.Code, ra
+		}
+		if c, _ := code("k2", "C"); c != "queue_full" {
+			t.Fatalf("past the bound: %s", c)
+		}
+		// The rate limit refuses before the queue: the tenant's second request in a second.
+		if c, _ := code("k1", "D"); c != "queue_full" { // it took the token
+			t.Fatalf("the tenant's first request: %s, want queue_full", c)
+		}
+		if c, ra := code("k1", "E"); c != "rate_limited" || ra != "1" {
+			t.Fatalf("the tenant's second request in a second: %s Retry-After %q", c, ra)
+		}
+		time.Sleep(999 * time.Millisecond)
+		if c, _ := code("k1", "F"); c != "rate_limited" {
+			t.Fatalf("999 ms after its first request: %s, want rate_limited", c)
+		}
+		time.Sleep(time.Millisecond)
+		if c, _ := code("k1", "G"); c != "queue_full" {
+			t.Fatalf("a second after its first request: %s, want the token back (queue_full)", c)
+		}
+		hw.release <- struct{}{}
+		hw.release <- struct{}{}
+		answerOK(t, first)
+		answerOK(t, second)
+		g.waitDone(t, 7)
+		settled(t, g)
+	})
 }
 
 func TestFlowShutdownAnswersQueued(t *testing.T) {
@@ -418,66 +455,6 @@ func metricSum(t *testing.T, s *Server, name string, match map[string]string) (s
 	return sum, series
 }
 
-// BenchmarkFlowIdle measures what flow control adds to a request while its queue is empty and
-// the pool has headroom: admission (key lookup, tenant, limits, saturation over the pool) and
-// release, against the same handler path with the queue off.
-//
-//	go test -run XXX -bench FlowIdle -benchmem ./internal/gateway/
-func BenchmarkFlowIdle(b *testing.B) {
-	for _, on := range []bool{false, true} {
-		name := "off"
-		if on {
-			name = "on"
-		}
-		b.Run("handler/"+name, func(b *testing.B) {
-			router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
-			cfg := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}},
-				APIKeys: []string{"team=k1"}, Flow: FlowConfig{Config: flow.Config{Enabled: on}}}
-			s := New(cfg, worker.NewRegistry(), router, nil)
-			for i := range 8 {
-				if _, err := s.Register(context.Background(), AddWorkerRequest{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1)}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			h := s.Handler()
-			body := proxyCostBody(1_000, false)
-			b.ReportAllocs()
-			w := &discardWriter{h: http.Header{}}
-			for b.Loop() {
-				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
-				req.Header.Set("Authorization", "Bearer k1")
-				clear(w.h)
-				h.ServeHTTP(w, req)
-			}
-		})
-	}
-	b.Run("admit", func(b *testing.B) {
-		router, _ := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
-		defer router.Close()
-		s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), APIKeys: []string{"team=k1"},
-			Flow: FlowConfig{Config: flow.Config{Enabled: true}}}, worker.NewRegistry(), router, nil)
-		for i := range 8 {
-			w, _ := worker.New(worker.Spec{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1), Models: []string{"m"}}, worker.BreakerConfig{Disabled: true})
-			w.SetHealth(worker.Ready)
-			_ = s.reg.Add(w)
-		}
-		pol, _ := router.For("m", worker.Regular)
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-		req.Header.Set("Authorization", "Bearer k1")
-		fr := &flowRequest{model: "m", candidates: s.reg.View().Pool("m").Regular, pol: pol, preq: &policy.Request{}, bytes: 1000}
-		var t flowTicket
-		b.ReportAllocs()
-		for b.Loop() {
-			t = flowTicket{}
-			if f := s.flow.admit(req, fr, &t); f != nil {
-				b.Fatal(f.msg)
-			}
-			t.pick()
-			t.done()
-		}
-	})
-}
-
 // settableLoads is a load source whose report the test sets: one for every worker, or, in
 // byURL, one for a worker's URL.
 type settableLoads struct {
@@ -527,9 +504,7 @@ func TestFlowKVFreedBetweenReports(t *testing.T) {
 	if n := hw.requests(); n != 1 {
 		t.Fatalf("the worker saw %d requests with its KV cache full, want 1", n)
 	}
-	hw.release <- struct{}{}
-	answerOK(t, first)
-	if got := hw.next(t); got != "B" {
+	if got := hw.handOver(t, first); got != "B" {
 		t.Fatalf("after the first finished, %q went; want the queued B", got)
 	}
 	hw.release <- struct{}{}
@@ -563,36 +538,36 @@ func TestFlowPicksAnEngineThatCanStart(t *testing.T) {
 
 // TestFlowDispatchesWhenPrefillDrains: a request held back only by an engine's queued prefill
 // leaves the queue when the prefill is predicted to have drained below the bound, with no
-// finish, report or arrival to wake the dispatcher.
+// finish, report or arrival to wake the dispatcher. On a synctest bubble's clock the drain is
+// armed for, and the request answered at, the predicted moment exactly.
 func TestFlowDispatchesWhenPrefillDrains(t *testing.T) {
-	f := newFakeWorker(t, "m")
-	// The gate's clock stands still at the report until the drain is armed, then moves to the
-	// moment it is armed for: a loaded machine that takes its time to arm it changes nothing.
-	start := time.Now()
-	var clock atomic.Int64
-	clock.Store(start.UnixNano())
-	g, queued := flowGateway(t, FlowConfig{Now: func() time.Time { return time.Unix(0, clock.Load()) }}, nil, f)
-	g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxPredictedWait: time.Second, Estimate: loadmon.EstimateConfig{PrefillRate: 8000}}.WithDefaults()
-	loads := &settableLoads{}
-	g.flow.s.loads = loads
-	// 1.1 s of prefill queued at 8,000 tokens/s: past the 1 s bound for another 100 ms.
-	armed := make(chan time.Time, 16)
-	g.flow.onDrain = func(at time.Time) {
-		armed <- at
-		clock.Store(at.UnixNano()) // the timer, read after this, fires at once
-	}
-	loads.set(loadmon.Report{PolledAt: start, Running: 1, WaitingUncachedTokens: 8800, HasUncachedTokens: true})
-	g.flow.start(context.Background())
-	ch := g.async(context.Background(), "/v1/chat/completions", flowBody("q"))
-	waitQueued(t, queued)
-	// The drain is armed for the moment the prefill is predicted below the bound: 100 ms after
-	// the report, plus a millisecond.
-	if at := testutil.Recv(t, armed, "the drain timer"); math.Abs(at.Sub(start).Seconds()-0.101) > 1e-6 {
-		t.Fatalf("drain armed %v after the report, want 101ms", at.Sub(start))
-	}
-	answerOK(t, ch)
-	g.waitDone(t, 1)
-	settled(t, g)
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+		f := newFakeWorkerOn(t, mn, "m")
+		g, queued := flowGatewayOn(t, mn, FlowConfig{}, nil, f)
+		g.flow.cfg.Saturation = flow.Saturation{DefaultSlots: 8, MaxPredictedWait: time.Second, Estimate: loadmon.EstimateConfig{PrefillRate: 8000}}.WithDefaults()
+		loads := &settableLoads{}
+		g.flow.s.loads = loads
+		armed := make(chan time.Time, 16)
+		g.flow.onDrain = func(at time.Time) { armed <- at }
+		// 1.1 s of prefill queued at 8,000 tokens/s: past the 1 s bound for another 100 ms.
+		start := time.Now()
+		loads.set(loadmon.Report{PolledAt: start, Running: 1, WaitingUncachedTokens: 8800, HasUncachedTokens: true})
+		g.flow.start(context.Background())
+		ch := g.async(context.Background(), "/v1/chat/completions", flowBody("q"))
+		waitQueued(t, queued)
+		// The drain is armed for the moment the prefill is predicted below the bound: 100 ms
+		// after the report, plus a millisecond.
+		const want = 101 * time.Millisecond
+		if at := testutil.Recv(t, armed, "the drain timer"); at.Sub(start) != want {
+			t.Fatalf("drain armed %v after the report, want %v", at.Sub(start), want)
+		}
+		answerOK(t, ch)
+		if took := time.Since(start); took != want {
+			t.Errorf("the request was answered %v after the report, want %v", took, want)
+		}
+		g.waitDone(t, 1)
+		settled(t, g)
+	})
 }
 
 // TestFlowPoolCheckOnlyWithoutOwnWait: the routing cost's prompt-less prediction on the best

@@ -46,7 +46,7 @@ func TestFlowLiveQueue2000(t *testing.T) {
 	router := newRouter(t, "cache_aware_hash", pcfg)
 	fc := FlowConfig{Config: flow.Config{Enabled: true, MaxRequests: 4096, Timeout: time.Minute,
 		Saturation: flow.Saturation{DefaultSlots: 8, MaxWaiting: -1}}}
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Flow: fc}, reg, router, mon)
+	s := New(Config{Logger: slog.New(slog.DiscardHandler), Flow: fc}, reg, router, mon)
 	for _, u := range urls {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
 			t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -29,17 +28,24 @@ type replica struct {
 	mon   *loadmon.Monitor
 }
 
-func newReplica(t *testing.T, global bool, pcfg policy.Config, urls []string) *replica {
+// newReplica is a replica over the workers at urls, on the in-memory network mn (nil: loopback).
+func newReplica(t *testing.T, mn *testutil.MemNet, global bool, pcfg policy.Config, urls []string) *replica {
 	t.Helper()
 	reg := worker.NewRegistry()
 	r := &replica{}
+	cfg := Config{Logger: slog.New(slog.DiscardHandler)}
+	mcfg := loadmon.Config{Interval: 40 * time.Millisecond, Mode: loadmon.ModeScaled}
+	if mn != nil {
+		cfg.Proxy.Transport, mcfg.Transport = mn.Transport(), mn.Transport()
+	}
 	var loads LoadSource
 	if global {
-		r.mon = loadmon.New(reg, loadmon.Config{Interval: 40 * time.Millisecond, Mode: loadmon.ModeScaled})
+		r.mon = loadmon.New(reg, mcfg)
 		pcfg.Loads, loads = r.mon, r.mon
 	}
 	router := newRouter(t, "cache_aware", pcfg)
-	r.s = New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg, router, loads)
+	r.s = New(cfg, reg, router, loads)
+	t.Cleanup(r.s.Stop)
 	for _, u := range urls {
 		if _, err := r.s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
 			t.Fatal(err)
@@ -50,17 +56,26 @@ func newReplica(t *testing.T, global bool, pcfg policy.Config, urls []string) *r
 		r.mon.Start(context.Background())
 		t.Cleanup(r.mon.Stop)
 	}
-	r.srv = httptest.NewServer(r.s.Handler())
+	r.srv = newServerOn(mn, r.s.Handler())
 	t.Cleanup(r.srv.Close)
-	r.admin = httptest.NewServer(r.s.AdminHandler())
+	r.admin = newServerOn(mn, r.s.AdminHandler())
 	t.Cleanup(r.admin.Close)
 	return r
 }
 
 // slowShare runs two gateways, each taking half of a closed-loop load of prompts that share one
 // prefix, over four engines of which engine 0 (which holds the prefix first) is slow. It returns
-// the share of requests that engine 0 served.
-func slowShare(t *testing.T, global bool) float64 {
+// the share of requests that engine 0 served. It runs in a synctest bubble on an in-memory
+// network: the engines' decode steps and the monitor's polls are on the bubble's clock, so the
+// share does not depend on how loaded the machine is, and the run takes no real time waiting.
+func slowShare(t *testing.T, global bool) (share float64) {
+	t.Run(map[bool]string{false: "local", true: "global"}[global], func(t *testing.T) {
+		testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) { share = slowShareIn(t, mn, global) })
+	})
+	return share
+}
+
+func slowShareIn(t *testing.T, mn *testutil.MemNet, global bool) float64 {
 	slow := sim.NewServer(sim.Config{Model: "m", Engine: engine.Config{MaxRunning: 2, DecodeBase: 25 * time.Millisecond}})
 	t.Cleanup(slow.Close)
 	urls := []string{}
@@ -71,15 +86,16 @@ func slowShare(t *testing.T, global bool) float64 {
 			t.Cleanup(fast.Close)
 			h = fast
 		}
-		srv := httptest.NewServer(h)
+		srv := mn.NewServer(h)
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
 	}
+	client := mn.Client()
 	pcfg := policy.DefaultConfig()
 	// Each gateway alone sees about 6 requests on the slow engine, below the threshold; the
 	// engine itself reports the 12 that both gateways put there.
 	pcfg.CacheAware.BalanceAbsThreshold = 8
-	reps := []*replica{newReplica(t, global, pcfg, urls), newReplica(t, global, pcfg, urls)}
+	reps := []*replica{newReplica(t, mn, global, pcfg, urls), newReplica(t, mn, global, pcfg, urls)}
 	prefix := strings.Repeat("You are a careful assistant who answers in one short sentence. ", 8)
 	var wg sync.WaitGroup
 	const conc, perWorker = 6, 8
@@ -90,7 +106,7 @@ func slowShare(t *testing.T, global bool) float64 {
 				defer wg.Done()
 				for i := 0; i < perWorker; i++ {
 					body := fmt.Sprintf(`{"model":"m","max_tokens":6,"messages":[{"role":"system","content":%q},{"role":"user","content":"question %d-%d-%d"}]}`, prefix, ri, g, i)
-					testutil.PostOK(t, r.srv.URL+"/v1/chat/completions", "", body)
+					testutil.PostOKVia(t, client, r.srv.URL+"/v1/chat/completions", "", body)
 				}
 			}()
 		}
@@ -133,7 +149,7 @@ func TestGetLoads(t *testing.T) {
 	es := httptest.NewServer(eng)
 	t.Cleanup(es.Close)
 	for _, global := range []bool{true, false} {
-		r := newReplica(t, global, policy.DefaultConfig(), []string{es.URL})
+		r := newReplica(t, nil, global, policy.DefaultConfig(), []string{es.URL})
 		resp, err := http.Get(r.admin.URL + "/get_loads")
 		if err != nil {
 			t.Fatal(err)

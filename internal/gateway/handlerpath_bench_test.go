@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/internal/flow"
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/proxy"
 	"github.com/kvgate/kvgate/internal/worker"
@@ -80,7 +81,7 @@ func (memTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 //	go test -run XXX -bench HandlerPath -benchmem ./internal/gateway/
 func BenchmarkHandlerPath(b *testing.B) {
 	router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Proxy: proxy.Config{Transport: memTransport{}}},
+	s := New(Config{Logger: slog.New(slog.DiscardHandler), Proxy: proxy.Config{Transport: memTransport{}}},
 		worker.NewRegistry(), router, nil)
 	if _, err := s.Register(context.Background(), AddWorkerRequest{URL: "http://127.0.0.1:1"}); err != nil {
 		b.Fatal(err)
@@ -113,4 +114,64 @@ func BenchmarkHandlerPath(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkFlowIdle measures what flow control adds to a request while its queue is empty and
+// the pool has headroom: admission (key lookup, tenant, limits, saturation over the pool) and
+// release, against the same handler path with the queue off.
+//
+//	go test -run XXX -bench FlowIdle -benchmem ./internal/gateway/
+func BenchmarkFlowIdle(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		if on {
+			name = "on"
+		}
+		b.Run("handler/"+name, func(b *testing.B) {
+			router := newRouter(b, "cache_aware_hash", policy.DefaultConfig())
+			cfg := Config{Logger: slog.New(slog.DiscardHandler), Proxy: proxy.Config{Transport: memTransport{}},
+				APIKeys: []string{"team=k1"}, Flow: FlowConfig{Config: flow.Config{Enabled: on}}}
+			s := New(cfg, worker.NewRegistry(), router, nil)
+			for i := range 8 {
+				if _, err := s.Register(context.Background(), AddWorkerRequest{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			h := s.Handler()
+			body := proxyCostBody(1_000, false)
+			b.ReportAllocs()
+			w := &discardWriter{h: http.Header{}}
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer k1")
+				clear(w.h)
+				h.ServeHTTP(w, req)
+			}
+		})
+	}
+	b.Run("admit", func(b *testing.B) {
+		router, _ := policy.NewRouter("cache_aware_hash", policy.DefaultConfig())
+		defer router.Close()
+		s := New(Config{Logger: slog.New(slog.DiscardHandler), APIKeys: []string{"team=k1"},
+			Flow: FlowConfig{Config: flow.Config{Enabled: true}}}, worker.NewRegistry(), router, nil)
+		for i := range 8 {
+			w, _ := worker.New(worker.Spec{URL: fmt.Sprintf("http://127.0.0.%d:1", i+1), Models: []string{"m"}}, worker.BreakerConfig{Disabled: true})
+			w.SetHealth(worker.Ready)
+			_ = s.reg.Add(w)
+		}
+		pol, _ := router.For("m", worker.Regular)
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		req.Header.Set("Authorization", "Bearer k1")
+		fr := &flowRequest{model: "m", candidates: s.reg.View().Pool("m").Regular, pol: pol, preq: &policy.Request{}, bytes: 1000}
+		var t flowTicket
+		b.ReportAllocs()
+		for b.Loop() {
+			t = flowTicket{}
+			if f := s.flow.admit(req, fr, &t); f != nil {
+				b.Fatal(f.msg)
+			}
+			t.pick()
+			t.done()
+		}
+	})
 }

@@ -34,6 +34,13 @@ type fakeWorker struct {
 
 func newFakeWorker(t *testing.T, model string) *fakeWorker {
 	t.Helper()
+	return newFakeWorkerOn(t, nil, model)
+}
+
+// newFakeWorkerOn is newFakeWorker on the in-memory network mn (nil: loopback), for a test in a
+// synctest bubble.
+func newFakeWorkerOn(t *testing.T, mn *testutil.MemNet, model string) *fakeWorker {
+	t.Helper()
 	f := &fakeWorker{model: model}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
@@ -53,7 +60,7 @@ func newFakeWorker(t *testing.T, model string) *fakeWorker {
 		}
 		h(w, r)
 	})
-	f.Server = httptest.NewServer(mux)
+	f.Server = newServerOn(mn, mux)
 	t.Cleanup(f.Close)
 	return f
 }
@@ -117,6 +124,14 @@ func defaultInference(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "data: [DONE]\n\n")
 }
 
+// newServerOn starts a test server for h on mn, or on loopback when mn is nil.
+func newServerOn(mn *testutil.MemNet, h http.Handler) *httptest.Server {
+	if mn == nil {
+		return httptest.NewServer(h)
+	}
+	return mn.NewServer(h)
+}
+
 // testGateway is a gateway on a loopback port in front of fake workers. done receives one value
 // each time a client request's handler has returned, so tests wait on it instead of sleeping.
 type testGateway struct {
@@ -126,6 +141,8 @@ type testGateway struct {
 	done  chan string
 	// bearer is sent by post when the caller sends no Authorization: the key of auditClient.
 	bearer string
+	// client sends the test's requests: http.DefaultClient, or the in-memory network's.
+	client *http.Client
 }
 
 // testAuditKey is the data-plane key, named "audit", that auditClient gives a gateway whose
@@ -145,26 +162,46 @@ func auditClient(cfg *Config) (bearer string) {
 
 func newTestGateway(t testing.TB, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
 	t.Helper()
+	return newTestGatewayOn(t, nil, cfg, policyName, workers...)
+}
+
+// newTestGatewayOn is newTestGateway on the in-memory network mn (nil: loopback): its listeners,
+// its transport to the workers and the test's client are mn's, so that a test in a synctest
+// bubble runs on the bubble's clock. It is stopped, and its router closed, when t ends.
+func newTestGatewayOn(t testing.TB, mn *testutil.MemNet, cfg Config, policyName string, workers ...*fakeWorker) *testGateway {
+	t.Helper()
+	return newGatewayOver(t, mn, cfg, newRouter(t, policyName, policy.DefaultConfig()), workers...)
+}
+
+// newGatewayOver is newTestGatewayOn over router.
+func newGatewayOver(t testing.TB, mn *testutil.MemNet, cfg Config, router *policy.Router, workers ...*fakeWorker) *testGateway {
+	t.Helper()
+	client := http.DefaultClient
+	if mn != nil {
+		client = mn.Client()
+		if cfg.Proxy.Transport == nil {
+			tr := proxy.NewTransport()
+			tr.DialContext = mn.DialContext
+			cfg.Proxy.Transport = tr
+		}
+	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Proxy.Retry.MaxAttempts == 0 {
 		cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond}
 	}
-	router, err := policy.NewRouter(policyName, policy.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 	bearer := auditClient(&cfg)
 	s := New(cfg, worker.NewRegistry(), router, nil)
+	t.Cleanup(s.Stop)
 	for _, f := range workers {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: f.URL}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer}
+	g := &testGateway{Server: s, done: make(chan string, 1024), bearer: bearer, client: client}
 	h := s.Handler()
-	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	g.srv = newServerOn(mn, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			// A test that never waits for its requests must not block the handlers (and so
 			// the server's Close) once the buffer is full; one that waits reads as they finish.
@@ -176,7 +213,7 @@ func newTestGateway(t testing.TB, cfg Config, policyName string, workers ...*fak
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(g.srv.Close)
-	g.admin = httptest.NewServer(s.AdminHandler())
+	g.admin = newServerOn(mn, s.AdminHandler())
 	t.Cleanup(g.admin.Close)
 	return g
 }
@@ -227,7 +264,7 @@ func (g *testGateway) post(t *testing.T, path, body string, hdr ...string) *http
 func (g *testGateway) async(ctx context.Context, path, body string, hdr ...string) chan *http.Response {
 	ch := make(chan *http.Response, 1)
 	go func() {
-		resp, err := http.DefaultClient.Do(g.newPost(ctx, path, strings.NewReader(body), hdr...))
+		resp, err := g.client.Do(g.newPost(ctx, path, strings.NewReader(body), hdr...))
 		if err != nil {
 			resp = nil
 		}
@@ -282,9 +319,15 @@ func wantError(t *testing.T, resp *http.Response, status int) apiError {
 // countListing returns how many of the engines at urls list model in their /v1/models.
 func countListing(t *testing.T, model string, urls ...string) int {
 	t.Helper()
+	return countListingVia(t, http.DefaultClient, model, urls...)
+}
+
+// countListingVia is countListing through client.
+func countListingVia(t *testing.T, client *http.Client, model string, urls ...string) int {
+	t.Helper()
 	n := 0
 	for _, u := range urls {
-		if listsModel(t, u, model) {
+		if listsModelVia(t, client, u, model) {
 			n++
 		}
 	}
@@ -295,7 +338,7 @@ func countListing(t *testing.T, model string, urls ...string) int {
 // registered.
 func newQuietServer(t testing.TB, policyName string, urls ...string) *Server {
 	t.Helper()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), newRouter(t, policyName, policy.DefaultConfig()), nil)
+	s := New(Config{Logger: slog.New(slog.DiscardHandler)}, worker.NewRegistry(), newRouter(t, policyName, policy.DefaultConfig()), nil)
 	for _, u := range urls {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
 			t.Fatal(err)
@@ -314,7 +357,7 @@ func (g *testGateway) newPost(ctx context.Context, path string, body io.Reader, 
 // chunked otherwise), and header name/value pairs in hdr.
 func (g *testGateway) postFrom(t *testing.T, path string, body io.Reader, hdr ...string) *http.Response {
 	t.Helper()
-	resp, err := http.DefaultClient.Do(g.newPost(context.Background(), path, body, hdr...))
+	resp, err := g.client.Do(g.newPost(context.Background(), path, body, hdr...))
 	if err != nil {
 		t.Fatal(err)
 	}

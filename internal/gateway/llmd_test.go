@@ -35,7 +35,7 @@ func llmdGateway(t *testing.T, lora LoRAConfig, regs ...AddWorkerRequest) (*Serv
 	pcfg := policy.DefaultConfig()
 	pcfg.Loads = mon
 	router := newRouter(t, "cache_aware_hash", pcfg)
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), LoRA: lora,
+	s := New(Config{Logger: slog.New(slog.DiscardHandler), LoRA: lora,
 		Proxy: proxy.Config{Retry: proxy.RetryConfig{MaxAttempts: 3, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}}},
 		reg, router, mon)
 	for _, a := range regs {

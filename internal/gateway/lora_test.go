@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/policy"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -20,13 +20,19 @@ import (
 // named (name=path, comma-separated).
 func startLoraSim(t *testing.T, modules string) *httptest.Server {
 	t.Helper()
+	return startLoraSimOn(t, nil, modules)
+}
+
+// startLoraSimOn is startLoraSim on the in-memory network mn (nil: loopback).
+func startLoraSimOn(t *testing.T, mn *testutil.MemNet, modules string) *httptest.Server {
+	t.Helper()
 	ms, err := sim.ParseLoraModules(modules)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := sim.NewServer(sim.Config{Model: "base", Flavor: sim.FlavorVLLM, LoraModules: ms})
 	t.Cleanup(e.Close)
-	srv := httptest.NewServer(e)
+	srv := newServerOn(mn, e)
 	t.Cleanup(srv.Close)
 	return srv
 }
@@ -38,7 +44,7 @@ func TestLoraAdaptersRouteOnlyToTheirWorkers(t *testing.T) {
 	onlyB := startLoraSim(t, "b=/p/b")
 	router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
 	reg := worker.NewRegistry()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg, router, nil)
+	s := New(Config{Logger: slog.New(slog.DiscardHandler)}, reg, router, nil)
 	for _, u := range []string{both.URL, onlyB.URL} {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: u}); err != nil {
 			t.Fatal(err)

@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -20,7 +19,13 @@ import (
 // listsModel reports whether the engine at base lists model in its /v1/models.
 func listsModel(t *testing.T, base, model string) bool {
 	t.Helper()
-	resp, err := http.Get(base + "/v1/models")
+	return listsModelVia(t, http.DefaultClient, base, model)
+}
+
+// listsModelVia is listsModel through client.
+func listsModelVia(t *testing.T, client *http.Client, base, model string) bool {
+	t.Helper()
+	resp, err := client.Get(base + "/v1/models")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +55,7 @@ func TestLoraLoadOnDemand(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := worker.NewRegistry()
-	s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), LoRA: LoRAConfig{OnDemand: true, Sources: srcs}}, reg, router, nil)
+	s := New(Config{Logger: slog.New(slog.DiscardHandler), LoRA: LoRAConfig{OnDemand: true, Sources: srcs}}, reg, router, nil)
 	for _, e := range engines {
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: e.URL}); err != nil {
 			t.Fatal(err)

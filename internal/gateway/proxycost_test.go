@@ -154,7 +154,7 @@ func TestProxyCostChild(t *testing.T) {
 	switch kind {
 	case "kvgate":
 		router := newRouter(t, "cache_aware_hash", policy.DefaultConfig())
-		s := New(Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, worker.NewRegistry(), router, nil)
+		s := New(Config{Logger: slog.New(slog.DiscardHandler)}, worker.NewRegistry(), router, nil)
 		if _, err := s.Register(context.Background(), AddWorkerRequest{URL: upstream.String()}); err != nil {
 			t.Fatal(err)
 		}

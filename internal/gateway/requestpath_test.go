@@ -10,15 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// boundedClient fails a request that hangs instead of hanging the test.
-var boundedClient = &http.Client{Timeout: 10 * time.Second}
-
+// postBounded posts body to path through g's client bounded by testutil.Deadline, so that a
+// request that hangs fails instead of hanging the test.
 func (g *testGateway) postBounded(t *testing.T, path, body string) *http.Response {
 	t.Helper()
-	resp, err := boundedClient.Post(g.srv.URL+path, "application/json", strings.NewReader(body))
+	bounded := *g.client
+	bounded.Timeout = testutil.Deadline
+	resp, err := bounded.Post(g.srv.URL+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,59 +132,58 @@ func TestStreamedAnswerFlushedWhateverItsContentType(t *testing.T) {
 // worker's first event must reach the client within the timeout: 3 s against milliseconds (with
 // 1 s, a loaded machine that held that event back as long made the answer a bare 504).
 func TestMidStreamRequestTimeoutIsNotTheWorkersFault(t *testing.T) {
-	fw := newFakeWorker(t, "m")
-	fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {\"n\":1}\n\n")
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+		const timeout = 3 * time.Second
+		fw := newFakeWorkerOn(t, mn, "m")
+		fw.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {\"n\":1}\n\n")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		})
+		g := newTestGatewayOn(t, mn, Config{Proxy: proxyTimeout(timeout), Breaker: worker.BreakerConfig{FailureThreshold: 1}}, "round_robin", fw)
+		start := time.Now()
+		resp := g.postBounded(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if took := time.Since(start); took != timeout {
+			t.Errorf("the stream ended after %v, want the request timeout %v", took, timeout)
+		}
+		evs := sseEvents(t, string(body))
+		if len(evs) != 3 || !strings.Contains(evs[1], `"code":"request_timeout"`) {
+			t.Errorf("events %q; want the event, a request_timeout error and [DONE]", evs)
+		}
+		g.waitDone(t, 1)
+		if st := g.reg.View().All[0].Breaker.State(time.Now()); st != worker.Closed {
+			t.Errorf("the circuit is %s: a long answer was counted as the worker's failure", st)
+		}
 	})
-	g := newTestGateway(t, Config{Proxy: proxyTimeout(3 * time.Second), Breaker: worker.BreakerConfig{FailureThreshold: 1}}, "round_robin", fw)
-	resp := g.postBounded(t, "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	evs := sseEvents(t, string(body))
-	if len(evs) != 3 || !strings.Contains(evs[1], `"code":"request_timeout"`) {
-		t.Errorf("events %q; want the event, a request_timeout error and [DONE]", evs)
-	}
-	g.waitDone(t, 1)
-	if st := g.reg.View().All[0].Breaker.State(time.Now()); st != worker.Closed {
-		t.Errorf("the circuit is %s: a long answer was counted as the worker's failure", st)
-	}
 }
 
 // TestPrefillRequestHasADeadline: a hung prefill worker holds the client no longer than the
-// request timeout.
+// request timeout (to the nanosecond, on a synctest bubble's clock).
 func TestPrefillRequestHasADeadline(t *testing.T) {
-	p, d := newFakeWorker(t, "m"), newFakeWorker(t, "m")
-	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
-	p.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+		const timeout = 500 * time.Millisecond
+		p, d := newFakeWorkerOn(t, mn, "m"), newFakeWorkerOn(t, mn, "m")
+		p.setHandler(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+		g := newTestGatewayOn(t, mn, Config{Proxy: proxyTimeout(timeout)}, "round_robin")
+		g.mustRegister(t, AddWorkerRequest{URL: p.URL, WorkerType: "prefill"}, AddWorkerRequest{URL: d.URL, WorkerType: "decode"})
+		start := time.Now()
+		resp := g.postBounded(t, "/generate", `{"text":"hi"}`)
+		_, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("status %d: %v", resp.StatusCode, err)
+		}
+		g.waitDone(t, 1)
+		if el := time.Since(start); el != timeout {
+			t.Errorf("the request took %v with a %v request timeout", el, timeout)
+		}
+		if n := totalInflight(g.Server); n != 0 {
+			t.Errorf("in flight %d", n)
 		}
 	})
-	g := newTestGateway(t, Config{Proxy: proxyTimeout(500 * time.Millisecond)}, "round_robin")
-	for _, a := range []AddWorkerRequest{{URL: p.URL, WorkerType: "prefill"}, {URL: d.URL, WorkerType: "decode"}} {
-		if _, err := g.Register(context.Background(), a); err != nil {
-			t.Fatal(err)
-		}
-	}
-	start := time.Now()
-	resp := g.postBounded(t, "/generate", `{"text":"hi"}`)
-	_, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatalf("status %d: %v", resp.StatusCode, err)
-	}
-	g.waitDone(t, 1)
-	if el := time.Since(start); el > 5*time.Second {
-		t.Errorf("the request took %v with a 500ms request timeout", el)
-	}
-	if n := totalInflight(g.Server); n != 0 {
-		t.Errorf("in flight %d", n)
-	}
 }
 
 // TestPrefillWithoutDecodeIs503: during a rollout a model may have prefill workers and no decode

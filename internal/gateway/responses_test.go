@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvgate/kvgate/internal/engine"
 	"github.com/kvgate/kvgate/internal/sim"
+	"github.com/kvgate/kvgate/internal/testutil"
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
@@ -72,22 +73,10 @@ func TestResponsesFollowTheirWorker(t *testing.T) {
 	for range 6 {
 		r = newTurn(t, ctx, client, "and then?", r.ID)
 	}
-	stream := client.Responses.NewStreaming(ctx, turn("stream the next one", r.ID))
-	var text strings.Builder
-	var done responses.Response
-	for stream.Next() {
-		switch ev := stream.Current(); ev.Type {
-		case "response.output_text.delta":
-			text.WriteString(ev.Delta)
-		case "response.completed":
-			done = ev.AsResponseCompleted().Response
-		}
-	}
-	if err := stream.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if done.ID == "" || done.OutputText() != text.String() {
-		t.Fatalf("streamed turn: completed %q, deltas %q", done.OutputText(), text.String())
+	rs := testutil.ReadResponseStream(t, client.Responses.NewStreaming(ctx, turn("stream the next one", r.ID)))
+	done := rs.Done
+	if done.ID == "" || done.OutputText() != rs.Text {
+		t.Fatalf("streamed turn: completed %q, deltas %q", done.OutputText(), rs.Text)
 	}
 	// The streamed response's id was remembered from its first event.
 	if _, err := client.Responses.New(ctx, turn("after the stream", done.ID)); err != nil {

@@ -35,11 +35,20 @@ type warmGateway struct {
 
 func newWarmGateway(t *testing.T, warm policy.WarmConfig, tenants int, a *fakeWorker) *warmGateway {
 	t.Helper()
+	return newWarmGatewayOn(t, nil, warm, tenants, a)
+}
+
+// newWarmGatewayOn is newWarmGateway on the in-memory network mn (nil: loopback). On mn the
+// active health checks are off: their prober dials the real network, and a warm-up does not
+// wait for them (a worker is ready once its registration's probe answered).
+func newWarmGatewayOn(t *testing.T, mn *testutil.MemNet, warm policy.WarmConfig, tenants int, a *fakeWorker) *warmGateway {
+	t.Helper()
 	logs := &testutil.SyncBuffer{}
 	cfg := Config{Warm: warm, AuditHeaders: true, Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	cfg.Proxy.Retry = proxy.RetryConfig{MaxAttempts: 1}
 	cfg.Proxy.RequestTimeout = 10 * time.Second
-	g := &warmGateway{testGateway: newTestGateway(t, cfg, "cache_aware", a), log: logs, ended: make(chan int, 8)}
+	cfg.Health.Disabled = mn != nil
+	g := &warmGateway{testGateway: newTestGatewayOn(t, mn, cfg, "cache_aware", a), log: logs, ended: make(chan int, 8)}
 	g.warm.ended = func(_ *worker.Worker, n int) { g.ended <- n }
 	ctx, cancel := context.WithCancel(context.Background())
 	g.Start(ctx)
@@ -63,7 +72,7 @@ func newWarmGateway(t *testing.T, warm policy.WarmConfig, tenants int, a *fakeWo
 func (g *warmGateway) addWorker(t *testing.T, f *fakeWorker, apiKey string) string {
 	t.Helper()
 	body := fmt.Sprintf(`{"url":%q,"api_key":%q}`, f.URL, apiKey)
-	resp, err := http.Post(g.admin.URL+"/workers", "application/json", strings.NewReader(body))
+	resp, err := g.client.Post(g.admin.URL+"/workers", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,13 +264,21 @@ func TestWarmBoundedAndCancelledOnDelete(t *testing.T) {
 // TestWarmFailuresAndDeadline: warm requests the worker refuses, and those still unanswered at
 // the warm-up's deadline, count as failed and are not recorded; Stop cancels a warm-up in
 // progress.
+//
+// Each case runs in a synctest bubble on testutil.MemNet: the deadline ends the warm-up exactly
+// its length after the join.
 func TestWarmFailuresAndDeadline(t *testing.T) {
-	t.Run("refused", func(t *testing.T) {
-		a, c := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	inBubble := func(name string, f func(t *testing.T, mn *testutil.MemNet)) {
+		t.Run(name, func(t *testing.T) {
+			testutil.InBubble(t, f)
+		})
+	}
+	inBubble("refused", func(t *testing.T, mn *testutil.MemNet) {
+		a, c := newFakeWorkerOn(t, mn, "m"), newFakeWorkerOn(t, mn, "m")
 		c.setHandler(func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "overloaded", http.StatusInternalServerError)
 		})
-		g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8}, 2, a)
+		g := newWarmGatewayOn(t, mn, policy.WarmConfig{Prefixes: 8}, 2, a)
 		g.addWorker(t, c, "")
 		if n := g.waitEnded(t); n != 0 {
 			t.Fatalf("recorded %d, want 0", n)
@@ -270,10 +287,9 @@ func TestWarmFailuresAndDeadline(t *testing.T) {
 			t.Fatalf("metrics ok %v failed %v recorded %v, want 0 2 0", ok, failed, rec)
 		}
 	})
-	t.Run("deadline", func(t *testing.T) {
-		// The deadline is seconds against the milliseconds the first request takes: with one
-		// second, a loaded machine that held that request back as long left none answered.
-		a, c := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	inBubble("deadline", func(t *testing.T, mn *testutil.MemNet) {
+		const deadline = time.Second
+		a, c := newFakeWorkerOn(t, mn, "m"), newFakeWorkerOn(t, mn, "m")
 		var answered atomic.Int32
 		c.setHandler(func(w http.ResponseWriter, r *http.Request) {
 			if answered.Add(1) == 1 { // the first answers; the rest hang past the deadline
@@ -282,29 +298,29 @@ func TestWarmFailuresAndDeadline(t *testing.T) {
 			}
 			<-r.Context().Done()
 		})
-		g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8, Concurrency: 1, Timeout: 3 * time.Second}, 3, a)
+		g := newWarmGatewayOn(t, mn, policy.WarmConfig{Prefixes: 8, Concurrency: 1, Timeout: deadline}, 3, a)
+		start := time.Now()
 		g.addWorker(t, c, "")
 		if n := g.waitEnded(t); n != 1 {
 			t.Fatalf("recorded %d, want the one answered before the deadline", n)
+		}
+		if took := time.Since(start); took != deadline {
+			t.Errorf("the warm-up ended %v after the join, want its deadline %v", took, deadline)
 		}
 		if ok, failed, _ := warmCounts(t, g); ok != 1 || failed != 1 {
 			t.Fatalf("metrics ok %v failed %v, want 1 and 1 (the third was never sent)", ok, failed)
 		}
 	})
-	t.Run("stop", func(t *testing.T) {
-		a, c := newFakeWorker(t, "m"), newFakeWorker(t, "m")
+	inBubble("stop", func(t *testing.T, mn *testutil.MemNet) {
+		a, c := newFakeWorkerOn(t, mn, "m"), newFakeWorkerOn(t, mn, "m")
 		entered := make(chan struct{}, 8)
 		c.setHandler(func(w http.ResponseWriter, r *http.Request) {
 			entered <- struct{}{}
 			<-r.Context().Done()
 		})
-		g := newWarmGateway(t, policy.WarmConfig{Prefixes: 8}, 2, a)
+		g := newWarmGatewayOn(t, mn, policy.WarmConfig{Prefixes: 8}, 2, a)
 		g.addWorker(t, c, "")
-		select {
-		case <-entered:
-		case <-time.After(10 * time.Second):
-			t.Fatal("no warm request reached the new worker")
-		}
+		testutil.Recv(t, entered, "a warm request to reach the new worker")
 		g.Stop()
 		if n := g.waitEnded(t); n != 0 {
 			t.Fatalf("recorded %d after Stop, want 0", n)

@@ -73,116 +73,87 @@ func TestWorkerServerErrorIsReplaced(t *testing.T) {
 // an OpenAI-shaped SSE error event and [DONE], the worker's request is cancelled, and the metric
 // counts it; a stream whose events keep coming is not cut, however long it takes in all.
 //
-// The steady stream runs behind a gateway of its own whose bound is 40 of its gaps long: with
-// the gaps a third of the bound, a loaded machine that held one event back 200 ms cut the stream.
+// It runs in a synctest bubble on an in-memory network: the bound is measured on the bubble's
+// clock, to the nanosecond, and the steady stream's gaps can sit just under the bound without a
+// loaded machine's stall cutting it.
 func TestStreamIdleTimeout(t *testing.T) {
-	const idle = 300 * time.Millisecond
-	f := newFakeWorker(t, "m")
-	released := make(chan struct{}, 1)
-	f.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {\"choices\":[]}\n\n")
-		w.(http.Flusher).Flush()
-		<-r.Context().Done() // a hung engine: nothing more until the gateway lets go
-		released <- struct{}{}
-	})
-	cfg := Config{}
-	cfg.Proxy.StreamIdleTimeout = idle
-	g := newTestGateway(t, cfg, "round_robin", f)
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+		const idle = 300 * time.Millisecond
+		f := newFakeWorkerOn(t, mn, "m")
+		released := make(chan struct{}, 1)
+		f.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {\"choices\":[]}\n\n")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // a hung engine: nothing more until the gateway lets go
+			released <- struct{}{}
+		})
+		cfg := Config{}
+		cfg.Proxy.StreamIdleTimeout = idle
+		g := newTestGatewayOn(t, mn, cfg, "round_robin", f)
 
-	start := time.Now()
-	resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
-	var events []string
+		start := time.Now()
+		resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
+		events := sseLines(resp)
+		if took := time.Since(start); took != idle {
+			t.Errorf("the silent stream ended after %v, want %v", took, idle)
+		}
+		if len(events) != 3 || !strings.Contains(events[1], `"code":"stream_idle_timeout"`) || !strings.Contains(events[1], `"type":"server_error"`) || events[2] != "data: [DONE]" {
+			t.Fatalf("events %q, want the worker's one, an idle-timeout error, [DONE]", events)
+		}
+		testutil.Recv(t, released, "the worker's request to be cancelled")
+		g.waitDone(t, 1)
+		want := `kvgate_upstream_errors_total{kind="stream_idle",worker="` + g.reg.View().All[0].ID + `"} 1`
+		if m := scrape(t, g); !strings.Contains(m, want) {
+			t.Errorf("the metrics lack %s", want)
+		}
+
+		// Sixty events nine tenths of the bound apart: 54 bounds in all, never idle for one.
+		const gap, n = idle * 9 / 10, 60
+		steady := newFakeWorkerOn(t, mn, "m")
+		steady.setHandler(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for range n {
+				io.WriteString(w, "data: {\"choices\":[]}\n\n")
+				w.(http.Flusher).Flush()
+				select {
+				case <-time.After(gap):
+				case <-r.Context().Done():
+					return
+				}
+			}
+			io.WriteString(w, "data: [DONE]\n\n")
+		})
+		sg := newTestGatewayOn(t, mn, cfg, "round_robin", steady)
+		start = time.Now()
+		events = sseLines(sg.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`))
+		if len(events) != n+1 || strings.Contains(strings.Join(events, ""), "error") {
+			t.Fatalf("a steady stream was cut after %v: %d events, the last %q", time.Since(start), len(events), events[len(events)-1])
+		}
+		if took := time.Since(start); took != n*gap {
+			t.Errorf("the steady stream took %v, want %v", took, n*gap)
+		}
+	})
+}
+
+// sseLines reads resp's body to its end and returns its non-empty lines.
+func sseLines(resp *http.Response) []string {
+	defer resp.Body.Close()
+	var lines []string
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		if line := sc.Text(); line != "" {
-			events = append(events, line)
+			lines = append(lines, line)
 		}
 	}
-	resp.Body.Close()
-	took := time.Since(start)
-	if len(events) != 3 || !strings.Contains(events[1], `"code":"stream_idle_timeout"`) || !strings.Contains(events[1], `"type":"server_error"`) || events[2] != "data: [DONE]" {
-		t.Fatalf("events %q, want the worker's one, an idle-timeout error, [DONE]", events)
-	}
-	if took < idle || took > idle+5*time.Second {
-		t.Errorf("the silent stream ended after %v, want about %v", took, idle)
-	}
-	select {
-	case <-released:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker's request was not cancelled")
-	}
-	g.waitDone(t, 1)
-	want := `kvgate_upstream_errors_total{kind="stream_idle",worker="` + g.reg.View().All[0].ID + `"} 1`
-	if m := scrape(t, g); !strings.Contains(m, want) {
-		t.Errorf("the metrics lack %s", want)
-	}
-
-	// Sixty events 25 ms apart: 1.5 times the idle bound in all, never idle for a fortieth of it.
-	cfg.Proxy.StreamIdleTimeout = steadyIdle
-	steadyStream(t, newTestGateway(t, cfg, "round_robin", steadyWorker(t)))
-}
-
-// The steady stream of TestStreamIdleTimeout: steadyEvents events steadyIdle/40 apart.
-const steadyIdle, steadyEvents = time.Second, 60
-
-// steadyWorker streams steadyEvents events steadyIdle/40 apart, then [DONE].
-func steadyWorker(t *testing.T) *fakeWorker {
-	steady := newFakeWorker(t, "m")
-	steady.setHandler(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		tk := time.NewTicker(steadyIdle / 40)
-		defer tk.Stop()
-		for range steadyEvents {
-			io.WriteString(w, "data: {\"choices\":[]}\n\n")
-			w.(http.Flusher).Flush()
-			select {
-			case <-tk.C:
-			case <-r.Context().Done():
-				return
-			}
-		}
-		io.WriteString(w, "data: [DONE]\n\n")
-	})
-	return steady
-}
-
-// steadyStream checks that sg does not cut the steady stream. A machine so loaded that the
-// client saw half the bound pass between two events may have held the gateway's relay back as
-// long as the bound, which the gateway is right to cut: such an attempt proves nothing and is
-// run again (three in all, then the test is skipped); a cut without such a gap fails.
-func steadyStream(t *testing.T, sg *testGateway) {
-	t.Helper()
-	for range 3 {
-		resp := sg.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
-		var body strings.Builder
-		var gap time.Duration
-		last := time.Now()
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			if line := sc.Text(); line != "" {
-				now := time.Now()
-				gap, last = max(gap, now.Sub(last)), now
-				body.WriteString(line + "\n")
-			}
-		}
-		resp.Body.Close()
-		cut := strings.Contains(body.String(), "error") || strings.Count(body.String(), "data: ") != steadyEvents+1
-		switch {
-		case !cut:
-			return
-		case gap < steadyIdle/2:
-			t.Fatalf("a steady stream was cut, its longest gap at the client %v: %q", gap, body.String())
-		}
-		t.Logf("the client waited %v for an event: the machine stalled; again", gap)
-	}
-	t.Skip("the machine stalled in every attempt at the steady stream")
+	return lines
 }
 
 // Defect: any byte restarted --stream-idle-timeout, so a worker sending SSE comments only, or one
 // byte a second of an event that never ends, held a stream open until --request-timeout (10
-// minutes by default). Only a complete data event restarts it now: both streams end within the
-// bound plus a second, with the SSE error event, and the client never sees the partial event.
+// minutes by default). Only a complete data event restarts it now: both streams end at the
+// bound after the last complete event (on a synctest bubble's clock), with the SSE error event,
+// and the client never sees the partial event.
 func TestStreamIdleCountsEvents(t *testing.T) {
 	const idle = 400 * time.Millisecond
 	for name, tick := range map[string]string{
@@ -192,43 +163,45 @@ func TestStreamIdleCountsEvents(t *testing.T) {
 		"a partial event, a line": "data: {\"choices\":[]}\n",
 	} {
 		t.Run(name, func(t *testing.T) {
-			f := newFakeWorker(t, "m")
-			f.setHandler(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				io.WriteString(w, "data: {\"choices\":[]}\n\n")
-				if tick == "x" {
-					io.WriteString(w, "data: {")
-				}
-				w.(http.Flusher).Flush()
-				tk := time.NewTicker(idle / 8)
-				defer tk.Stop()
-				for {
-					select {
-					case <-r.Context().Done():
-						return
-					case <-tk.C:
-						io.WriteString(w, tick)
-						w.(http.Flusher).Flush()
+			testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+				f := newFakeWorkerOn(t, mn, "m")
+				f.setHandler(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Content-Type", "text/event-stream")
+					io.WriteString(w, "data: {\"choices\":[]}\n\n")
+					if tick == "x" {
+						io.WriteString(w, "data: {")
 					}
+					w.(http.Flusher).Flush()
+					tk := time.NewTicker(idle / 8)
+					defer tk.Stop()
+					for {
+						select {
+						case <-r.Context().Done():
+							return
+						case <-tk.C:
+							io.WriteString(w, tick)
+							w.(http.Flusher).Flush()
+						}
+					}
+				})
+				cfg := Config{}
+				cfg.Proxy.StreamIdleTimeout = idle
+				cfg.Proxy.RequestTimeout = 10 * idle // without the idle bound, the stream ends here
+				g := newTestGatewayOn(t, mn, cfg, "round_robin", f)
+				start := time.Now()
+				resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !strings.Contains(string(body), `"code":"stream_idle_timeout"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+					t.Fatalf("the stream ended without the idle error event: %q", body)
+				}
+				if took := time.Since(start); took != idle {
+					t.Errorf("the stream ended after %v, want %v", took, idle)
+				}
+				if tick == "x" && strings.Contains(string(body), "data: {x") {
+					t.Errorf("the client saw the partial event: %q", body)
 				}
 			})
-			cfg := Config{}
-			cfg.Proxy.StreamIdleTimeout = idle
-			g := newTestGateway(t, cfg, "round_robin", f)
-			start := time.Now()
-			resp := g.post(t, "/v1/completions", `{"model":"m","prompt":"x","stream":true}`)
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			took := time.Since(start)
-			if !strings.Contains(string(body), `"code":"stream_idle_timeout"`) || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
-				t.Fatalf("the stream ended without the idle error event: %q", body)
-			}
-			if took > idle+time.Second {
-				t.Errorf("the stream ended after %v, want within %v", took, idle+time.Second)
-			}
-			if tick == "x" && strings.Contains(string(body), "data: {x") {
-				t.Errorf("the client saw the partial event: %q", body)
-			}
 		})
 	}
 }

@@ -180,12 +180,7 @@ func BenchmarkPolicies(b *testing.B) {
 	}
 	for _, name := range []string{"cache_aware_hash", "least_load", "cache_aware", "prefix_hash", "consistent_hashing", "round_robin"} {
 		b.Run(name, func(b *testing.B) {
-			cfg := DefaultConfig()
-			cfg.NoBackground = true
-			pol, err := New(name, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
+			pol := newQuiet(b, name)
 			ws := testWorkers(b, 16)
 			b.RunParallel(func(pb *testing.PB) {
 				i := rand.IntN(len(texts))
@@ -214,12 +209,7 @@ func BenchmarkDefaultAt256Workers(b *testing.B) {
 	}
 	for _, name := range []string{"round_robin", "cache_aware_hash"} {
 		b.Run(name, func(b *testing.B) {
-			cfg := DefaultConfig()
-			cfg.NoBackground = true
-			p, err := New(name, cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
+			p := newQuiet(b, name)
 			for i := range texts { // warm the tree: every prompt seen once
 				p.Pick(context.Background(), ws, &Request{Text: texts[i]})
 			}
@@ -230,4 +220,16 @@ func BenchmarkDefaultAt256Workers(b *testing.B) {
 			}
 		})
 	}
+}
+
+// newQuiet returns the named policy over the default configuration with no background work.
+func newQuiet(tb testing.TB, name string) Policy {
+	tb.Helper()
+	cfg := DefaultConfig()
+	cfg.NoBackground = true
+	p, err := New(name, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
 }

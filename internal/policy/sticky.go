@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -175,12 +176,8 @@ const (
 func NewSticky(inner Policy, cfg Config) *Sticky {
 	c := cfg.withDefaults()
 	d := defaultSticky()
-	if c.Sticky.TTL == 0 {
-		c.Sticky.TTL = d.TTL
-	}
-	if c.Sticky.MaxSessions == 0 {
-		c.Sticky.MaxSessions = d.MaxSessions
-	}
+	c.Sticky.TTL = cmp.Or(c.Sticky.TTL, d.TTL)
+	c.Sticky.MaxSessions = cmp.Or(c.Sticky.MaxSessions, d.MaxSessions)
 	p := &Sticky{
 		inner: inner, cfg: c.Sticky, bal: c.CacheAware, loads: c.Loads, now: c.Now,
 		dec:      newCounters(BranchSticky, BranchStickyMoved, BranchStickySaturated, BranchStickyNew),

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"errors"
 	"strings"
 	"time"
@@ -62,15 +63,9 @@ func DefaultWarmConfig() WarmConfig {
 // WithDefaults returns c with every zero bound replaced by its default.
 func (c WarmConfig) WithDefaults() WarmConfig {
 	d := DefaultWarmConfig()
-	if c.MaxTokens == 0 {
-		c.MaxTokens = d.MaxTokens
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = d.Concurrency
-	}
-	if c.Timeout == 0 {
-		c.Timeout = d.Timeout
-	}
+	c.MaxTokens = cmp.Or(c.MaxTokens, d.MaxTokens)
+	c.Concurrency = cmp.Or(c.Concurrency, d.Concurrency)
+	c.Timeout = cmp.Or(c.Timeout, d.Timeout)
 	return c
 }
 

@@ -9,6 +9,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -69,15 +70,9 @@ type Faults struct {
 
 // withDefaults returns c with empty fields set to their defaults.
 func (c Config) withDefaults() Config {
-	if c.Model == "" {
-		c.Model = DefaultModel
-	}
-	if c.Flavor == "" {
-		c.Flavor = FlavorSGLang
-	}
-	if c.MaxTokens == 0 {
-		c.MaxTokens = 128
-	}
+	c.Model = cmp.Or(c.Model, DefaultModel)
+	c.Flavor = cmp.Or(c.Flavor, FlavorSGLang)
+	c.MaxTokens = cmp.Or(c.MaxTokens, 128)
 	c.Engine.EmitTokens = true
 	return c
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
 
 func responseParams(input string, max int64) responses.ResponseNewParams {
@@ -67,23 +69,8 @@ func TestResponsesSDK(t *testing.T) {
 func TestResponsesSDKStreaming(t *testing.T) {
 	_, ts := startServer(t, fastConfig())
 	client := sdk(ts)
-	stream := client.Responses.NewStreaming(testCtx(t), responseParams("hello there", 5))
-	var types []string
-	var text strings.Builder
-	var done responses.Response
-	for stream.Next() {
-		ev := stream.Current()
-		types = append(types, ev.Type)
-		switch ev.Type {
-		case "response.output_text.delta":
-			text.WriteString(ev.Delta)
-		case "response.completed":
-			done = ev.AsResponseCompleted().Response
-		}
-	}
-	if err := stream.Err(); err != nil {
-		t.Fatal(err)
-	}
+	rs := testutil.ReadResponseStream(t, client.Responses.NewStreaming(testCtx(t), responseParams("hello there", 5)))
+	types, done := rs.Types, rs.Done
 	want := []string{"response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"}
 	if len(types) < len(want)+5 || strings.Join(types[:len(want)], ",") != strings.Join(want, ",") {
 		t.Fatalf("event types %v", types)
@@ -91,7 +78,7 @@ func TestResponsesSDKStreaming(t *testing.T) {
 	if tail := types[len(types)-4:]; strings.Join(tail, ",") != "response.output_text.done,response.content_part.done,response.output_item.done,response.completed" {
 		t.Fatalf("closing events %v", tail)
 	}
-	if done.ID == "" || done.OutputText() != text.String() || done.Usage.OutputTokens != 5 {
-		t.Fatalf("completed %q (%d tokens) against deltas %q", done.OutputText(), done.Usage.OutputTokens, text.String())
+	if done.ID == "" || done.OutputText() != rs.Text || done.Usage.OutputTokens != 5 {
+		t.Fatalf("completed %q (%d tokens) against deltas %q", done.OutputText(), done.Usage.OutputTokens, rs.Text)
 	}
 }

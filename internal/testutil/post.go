@@ -29,7 +29,13 @@ func NewPost(ctx context.Context, url, bearer string, body io.Reader, hdr ...str
 // MustPostOK).
 func PostOK(t testing.TB, url, bearer, body string, hdr ...string) (http.Header, []byte) {
 	t.Helper()
-	resp, err := http.DefaultClient.Do(NewPost(context.Background(), url, bearer, strings.NewReader(body), hdr...))
+	return PostOKVia(t, http.DefaultClient, url, bearer, body, hdr...)
+}
+
+// PostOKVia is PostOK through client (a MemNet's, for a test in a synctest bubble).
+func PostOKVia(t testing.TB, client *http.Client, url, bearer, body string, hdr ...string) (http.Header, []byte) {
+	t.Helper()
+	resp, err := client.Do(NewPost(context.Background(), url, bearer, strings.NewReader(body), hdr...))
 	if err != nil {
 		t.Errorf("POST %s: %v", url, err)
 		return nil, nil

@@ -5,35 +5,19 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/testutil"
 )
-
-// fakeClock is a settable clock for breakers.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // op is one step of a breaker script: "ok" and "fail" run a request to its end, "cancel" ends one
 // as the client leaving, "wait" advances the clock by the open timeout.
 type op string
 
-func runOps(t *testing.T, b *Breaker, clk *fakeClock, ops []op) {
+func runOps(t *testing.T, b *Breaker, clk *testutil.Clock, ops []op) {
 	t.Helper()
 	for i, o := range ops {
 		if o == "wait" {
-			clk.advance(b.cfg.OpenTimeout)
+			clk.Advance(b.cfg.OpenTimeout)
 			continue
 		}
 		done, abandon, ok := b.Begin(clk.Now())
@@ -91,7 +75,7 @@ func TestBreakerTransitions(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := &fakeClock{now: time.Unix(1e9, 0)}
+			clk := testutil.NewClock(time.Unix(1e9, 0))
 			c := cfg
 			c.Clock = clk.Now
 			b := NewBreaker(c)
@@ -110,7 +94,7 @@ func TestBreakerTransitions(t *testing.T) {
 
 // TestBreakerOpenRefuses checks an open circuit admits nothing and Allows agrees.
 func TestBreakerOpenRefuses(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	clk := testutil.NewClock(time.Unix(1e9, 0))
 	b := NewBreaker(BreakerConfig{FailureThreshold: 1, OpenTimeout: time.Minute, Clock: clk.Now})
 	runOps(t, b, clk, []op{"fail"})
 	if b.Allows(clk.Now()) {
@@ -119,7 +103,7 @@ func TestBreakerOpenRefuses(t *testing.T) {
 	if _, _, ok := b.Begin(clk.Now()); ok {
 		t.Error("an open circuit admitted a request")
 	}
-	clk.advance(time.Minute - time.Nanosecond)
+	clk.Advance(time.Minute - time.Nanosecond)
 	if _, _, ok := b.Begin(clk.Now()); ok {
 		t.Error("admitted before the open timeout")
 	}
@@ -128,7 +112,7 @@ func TestBreakerOpenRefuses(t *testing.T) {
 // TestBreakerHalfOpenProbeLimit admits exactly HalfOpenProbes requests at once while half-open,
 // and a slot frees when a probe ends.
 func TestBreakerHalfOpenProbeLimit(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	clk := testutil.NewClock(time.Unix(1e9, 0))
 	b := NewBreaker(BreakerConfig{FailureThreshold: 1, SuccessThreshold: 5, HalfOpenProbes: 2, OpenTimeout: time.Second, Clock: clk.Now})
 	runOps(t, b, clk, []op{"fail", "wait"})
 	d1, _, ok1 := b.Begin(clk.Now())
@@ -157,7 +141,7 @@ func TestBreakerHalfOpenProbeLimit(t *testing.T) {
 // TestBreakerStaleOutcomes checks that requests admitted before a transition cannot move the
 // breaker afterwards: a slow success from before the circuit opened does not count as a probe.
 func TestBreakerStaleOutcomes(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	clk := testutil.NewClock(time.Unix(1e9, 0))
 	b := NewBreaker(BreakerConfig{FailureThreshold: 2, SuccessThreshold: 1, OpenTimeout: time.Second, Clock: clk.Now})
 	slow, _, _ := b.Begin(clk.Now())
 	runOps(t, b, clk, []op{"fail", "fail", "wait"})
@@ -174,7 +158,7 @@ func TestBreakerStaleOutcomes(t *testing.T) {
 
 // TestBreakerDisabled always admits and never opens.
 func TestBreakerDisabled(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	clk := testutil.NewClock(time.Unix(1e9, 0))
 	b := NewBreaker(BreakerConfig{FailureThreshold: 1, Disabled: true, Clock: clk.Now})
 	runOps(t, b, clk, []op{"fail", "fail", "fail"})
 	if !b.Allows(clk.Now()) || b.State(clk.Now()) != Closed {
@@ -220,7 +204,7 @@ func TestBreakerConfigWithLabels(t *testing.T) {
 
 // TestBreakerClosed: the clock-free fast check agrees with the state.
 func TestBreakerClosed(t *testing.T) {
-	clk := &fakeClock{now: time.Unix(1e9, 0)}
+	clk := testutil.NewClock(time.Unix(1e9, 0))
 	b := NewBreaker(BreakerConfig{FailureThreshold: 1, SuccessThreshold: 1, OpenTimeout: time.Second, Clock: clk.Now})
 	if !b.Closed() {
 		t.Error("a new breaker is not closed")
@@ -263,7 +247,7 @@ func TestBreakerFailureRate(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := &fakeClock{now: time.Unix(1e9, 0)}
+			clk := testutil.NewClock(time.Unix(1e9, 0))
 			b := NewBreaker(BreakerConfig{FailureThreshold: 10, SuccessThreshold: 2, OpenTimeout: time.Second,
 				FailureRateThreshold: tc.rate, FailureRateWindow: 4, Clock: clk.Now})
 			runOps(t, b, clk, ops(tc.ops))

@@ -6,6 +6,7 @@
 package suite
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,18 +68,10 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.Window == 0 {
-		o.Window = 15 * time.Minute
-	}
-	if o.Slots == 0 {
-		o.Slots = 8
-	}
-	if o.Duration == 0 {
-		o.Duration = 120 * time.Second
-	}
-	if o.Warmup == 0 {
-		o.Warmup = 30 * time.Second
-	}
+	o.Window = cmp.Or(o.Window, 15*time.Minute)
+	o.Slots = cmp.Or(o.Slots, 8)
+	o.Duration = cmp.Or(o.Duration, 120*time.Second)
+	o.Warmup = cmp.Or(o.Warmup, 30*time.Second)
 	if len(o.Workloads) == 0 {
 		o.Workloads = Workloads
 	}
