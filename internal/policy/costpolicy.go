@@ -87,6 +87,8 @@ type Cost struct {
 	// follow is the learned F, calib each worker's prediction error (learn.go).
 	follow follower
 	calib  calibration
+	// capacity is each worker's learned cache capacity (learncap.go).
+	capacity capacities
 	// decideNS sums the time precise decisions took matching the events (tokenization is
 	// Prepare's); decided counts them.
 	decideNS, decided atomic.Int64
@@ -122,6 +124,7 @@ var (
 	_ CacheObserver    = (*Cost)(nil)
 	_ AnswerLearner    = (*Cost)(nil)
 	_ Calibrator       = (*Cost)(nil)
+	_ CapacityReporter = (*Cost)(nil)
 )
 
 func newCost(name string, src source, cfg Config) *Cost {
@@ -162,6 +165,7 @@ func (p *Cost) Forget(workerID string) {
 	}
 	p.sc.forget(workerID)
 	p.calib.forget(workerID)
+	p.capacity.forget(workerID)
 }
 
 // Close stops the tree's eviction loop, if there is one.

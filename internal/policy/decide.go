@@ -383,7 +383,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 	routed := p.sc.est.Tokens(int64(len(req.Text)))
 	rest := max(av[0].t.Prompt-routed, 0)
 	var chosen *worker.Worker
-	p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
+	prior := p.tree.RouteAged(req.Text, func(tenant string, chars int) {
 		if i := idx.get(av, tenant); i >= 0 {
 			av[i].t.Cached = float64(req.promptChars(chars))
 		}
@@ -422,6 +422,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 		}
 		return chosen.ID
 	})
+	req.Decision.Basis.PriorChars, req.Decision.Basis.PriorAge = prior.Chars, float64(prior.Age) // learncap.go
 	return chosen
 }
 

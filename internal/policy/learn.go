@@ -61,6 +61,11 @@ type Basis struct {
 	// Class is the kind of match F was read for (followShared, followOwn); followNone (zero)
 	// when the routing text was not wholly held, so no F was applied.
 	Class int8
+	// PriorChars and PriorAge are the chosen worker's deepest record on the routing text's path
+	// before the decision (radix.Prior; learncap.go): its end, in characters of the routing
+	// text, and its age, in tokens on the worker's clock. Zero when it had none.
+	PriorChars int
+	PriorAge   float64
 }
 
 // Kinds of full match, each with its own follow share.
@@ -298,15 +303,16 @@ func (p *Cost) Learn(req *Request, a Answer) {
 	case b.Class != followNone:
 		p.follow.add(b.Class, reported-b.Routed*scale, b.Rest*scale, float64(a.PromptTokens))
 	}
-	if p.prefixTree != nil && req.Text != "" && b.Routed > 0 {
+	if p.prefixTree != nil && req.Text != "" {
 		// What the engine held of the routing text, in its characters.
 		routedTok := max(d.Chosen.Prompt-b.Rest, 1)
 		held := int(min(reported/scale/routedTok, 1) * float64(radix.CharCount(req.Text)))
 		// Engines count cached tokens in whole blocks, and a prompt's tokens are estimated from
 		// its bytes: only a shortfall beyond correctSlackTokens is evidence of an eviction.
 		held += int(correctSlackTokens * p.sc.cfg.BytesPerToken)
-		if held < b.RoutedChars {
+		if b.Routed > 0 && held < b.RoutedChars {
 			p.tree.Correct(req.Text, a.Worker, held, d.At)
 		}
+		p.learnCapacity(b, a.Worker, held, float64(a.PromptTokens)-reported) // learncap.go
 	}
 }

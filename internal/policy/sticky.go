@@ -490,6 +490,15 @@ func (p *Sticky) Calibration() map[string]float64 {
 	return nil
 }
 
+// Capacities asks the wrapped policy, if it learns its workers' cache capacities
+// (CapacityReporter); nil otherwise.
+func (p *Sticky) Capacities() map[string]float64 {
+	if c, ok := p.inner.(CapacityReporter); ok {
+		return c.Capacities()
+	}
+	return nil
+}
+
 // BestCost asks the wrapped policy, if it prices its decisions (Coster); ok false otherwise.
 // A session bound to a worker may not get the least cost; this is the fleet's best, which is
 // what admission control needs.
