@@ -19,8 +19,9 @@ import (
 //
 // Each worker keeps, per band of ages (capBands to an octave), how many of its answers showed
 // such a record held and how many lost (moving sums over learnWindow answers). Its capacity is
-// the youngest band edge past which the records were mostly lost: more losses than hits among
-// every answer at that age or older, and at least capMinLosses of them. A loss here and there
+// the youngest age of a band with a loss past which the records were mostly lost: at least
+// capLostRatio times as many losses as hits among every answer at that age or older, and at
+// least capMinLosses of them. A loss here and there
 // (a prompt sent twice before its first prefill ended looks like one; an engine under memory
 // pressure preempts) sets no capacity while hits at greater ages outweigh it. The tree hides
 // a worker's records older than its capacity (radix.Tree.SetLimit), so a prompt the engine
@@ -99,10 +100,14 @@ func (c *capacities) observe(worker string, age float64, held bool) float64 {
 	}
 	e.limit = 0
 	var h, l float32
+	loss := -1 // the youngest band at or past i with a loss
 	for i := capBandCount - 1; i >= 0; i-- {
 		h, l = h+e.held[i], l+e.lost[i]
+		if e.lost[i] > 0 {
+			loss = i
+		}
 		if l >= capLostRatio*h && l >= capMinLosses {
-			e.limit = min(max(capEdge(i), capFloorTokens), radix.MaxLimit)
+			e.limit = min(max(capEdge(loss), capFloorTokens), radix.MaxLimit)
 		}
 	}
 	return e.limit
