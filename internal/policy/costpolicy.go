@@ -87,8 +87,10 @@ type Cost struct {
 	// follow is the learned F, calib each worker's prediction error (learn.go).
 	follow follower
 	calib  calibration
-	// capacity is each worker's learned cache capacity (learncap.go).
-	capacity capacities
+	// capacity is each worker's learned cache capacity (learncap.go), tails the tail's
+	// predictors and tailCap how long a worker keeps a tail (learntail.go).
+	capacity, tailCap capacities
+	tails             tails
 	// decideNS sums the time precise decisions took matching the events (tokenization is
 	// Prepare's); decided counts them.
 	decideNS, decided atomic.Int64
@@ -166,6 +168,7 @@ func (p *Cost) Forget(workerID string) {
 	p.sc.forget(workerID)
 	p.calib.forget(workerID)
 	p.capacity.forget(workerID)
+	p.tailCap.forget(workerID)
 }
 
 // Close stops the tree's eviction loop, if there is one.

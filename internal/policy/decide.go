@@ -422,7 +422,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 		}
 		return chosen.ID
 	})
-	req.Decision.Basis.PriorChars, req.Decision.Basis.PriorAge = prior.Chars, float64(prior.Age) // learncap.go
+	p.routed(req, chosen, prior, commit) // learntail.go
 	return chosen
 }
 

@@ -66,6 +66,12 @@ type Basis struct {
 	// text, and its age, in tokens on the worker's clock. Zero when it had none.
 	PriorChars int
 	PriorAge   float64
+	// Tails are each tail predictor's part of Rest predicted cached (learntail.go), in tokens,
+	// Tailed whether they were filled in; Follow is the one the prediction used. SentTail is
+	// the tail last sent to the worker under the same routing text, in tokens (0: none).
+	Tails    [tailKinds]float64
+	Tailed   bool
+	SentTail float64
 }
 
 // Kinds of full match, each with its own follow share.
@@ -302,6 +308,7 @@ func (p *Cost) Learn(req *Request, a Answer) {
 		p.follow.add(followOwner, reported-(b.Routed+b.Follow)*scale, b.Credit*scale, float64(a.PromptTokens))
 	case b.Class != followNone:
 		p.follow.add(b.Class, reported-b.Routed*scale, b.Rest*scale, float64(a.PromptTokens))
+		p.learnTail(b, a.Worker, reported/scale-b.Routed, float64(a.PromptTokens)/scale) // learntail.go
 	}
 	if p.prefixTree != nil && req.Text != "" {
 		// What the engine held of the routing text, in its characters.

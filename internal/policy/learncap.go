@@ -113,6 +113,16 @@ func (c *capacities) observe(worker string, age float64, held bool) float64 {
 	return e.limit
 }
 
+// limit returns worker's learned capacity, 0 while none was learned.
+func (c *capacities) limit(worker string) float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.m[worker]; e != nil {
+		return e.limit
+	}
+	return 0
+}
+
 // snapshot returns worker → its learned capacity, in tokens.
 func (c *capacities) snapshot() map[string]float64 {
 	c.mu.Lock()

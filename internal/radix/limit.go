@@ -72,6 +72,14 @@ func (t *Tree) Advance(tenant string, units int64) {
 	}
 }
 
+// Clock returns tenant's clock, 0 for an unknown tenant.
+func (t *Tree) Clock(tenant string) int64 {
+	if tn := t.tenants.Load().byName[tenant]; tn != nil {
+		return tn.clock.Load()
+	}
+	return 0
+}
+
 // SetLimit hides tenant's records older than limit on its clock; limit ≤ 0 hides none. It is
 // bounded to maxAge/2 (so that twice it is still an age Evict keeps apart). An unknown tenant
 // is ignored.
