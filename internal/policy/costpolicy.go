@@ -91,6 +91,8 @@ type Cost struct {
 	// predictors and tailCap how long a worker keeps a tail (learntail.go).
 	capacity, tailCap capacities
 	tails             tails
+	// drift checks precise_prefix's events against the answers (precisedrift.go).
+	drift drifts
 	// decideNS sums the time precise decisions took matching the events (tokenization is
 	// Prepare's); decided counts them.
 	decideNS, decided atomic.Int64
@@ -127,6 +129,7 @@ var (
 	_ AnswerLearner    = (*Cost)(nil)
 	_ Calibrator       = (*Cost)(nil)
 	_ CapacityReporter = (*Cost)(nil)
+	_ DriftReporter    = (*Cost)(nil)
 )
 
 func newCost(name string, src source, cfg Config) *Cost {
@@ -169,6 +172,7 @@ func (p *Cost) Forget(workerID string) {
 	p.calib.forget(workerID)
 	p.capacity.forget(workerID)
 	p.tailCap.forget(workerID)
+	p.drift.forget(workerID)
 }
 
 // Close stops the tree's eviction loop, if there is one.

@@ -349,6 +349,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 			return nil, false
 		}
 	}
+	partial = p.undrift(av, len(toks), out) || partial // precisedrift.go
 	// A chat request's whole messages were tokenized; other prompts only their routing text,
 	// whose tail past it is counted in bytes.
 	prompt := float64(len(toks))

@@ -72,6 +72,10 @@ type Basis struct {
 	Tails    [tailKinds]float64
 	Tailed   bool
 	SentTail float64
+	// Events is what precise_prefix's events said the worker holds of the EventsOf tokens they
+	// were asked about, Evented whether they answered for it (precisedrift.go).
+	Events, EventsOf float64
+	Evented          bool
 }
 
 // Kinds of full match, each with its own follow share.
@@ -299,6 +303,7 @@ func (p *Cost) Learn(req *Request, a Answer) {
 	share := reported / float64(a.PromptTokens)
 	p.calib.add(a.Worker, clamp01(d.Predicted)-share)
 	b := &d.Basis
+	p.learnDrift(b, a.Worker, reported) // precisedrift.go
 	// The answer's tokens and the decision's estimate of them differ (bytes per token, a chat
 	// template): each part of the prediction is compared as a share of the prompt.
 	scale := float64(a.PromptTokens) / max(d.Chosen.Prompt, 1)

@@ -46,6 +46,8 @@ func (e *everything) Close() error                                        { e.hi
 func (e *everything) Learn(*Request, Answer)                              { e.hit("Learn") }
 func (e *everything) Calibration() map[string]float64                     { e.hit("Calibration"); return nil }
 func (e *everything) Capacities() map[string]float64                      { e.hit("Capacities"); return nil }
+func (e *everything) Drifts() map[string]Drift                            { e.hit("Drifts"); return nil }
+func (e *everything) WorkerDrift(string) Drift                            { e.hit("WorkerDrift"); return Drift{} }
 func (e *everything) Prepare(context.Context, []*worker.Worker, *Request) { e.hit("Prepare") }
 
 // TestWrappersForwardEveryInterface reads the package's source for every interface it declares
@@ -74,7 +76,11 @@ func TestWrappersForwardEveryInterface(t *testing.T) {
 		"AnswerLearner":    func(p Policy) { p.(AnswerLearner).Learn(&Request{}, Answer{}) },
 		"Calibrator":       func(p Policy) { p.(Calibrator).Calibration() },
 		"CapacityReporter": func(p Policy) { p.(CapacityReporter).Capacities() },
-		"Preparer":         func(p Policy) { p.(Preparer).Prepare(context.Background(), nil, &Request{}) },
+		"DriftReporter": func(p Policy) {
+			p.(DriftReporter).Drifts()
+			p.(DriftReporter).WorkerDrift("w")
+		},
+		"Preparer": func(p Policy) { p.(Preparer).Prepare(context.Background(), nil, &Request{}) },
 	}
 	fset := token.NewFileSet()
 	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {
