@@ -78,10 +78,37 @@ type sentKey struct {
 	text   uint64
 }
 
-// sentTail is a prompt sent: its tokens (the decision's estimate) and the worker's clock then.
+// sentTail is the last sentPrompts prompts sent under one routing text to one worker, newest
+// first: their tokens (the decision's estimate) and the worker's clock then.
 type sentTail struct {
-	tokens float64
-	clock  int64
+	tokens [sentPrompts]float64
+	clock  [sentPrompts]int64
+}
+
+// sentPrompts is how many prompts sent under one routing text to one worker are kept: several
+// conversations may open the same way, and the one a prompt continues is the longest of them
+// that it does not exceed.
+const sentPrompts = 4
+
+// before returns the longest prompt of s no longer than tokens, ok false when there is none.
+func (s *sentTail) before(tokens float64) (float64, int64, bool) {
+	best := -1
+	for i, t := range s.tokens {
+		if t > 0 && t <= tokens && (best < 0 || t > s.tokens[best]) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return 0, 0, false
+	}
+	return s.tokens[best], s.clock[best], true
+}
+
+// add records a prompt of tokens sent at clock.
+func (s *sentTail) add(tokens float64, clock int64) {
+	copy(s.tokens[1:], s.tokens[:])
+	copy(s.clock[1:], s.clock[:])
+	s.tokens[0], s.clock[0] = tokens, clock
 }
 
 // medianTokens returns the weighted median of the cached tail's tokens for class, ok false
@@ -149,12 +176,14 @@ func (p *Cost) predictTail(req *Request, worker string, commit bool) {
 		if m, ok := t.medianTokens(b.Class); ok {
 			b.Tails[tailTokens] = min(m, b.Rest)
 		}
-		b.Tails[tailSent], b.SentTail = b.Follow, 0
+		b.Tails[tailSent], b.SentTail = 0, 0
 		if s, ok := t.sent[key]; ok {
-			b.SentTail = min(max(s.tokens-b.Routed, 0), b.Rest)
-			b.Tails[tailSent] = b.SentTail
-			if limit := p.tailCap.limit(worker); limit > 0 && float64(clock-s.clock) > limit {
-				b.Tails[tailSent] = 0 // the engine let it go
+			if tokens, at, ok := s.before(d.Chosen.Prompt); ok {
+				b.SentTail = min(max(tokens-b.Routed, 0), b.Rest)
+				b.Tails[tailSent] = b.SentTail
+				if limit := p.tailCap.limit(worker); limit > 0 && float64(clock-at) > limit {
+					b.Tails[tailSent] = 0 // the engine let it go
+				}
 			}
 		}
 		b.Tailed = true
@@ -175,7 +204,9 @@ func (p *Cost) predictTail(req *Request, worker string, commit bool) {
 			break
 		}
 	}
-	t.sent[key] = sentTail{tokens: d.Chosen.Prompt, clock: clock}
+	s := t.sent[key]
+	s.add(d.Chosen.Prompt, clock)
+	t.sent[key] = s
 }
 
 // learnTail compares each tail predictor of the decision with worker's answer: cached is the
