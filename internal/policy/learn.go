@@ -124,21 +124,8 @@ func (f *follower) median(class int8) (float64, bool) {
 	if f.n[class] < followPriorAnswers {
 		return 0, false
 	}
-	h := &f.hist[class]
-	total := 0.0
-	for _, w := range h {
-		total += w
-	}
-	if !(total > 0) {
-		return 0, false
-	}
-	acc := 0.0
-	for i, w := range h {
-		if acc += w; acc >= total/2 {
-			return float64(i) / (followBins - 1), true
-		}
-	}
-	return 1, true
+	i, ok := medianBin(f.hist[class][:])
+	return float64(i) / (followBins - 1), ok
 }
 
 // share returns F for class, the prior when nothing was learned. prior is in [0,1].
@@ -188,10 +175,7 @@ func (f *follower) add(class int8, cached, rest, prompt float64) {
 const correctSlackTokens = 64
 
 // calibration keeps each worker's moving average of predicted − reported cached share.
-type calibration struct {
-	mu sync.Mutex
-	m  map[string]*calib
-}
+type calibration struct{ perWorker[calib] }
 
 type calib struct {
 	avg float64
@@ -200,42 +184,18 @@ type calib struct {
 
 // add records one answer of worker: err is predicted − reported share.
 func (c *calibration) add(worker string, err float64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string]*calib{}
-	}
-	e := c.m[worker]
-	if e == nil {
-		if len(c.m) >= maxCalibrated {
-			return // bounded: workers come and go through Forget, a flood of ids does not
-		}
-		e = &calib{}
-		c.m[worker] = e
-	}
-	e.n = min(e.n+1, learnWindow)
-	e.avg += (err - e.avg) / float64(e.n)
+	c.update(worker, func(e *calib) {
+		e.n = min(e.n+1, learnWindow)
+		e.avg += (err - e.avg) / float64(e.n)
+	})
 }
 
-// maxCalibrated bounds the workers whose calibration is kept.
+// maxCalibrated bounds the workers whose learned state (calibration, capacity, drift) is kept.
 const maxCalibrated = 4096
 
 // snapshot returns worker → its moving error.
 func (c *calibration) snapshot() map[string]float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]float64, len(c.m))
-	for w, e := range c.m {
-		out[w] = e.avg
-	}
-	return out
-}
-
-// forget drops worker's calibration.
-func (c *calibration) forget(worker string) {
-	c.mu.Lock()
-	delete(c.m, worker)
-	c.mu.Unlock()
+	return each(&c.perWorker, func(e *calib) (float64, bool) { return e.avg, true })
 }
 
 // Calibrator is implemented by policies that keep each worker's prediction error.

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"math"
-	"sync"
 
 	"github.com/kvgate/kvgate/internal/radix"
 )
@@ -47,10 +46,7 @@ const capFloorTokens = correctSlackTokens
 
 // capacities keeps each worker's evidence and learned capacity, in tokens of its answers'
 // clock.
-type capacities struct {
-	mu sync.Mutex
-	m  map[string]*capEvidence
-}
+type capacities struct{ perWorker[capEvidence] }
 
 // capEvidence is one worker's answers by age band: held[i] and lost[i] weigh the answers whose
 // record's age fell in band i, [capEdge(i), capEdge(i+1)).
@@ -70,20 +66,16 @@ func capEdge(i int) float64 { return math.Exp2(float64(i) / capBands) }
 
 // observe records that worker's engine held (or not) a record of age tokens, and returns its
 // capacity, 0 while none was learned.
-func (c *capacities) observe(worker string, age float64, held bool) float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e := c.m[worker]
-	if e == nil {
-		if c.m == nil {
-			c.m = map[string]*capEvidence{}
-		}
-		if len(c.m) >= maxCalibrated {
-			return 0 // bounded as the calibration is
-		}
-		e = &capEvidence{}
-		c.m[worker] = e
-	}
+func (c *capacities) observe(worker string, age float64, held bool) (limit float64) {
+	c.update(worker, func(e *capEvidence) {
+		e.add(age, held)
+		limit = e.limit
+	})
+	return limit
+}
+
+// add records one answer and learns the capacity again.
+func (e *capEvidence) add(age float64, held bool) {
 	if e.n >= learnWindow {
 		k := float32(1 - 1.0/learnWindow)
 		for i := range e.held {
@@ -110,37 +102,17 @@ func (c *capacities) observe(worker string, age float64, held bool) float64 {
 			e.limit = min(max(capEdge(loss), capFloorTokens), radix.MaxLimit)
 		}
 	}
-	return e.limit
 }
 
 // limit returns worker's learned capacity, 0 while none was learned.
-func (c *capacities) limit(worker string) float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e := c.m[worker]; e != nil {
-		return e.limit
-	}
-	return 0
+func (c *capacities) limit(worker string) (limit float64) {
+	c.read(worker, func(e *capEvidence) { limit = e.limit })
+	return limit
 }
 
-// snapshot returns worker → its learned capacity, in tokens.
+// snapshot returns worker → its learned capacity, in tokens, for the workers that have one.
 func (c *capacities) snapshot() map[string]float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]float64, len(c.m))
-	for w, e := range c.m {
-		if e.limit > 0 {
-			out[w] = e.limit
-		}
-	}
-	return out
-}
-
-// forget drops worker's capacity.
-func (c *capacities) forget(worker string) {
-	c.mu.Lock()
-	delete(c.m, worker)
-	c.mu.Unlock()
+	return each(&c.perWorker, func(e *capEvidence) (float64, bool) { return e.limit, e.limit > 0 })
 }
 
 // CapacityReporter is implemented by policies that learn each worker's cache capacity.

@@ -117,18 +117,8 @@ func (t *tails) medianTokens(class int8) (float64, bool) {
 	if t.n[class] < followPriorAnswers {
 		return 0, false
 	}
-	h := &t.tokens[class]
-	total := 0.0
-	for _, w := range h {
-		total += w
-	}
-	acc := 0.0
-	for i, w := range h {
-		if acc += w; acc >= total/2 && total > 0 {
-			return tailBinTokens(i), true
-		}
-	}
-	return 0, false
+	i, ok := medianBin(t.tokens[class][:])
+	return tailBinTokens(i), ok
 }
 
 // best returns the predictor of least error for class (tailShare until answers came).

@@ -3,7 +3,6 @@ package policy
 import (
 	"maps"
 	"math"
-	"sync"
 	"sync/atomic"
 )
 
@@ -21,17 +20,15 @@ import (
 // engine's new events).
 
 const (
-	driftWeight      = 1.0 / 8
-	driftOn          = 0.5
-	driftOff         = 0.25
-	driftMinAnswers  = 4
-	maxDriftsTracked = maxCalibrated
+	driftWeight     = 1.0 / 8
+	driftOn         = 0.5
+	driftOff        = 0.25
+	driftMinAnswers = 4
 )
 
 // drifts keeps each worker's disagreement share and state.
 type drifts struct {
-	mu sync.Mutex
-	m  map[string]*driftState
+	perWorker[driftState]
 	// now is the set of drifting workers, republished on every transition: decisions read it
 	// without the lock.
 	now atomic.Pointer[map[string]bool]
@@ -43,6 +40,9 @@ type driftState struct {
 	drifting bool
 	count    int
 }
+
+// drift returns s as DriftReporter reports it.
+func (s *driftState) drift() Drift { return Drift{Drifting: s.drifting, Count: s.count} }
 
 // Drift is one worker's drift state (DriftReporter).
 type Drift struct {
@@ -62,41 +62,30 @@ type DriftReporter interface {
 
 // observe records whether worker's answer agreed with its events.
 func (d *drifts) observe(worker string, agree bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.m == nil {
-		d.m = map[string]*driftState{}
-	}
-	s := d.m[worker]
-	if s == nil {
-		if len(d.m) >= maxDriftsTracked {
+	d.update(worker, func(s *driftState) {
+		miss := 0.0
+		if !agree {
+			miss = 1
+		}
+		s.n++
+		s.share += (miss - s.share) * max(driftWeight, 1/float64(s.n))
+		switch {
+		case !s.drifting && s.n >= driftMinAnswers && s.share > driftOn:
+			s.drifting = true
+			s.count++
+		case s.drifting && s.share < driftOff:
+			s.drifting = false
+		default:
 			return
 		}
-		s = &driftState{}
-		d.m[worker] = s
-	}
-	miss := 0.0
-	if !agree {
-		miss = 1
-	}
-	s.n++
-	s.share += (miss - s.share) * max(driftWeight, 1/float64(s.n))
-	switch {
-	case !s.drifting && s.n >= driftMinAnswers && s.share > driftOn:
-		s.drifting = true
-		s.count++
-	case s.drifting && s.share < driftOff:
-		s.drifting = false
-	default:
-		return
-	}
-	set := map[string]bool{}
-	for w, st := range d.m {
-		if st.drifting {
-			set[w] = true
+		set := map[string]bool{}
+		for w, st := range d.m { // under the lock update holds
+			if st.drifting {
+				set[w] = true
+			}
 		}
-	}
-	d.now.Store(&set)
+		d.now.Store(&set)
+	})
 }
 
 // drifting reports whether worker's index is drifting.
@@ -109,9 +98,6 @@ func (d *drifts) drifting(worker string) bool {
 func (d *drifts) forget(worker string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.m[worker] == nil {
-		return
-	}
 	delete(d.m, worker)
 	if set := d.now.Load(); set != nil && (*set)[worker] {
 		next := maps.Clone(*set)
@@ -122,23 +108,13 @@ func (d *drifts) forget(worker string) {
 
 // Drifts returns each compared worker's drift state (DriftReporter).
 func (p *Cost) Drifts() map[string]Drift {
-	p.drift.mu.Lock()
-	defer p.drift.mu.Unlock()
-	out := make(map[string]Drift, len(p.drift.m))
-	for w, s := range p.drift.m {
-		out[w] = Drift{Drifting: s.drifting, Count: s.count}
-	}
-	return out
+	return each(&p.drift.perWorker, func(s *driftState) (Drift, bool) { return s.drift(), true })
 }
 
 // WorkerDrift returns worker's drift state (DriftReporter).
-func (p *Cost) WorkerDrift(worker string) Drift {
-	p.drift.mu.Lock()
-	defer p.drift.mu.Unlock()
-	if s := p.drift.m[worker]; s != nil {
-		return Drift{Drifting: s.drifting, Count: s.count}
-	}
-	return Drift{}
+func (p *Cost) WorkerDrift(worker string) (d Drift) {
+	p.drift.read(worker, func(s *driftState) { d = s.drift() })
+	return d
 }
 
 // undrift records, for each candidate the events answered for (out[i] ≥ 0, of toks tokens),
