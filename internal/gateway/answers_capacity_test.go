@@ -21,10 +21,11 @@ import (
 //  2. y joins, and holds a (sent to it straight, past the gateway);
 //  3. a comes again, under a routing key whose rendezvous owner is y.
 //
-// x let a go long ago, so the cost sees a cached nowhere the tree still believes and sends it
-// by the key to y, which has it: the answer reports it cached. Without the learned capacity the
-// tree still places a on x, which it sends a back to for a full prefill. words is how many
-// words make a quarter of the cache in the engines' tokens.
+// x let a go long ago: with x's capacity learned the tree no longer places a there, so the
+// cost finds a cached nowhere it can see and sends it by the key to y, which has it (the answer
+// reports it cached). Without the learned capacity the tree still places a on x, which gets it
+// back for a full prefill. words is how many words make a quarter of the cache in the engines'
+// tokens.
 func evictionDrill(t *testing.T, g *testGateway, x, y string, words int) {
 	t.Helper()
 	type answer struct {

@@ -57,8 +57,9 @@ func tailBinTokens(i int) float64 {
 	return math.Exp2((float64(i-1) + 0.5) / tailBinsPerOctave)
 }
 
-// maxSentTails bounds the routing texts remembered with what was last sent under them.
-const maxSentTails = 1 << 16
+// maxSentTails bounds the (worker, routing text) pairs remembered with what was last sent
+// under them: about 2.5 MB.
+const maxSentTails = 1 << 14
 
 // tails keeps the tokens predictor's histograms, the predictors' errors and what was last
 // sent under each routing text.
