@@ -91,6 +91,7 @@ type Cost struct {
 	// predictors and tailCap how long a worker keeps a tail (learntail.go).
 	capacity, tailCap capacities
 	tails             tails
+	owners            owners // learnowner.go
 	// drift checks precise_prefix's events against the answers (precisedrift.go).
 	drift drifts
 	// decideNS sums the time precise decisions took matching the events (tokenization is

@@ -76,6 +76,10 @@ type Basis struct {
 	// were asked about, Evented whether they answered for it (precisedrift.go).
 	Events, EventsOf float64
 	Evented          bool
+	// Owners are each owner predictor's part of Credit predicted held (learnowner.go), in
+	// tokens, Owned whether they were filled in.
+	Owners [ownerKinds]float64
+	Owned  bool
 }
 
 // Kinds of full match, each with its own follow share.
@@ -271,6 +275,7 @@ func (p *Cost) Learn(req *Request, a Answer) {
 	case b.Credit > 0:
 		// What the engine held past the tree's own prediction is the owner's credit's to explain.
 		p.follow.add(followOwner, reported-(b.Routed+b.Follow)*scale, b.Credit*scale, float64(a.PromptTokens))
+		p.learnOwner(b, reported/scale-(b.Routed+b.Follow), (float64(a.PromptTokens)-reported)/scale, float64(a.PromptTokens)/scale) // learnowner.go
 	case b.Class != followNone:
 		p.follow.add(b.Class, reported-b.Routed*scale, b.Rest*scale, float64(a.PromptTokens))
 		p.learnTail(b, a.Worker, reported/scale-b.Routed, float64(a.PromptTokens)/scale) // learntail.go

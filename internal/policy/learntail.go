@@ -138,12 +138,13 @@ func (t *tails) best(class int8) int {
 
 // routed completes a decision the tree made for chosen (nil: none), once the tree recorded
 // it: the Basis gets the chosen worker's prior record (learncap.go) and the prediction its
-// tail (predictTail).
+// tail (predictTail) and its owner's part (learnowner.go).
 func (p *Cost) routed(req *Request, chosen *worker.Worker, prior radix.Prior, commit bool) {
 	b := &req.Decision.Basis
 	b.PriorChars, b.PriorAge = prior.Chars, float64(prior.Age)
 	if chosen != nil {
 		p.predictTail(req, chosen.ID, commit)
+		p.predictOwner(&req.Decision) // learnowner.go
 	}
 }
 
