@@ -181,10 +181,35 @@ func answerTokens(b []byte) (prompt, cached int, ok bool) {
 }
 
 // silentWorkers remembers the workers whose answers reported no cached tokens, to say so once
-// each in the log: their answers leave the policy's picture as it was.
+// each in the log: their answers leave the policy's picture as it was. It remembers too each
+// worker's events-index drift state (policy.DriftReporter), to log its transitions once each.
 type silentWorkers struct {
-	mu   sync.Mutex
-	seen map[string]bool
+	mu    sync.Mutex
+	seen  map[string]bool
+	drift map[string]policy.Drift
+}
+
+// noteDrift logs worker's drift state when it changed since the last answer noted.
+func (s *silentWorkers) noteDrift(log *slog.Logger, worker string, d policy.Drift) {
+	s.mu.Lock()
+	if s.drift == nil {
+		s.drift = map[string]policy.Drift{}
+	}
+	last, known := s.drift[worker]
+	changed := last != d && (known || d != policy.Drift{})
+	if changed && (known || len(s.drift) < maxSilentWorkers) {
+		s.drift[worker] = d
+	}
+	s.mu.Unlock()
+	if !changed || log == nil {
+		return
+	}
+	if d.Drifting {
+		log.Warn("kv events: a worker's events index disagrees with what its answers report cached; its requests are scored by the prefix tree until they agree again",
+			"worker", worker, "times", d.Count)
+	} else {
+		log.Info("kv events: a worker's events index agrees with its answers again", "worker", worker)
+	}
 }
 
 // maxSilentWorkers bounds what silentWorkers remembers (worker ids come from the registry).
@@ -212,7 +237,11 @@ func (a *auditWriter) learn(prompt, cached int) {
 	if a.learner == nil || a.req.Decision.Worker == "" {
 		return
 	}
-	a.learner.Learn(a.req, policy.Answer{Worker: a.req.Decision.Worker, PromptTokens: prompt, CachedTokens: cached})
+	w := a.req.Decision.Worker
+	a.learner.Learn(a.req, policy.Answer{Worker: w, PromptTokens: prompt, CachedTokens: cached})
+	if dr, ok := a.learner.(policy.DriftReporter); ok && a.silent != nil && a.req.Decision.Basis.Evented {
+		a.silent.noteDrift(a.log, w, dr.WorkerDrift(w))
+	}
 }
 
 // learnFrom sets up aw to hand the answer to pol, if pol learns from answers, and returns the

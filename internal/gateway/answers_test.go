@@ -39,6 +39,11 @@ func streamWithoutUsage(t *testing.T, c openai.Client, params openai.ChatComplet
 
 // calibrated returns kvgate_prefix_prediction_bias's series: worker → value.
 func calibrated(t *testing.T, s *Server) map[string]float64 {
+	return workerGauge(t, s, "kvgate_prefix_prediction_bias")
+}
+
+// workerGauge returns the series of the gauge name: worker → value.
+func workerGauge(t *testing.T, s *Server, name string) map[string]float64 {
 	t.Helper()
 	mfs, err := s.Metrics().Registry().Gather()
 	if err != nil {
@@ -46,7 +51,7 @@ func calibrated(t *testing.T, s *Server) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, mf := range mfs {
-		if mf.GetName() != "kvgate_prefix_prediction_bias" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {

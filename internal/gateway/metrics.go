@@ -135,12 +135,15 @@ var (
 	descDecisions = prometheus.NewDesc("kvgate_policy_decisions_total", "Policy decisions by branch.", []string{"policy", "model", "branch"}, nil)
 	descTree      = prometheus.NewDesc("kvgate_policy_tree_chars", "Characters held in the prefix tree per worker.", []string{"policy", "model", "worker"}, nil)
 	descCalib     = prometheus.NewDesc("kvgate_prefix_prediction_bias", "Moving average over a worker's last 256 answers of the predicted minus the reported cached share of the prompt (positive: the policy believes the worker holds more than it does).", []string{"policy", "model", "worker"}, nil)
+	descCapacity  = prometheus.NewDesc("kvgate_prefix_tree_capacity_tokens", "The tokens a worker's engine was shown by its answers to keep cached: the prefix tree hides the worker's records once that many prompt tokens were newly cached on it since (absent until an answer showed a lost prefix).", []string{"policy", "model", "worker"}, nil)
+	descDrifts    = prometheus.NewDesc("kvgate_kv_index_drifts_total", "Times precise_prefix found a worker's events index disagreeing with what its answers report cached, and scored it by the prefix tree instead.", []string{"policy", "model", "worker"}, nil)
+	descDrifting  = prometheus.NewDesc("kvgate_kv_index_drifting", "1 while a worker's events index disagrees with its answers (scored by the prefix tree), else 0.", []string{"policy", "model", "worker"}, nil)
 	descTreeHeld  = prometheus.NewDesc("kvgate_policy_tree_held_chars", "Characters held by every prefix tree of the gateway together.", nil, nil)
 	descTreeMax   = prometheus.NewDesc("kvgate_policy_tree_budget_chars", "The gateway-wide prefix-tree budget (--tree-budget); absent when there is none.", nil, nil)
 )
 
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descReportAge, descUsage, descDecisions, descTree, descCalib, descTreeHeld, descTreeMax} {
+	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descReportAge, descUsage, descDecisions, descTree, descCalib, descCapacity, descDrifts, descDrifting, descTreeHeld, descTreeMax} {
 		ch <- d
 	}
 }
@@ -191,6 +194,17 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 		if c, ok := p.(policy.Calibrator); ok {
 			for wid, e := range c.Calibration() {
 				ch <- prometheus.MustNewConstMetric(descCalib, prometheus.GaugeValue, e, p.Name(), model, wid)
+			}
+		}
+		if c, ok := p.(policy.CapacityReporter); ok {
+			for wid, n := range c.Capacities() {
+				ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, n, p.Name(), model, wid)
+			}
+		}
+		if d, ok := p.(policy.DriftReporter); ok {
+			for wid, s := range d.Drifts() {
+				ch <- prometheus.MustNewConstMetric(descDrifts, prometheus.CounterValue, float64(s.Count), p.Name(), model, wid)
+				ch <- prometheus.MustNewConstMetric(descDrifting, prometheus.GaugeValue, b2f(s.Drifting), p.Name(), model, wid)
 			}
 		}
 	}

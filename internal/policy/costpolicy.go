@@ -87,6 +87,13 @@ type Cost struct {
 	// follow is the learned F, calib each worker's prediction error (learn.go).
 	follow follower
 	calib  calibration
+	// capacity is each worker's learned cache capacity (learncap.go), tails the tail's
+	// predictors and tailCap how long a worker keeps a tail (learntail.go).
+	capacity, tailCap capacities
+	tails             tails
+	owners            owners // learnowner.go
+	// drift checks precise_prefix's events against the answers (precisedrift.go).
+	drift drifts
 	// decideNS sums the time precise decisions took matching the events (tokenization is
 	// Prepare's); decided counts them.
 	decideNS, decided atomic.Int64
@@ -122,6 +129,8 @@ var (
 	_ CacheObserver    = (*Cost)(nil)
 	_ AnswerLearner    = (*Cost)(nil)
 	_ Calibrator       = (*Cost)(nil)
+	_ CapacityReporter = (*Cost)(nil)
+	_ DriftReporter    = (*Cost)(nil)
 )
 
 func newCost(name string, src source, cfg Config) *Cost {
@@ -162,6 +171,9 @@ func (p *Cost) Forget(workerID string) {
 	}
 	p.sc.forget(workerID)
 	p.calib.forget(workerID)
+	p.capacity.forget(workerID)
+	p.tailCap.forget(workerID)
+	p.drift.forget(workerID)
 }
 
 // Close stops the tree's eviction loop, if there is one.

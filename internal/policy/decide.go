@@ -349,6 +349,7 @@ func (p *Cost) eventsCached(av []costCand, req *Request, toks []uint32, pick fun
 			return nil, false
 		}
 	}
+	partial = p.undrift(av, len(toks), out) || partial // precisedrift.go
 	// A chat request's whole messages were tokenized; other prompts only their routing text,
 	// whose tail past it is counted in bytes.
 	prompt := float64(len(toks))
@@ -383,7 +384,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 	routed := p.sc.est.Tokens(int64(len(req.Text)))
 	rest := max(av[0].t.Prompt-routed, 0)
 	var chosen *worker.Worker
-	p.tree.RouteDepths(req.Text, func(tenant string, chars int) {
+	prior := p.tree.RouteAged(req.Text, func(tenant string, chars int) {
 		if i := idx.get(av, tenant); i >= 0 {
 			av[i].t.Cached = float64(req.promptChars(chars))
 		}
@@ -422,6 +423,7 @@ func (p *Cost) treeCached(av []costCand, req *Request, commit bool, pick func(ui
 		}
 		return chosen.ID
 	})
+	p.routed(req, chosen, prior, commit) // learntail.go
 	return chosen
 }
 

@@ -61,6 +61,25 @@ type Basis struct {
 	// Class is the kind of match F was read for (followShared, followOwn); followNone (zero)
 	// when the routing text was not wholly held, so no F was applied.
 	Class int8
+	// PriorChars and PriorAge are the chosen worker's deepest record on the routing text's path
+	// before the decision (radix.Prior; learncap.go): its end, in characters of the routing
+	// text, and its age, in tokens on the worker's clock. Zero when it had none.
+	PriorChars int
+	PriorAge   float64
+	// Tails are each tail predictor's part of Rest predicted cached (learntail.go), in tokens,
+	// Tailed whether they were filled in; Follow is the one the prediction used. SentTail is
+	// the tail last sent to the worker under the same routing text, in tokens (0: none).
+	Tails    [tailKinds]float64
+	Tailed   bool
+	SentTail float64
+	// Events is what precise_prefix's events said the worker holds of the EventsOf tokens they
+	// were asked about, Evented whether they answered for it (precisedrift.go).
+	Events, EventsOf float64
+	Evented          bool
+	// Owners are each owner predictor's part of Credit predicted held (learnowner.go), in
+	// tokens, Owned whether they were filled in.
+	Owners [ownerKinds]float64
+	Owned  bool
 }
 
 // Kinds of full match, each with its own follow share.
@@ -109,21 +128,8 @@ func (f *follower) median(class int8) (float64, bool) {
 	if f.n[class] < followPriorAnswers {
 		return 0, false
 	}
-	h := &f.hist[class]
-	total := 0.0
-	for _, w := range h {
-		total += w
-	}
-	if !(total > 0) {
-		return 0, false
-	}
-	acc := 0.0
-	for i, w := range h {
-		if acc += w; acc >= total/2 {
-			return float64(i) / (followBins - 1), true
-		}
-	}
-	return 1, true
+	i, ok := medianBin(f.hist[class][:])
+	return float64(i) / (followBins - 1), ok
 }
 
 // share returns F for class, the prior when nothing was learned. prior is in [0,1].
@@ -173,10 +179,7 @@ func (f *follower) add(class int8, cached, rest, prompt float64) {
 const correctSlackTokens = 64
 
 // calibration keeps each worker's moving average of predicted − reported cached share.
-type calibration struct {
-	mu sync.Mutex
-	m  map[string]*calib
-}
+type calibration struct{ perWorker[calib] }
 
 type calib struct {
 	avg float64
@@ -185,42 +188,18 @@ type calib struct {
 
 // add records one answer of worker: err is predicted − reported share.
 func (c *calibration) add(worker string, err float64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[string]*calib{}
-	}
-	e := c.m[worker]
-	if e == nil {
-		if len(c.m) >= maxCalibrated {
-			return // bounded: workers come and go through Forget, a flood of ids does not
-		}
-		e = &calib{}
-		c.m[worker] = e
-	}
-	e.n = min(e.n+1, learnWindow)
-	e.avg += (err - e.avg) / float64(e.n)
+	c.update(worker, func(e *calib) {
+		e.n = min(e.n+1, learnWindow)
+		e.avg += (err - e.avg) / float64(e.n)
+	})
 }
 
-// maxCalibrated bounds the workers whose calibration is kept.
+// maxCalibrated bounds the workers whose learned state (calibration, capacity, drift) is kept.
 const maxCalibrated = 4096
 
 // snapshot returns worker → its moving error.
 func (c *calibration) snapshot() map[string]float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make(map[string]float64, len(c.m))
-	for w, e := range c.m {
-		out[w] = e.avg
-	}
-	return out
-}
-
-// forget drops worker's calibration.
-func (c *calibration) forget(worker string) {
-	c.mu.Lock()
-	delete(c.m, worker)
-	c.mu.Unlock()
+	return each(&c.perWorker, func(e *calib) (float64, bool) { return e.avg, true })
 }
 
 // Calibrator is implemented by policies that keep each worker's prediction error.
@@ -288,6 +267,7 @@ func (p *Cost) Learn(req *Request, a Answer) {
 	share := reported / float64(a.PromptTokens)
 	p.calib.add(a.Worker, clamp01(d.Predicted)-share)
 	b := &d.Basis
+	p.learnDrift(b, a.Worker, reported) // precisedrift.go
 	// The answer's tokens and the decision's estimate of them differ (bytes per token, a chat
 	// template): each part of the prediction is compared as a share of the prompt.
 	scale := float64(a.PromptTokens) / max(d.Chosen.Prompt, 1)
@@ -295,18 +275,21 @@ func (p *Cost) Learn(req *Request, a Answer) {
 	case b.Credit > 0:
 		// What the engine held past the tree's own prediction is the owner's credit's to explain.
 		p.follow.add(followOwner, reported-(b.Routed+b.Follow)*scale, b.Credit*scale, float64(a.PromptTokens))
+		p.learnOwner(b, reported/scale-(b.Routed+b.Follow), (float64(a.PromptTokens)-reported)/scale, float64(a.PromptTokens)/scale) // learnowner.go
 	case b.Class != followNone:
 		p.follow.add(b.Class, reported-b.Routed*scale, b.Rest*scale, float64(a.PromptTokens))
+		p.learnTail(b, a.Worker, reported/scale-b.Routed, float64(a.PromptTokens)/scale) // learntail.go
 	}
-	if p.prefixTree != nil && req.Text != "" && b.Routed > 0 {
+	if p.prefixTree != nil && req.Text != "" {
 		// What the engine held of the routing text, in its characters.
 		routedTok := max(d.Chosen.Prompt-b.Rest, 1)
 		held := int(min(reported/scale/routedTok, 1) * float64(radix.CharCount(req.Text)))
 		// Engines count cached tokens in whole blocks, and a prompt's tokens are estimated from
 		// its bytes: only a shortfall beyond correctSlackTokens is evidence of an eviction.
 		held += int(correctSlackTokens * p.sc.cfg.BytesPerToken)
-		if held < b.RoutedChars {
+		if b.Routed > 0 && held < b.RoutedChars {
 			p.tree.Correct(req.Text, a.Worker, held, d.At)
 		}
+		p.learnCapacity(b, a.Worker, held, float64(a.PromptTokens)-reported) // learncap.go
 	}
 }

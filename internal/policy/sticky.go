@@ -487,6 +487,32 @@ func (p *Sticky) Calibration() map[string]float64 {
 	return nil
 }
 
+// Capacities asks the wrapped policy, if it learns its workers' cache capacities
+// (CapacityReporter); nil otherwise.
+func (p *Sticky) Capacities() map[string]float64 {
+	if c, ok := p.inner.(CapacityReporter); ok {
+		return c.Capacities()
+	}
+	return nil
+}
+
+// Drifts asks the wrapped policy, if it checks its events against the answers
+// (DriftReporter); nil otherwise.
+func (p *Sticky) Drifts() map[string]Drift {
+	if d, ok := p.inner.(DriftReporter); ok {
+		return d.Drifts()
+	}
+	return nil
+}
+
+// WorkerDrift asks the wrapped policy (DriftReporter); zero otherwise.
+func (p *Sticky) WorkerDrift(worker string) Drift {
+	if d, ok := p.inner.(DriftReporter); ok {
+		return d.WorkerDrift(worker)
+	}
+	return Drift{}
+}
+
 // BestCost asks the wrapped policy, if it prices its decisions (Coster); ok false otherwise.
 // A session bound to a worker may not get the least cost; this is the fleet's best, which is
 // what admission control needs.

@@ -45,6 +45,9 @@ func (e *everything) DecisionTime() (int64, time.Duration)                { e.hi
 func (e *everything) Close() error                                        { e.hit("Close"); return nil }
 func (e *everything) Learn(*Request, Answer)                              { e.hit("Learn") }
 func (e *everything) Calibration() map[string]float64                     { e.hit("Calibration"); return nil }
+func (e *everything) Capacities() map[string]float64                      { e.hit("Capacities"); return nil }
+func (e *everything) Drifts() map[string]Drift                            { e.hit("Drifts"); return nil }
+func (e *everything) WorkerDrift(string) Drift                            { e.hit("WorkerDrift"); return Drift{} }
 func (e *everything) Prepare(context.Context, []*worker.Worker, *Request) { e.hit("Prepare") }
 
 // TestWrappersForwardEveryInterface reads the package's source for every interface it declares
@@ -68,11 +71,16 @@ func TestWrappersForwardEveryInterface(t *testing.T) {
 			p.(Warmer).HotPrefixes(radix.HotOptions{})
 			p.(Warmer).RecordWarm("w", "t")
 		},
-		"Coster":        func(p Policy) { p.(Coster).BestCost(context.Background(), nil, &Request{}) },
-		"DecisionTimer": func(p Policy) { p.(DecisionTimer).DecisionTime() },
-		"AnswerLearner": func(p Policy) { p.(AnswerLearner).Learn(&Request{}, Answer{}) },
-		"Calibrator":    func(p Policy) { p.(Calibrator).Calibration() },
-		"Preparer":      func(p Policy) { p.(Preparer).Prepare(context.Background(), nil, &Request{}) },
+		"Coster":           func(p Policy) { p.(Coster).BestCost(context.Background(), nil, &Request{}) },
+		"DecisionTimer":    func(p Policy) { p.(DecisionTimer).DecisionTime() },
+		"AnswerLearner":    func(p Policy) { p.(AnswerLearner).Learn(&Request{}, Answer{}) },
+		"Calibrator":       func(p Policy) { p.(Calibrator).Calibration() },
+		"CapacityReporter": func(p Policy) { p.(CapacityReporter).Capacities() },
+		"DriftReporter": func(p Policy) {
+			p.(DriftReporter).Drifts()
+			p.(DriftReporter).WorkerDrift("w")
+		},
+		"Preparer": func(p Policy) { p.(Preparer).Prepare(context.Background(), nil, &Request{}) },
 	}
 	fset := token.NewFileSet()
 	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool {

@@ -15,8 +15,9 @@ type candidate struct {
 }
 
 // Evict trims every tenant that holds more than maxChars characters back to at most maxChars,
-// dropping its least recently used text first, and purges the records of removed tenants. It
-// returns the number of (node, tenant) records dropped.
+// dropping its least recently used text first, drops the records that aged out on their
+// tenant's clock (limit.go), and purges the records of removed tenants. It returns the number
+// of (node, tenant) records dropped.
 //
 // Evict never holds more than two node locks, and those only briefly, so routing goes on while it
 // runs. It first walks the tree to collect the records of the tenants over budget, then drops them
@@ -31,15 +32,18 @@ func (t *Tree) Evict(maxChars int64) int {
 			over[tn.idx] = true
 		}
 	}
-	if len(over) == 0 {
-		// Nobody is over budget: skip the walk, which over a large tree costs far more than the
-		// routing between two passes. Remove purges a tenant's records itself; the only records
-		// this skips are those of a Route that raced a Remove, which match nothing (the tenant
-		// is retired) and go with the next walk.
+	keep := keepAges(tab) // limit.go
+	if len(over) == 0 && len(keep) == 0 {
+		// Nobody is over budget and no record can have aged out: skip the walk, which over a
+		// large tree costs far more than the routing between two passes. Remove purges a
+		// tenant's records itself; the only records this skips are those of a Route that raced
+		// a Remove, which match nothing (the tenant is retired) and go with the next walk.
 		return 0
 	}
 	var cands []candidate
+	dropped := 0
 	empty := t.walk(func(n *node, depth int, _ int32) int32 {
+		dropped += dropAged(n, tab, keep)
 		for _, e := range n.tenants {
 			if over[e.idx] {
 				cands = append(cands, candidate{n: n, stamp: e.stamp, depth: depth, idx: e.idx})
@@ -53,7 +57,6 @@ func (t *Tree) Evict(maxChars int64) int {
 		}
 		return cmp.Compare(b.depth, a.depth)
 	})
-	dropped := 0
 	for _, c := range cands {
 		tn := tab.byIdx[c.idx]
 		if tn.size.Load() <= maxChars {

@@ -38,6 +38,10 @@ type Tree struct {
 	tmu     sync.Mutex
 
 	matchPool sync.Pool
+
+	// limited is set once any tenant got a limit (SetLimit): until then a descent skips the
+	// per-node visibility checks that limits need.
+	limited atomic.Bool
 }
 
 // Options configures a Tree.
@@ -80,9 +84,11 @@ type node struct {
 	tenants  []entry
 }
 
-// entry records that a tenant holds the text down to this node, and when it last did.
+// entry records that a tenant holds the text down to this node, and when it last did: stamp on
+// the tree's clock, seq on the tenant's own (its clock's low 32 bits then; limit.go).
 type entry struct {
 	idx   uint32
+	seq   uint32
 	stamp int64
 }
 
@@ -93,6 +99,9 @@ type tenant struct {
 	idx     uint32
 	size    atomic.Int64
 	retired atomic.Bool
+	// clock and limit are the tenant's own clock and the age on it past which its records are
+	// hidden (0: never); limit.go.
+	clock, limit atomic.Int64
 }
 
 // tenantTable is an immutable index of the tenants; byIdx keeps retired tenants (nil once purged
@@ -133,7 +142,7 @@ func (m *Match) Ratio() float64 {
 func (t *Tree) appendTenants(dst []string, n *node) []string {
 	tab := t.tenants.Load()
 	for _, e := range n.tenants {
-		if tn := tab.byIdx[e.idx]; !tn.retired.Load() {
+		if tn := tab.byIdx[e.idx]; tn.live(e) {
 			dst = append(dst, tn.name)
 		}
 	}
@@ -153,7 +162,8 @@ func (t *Tree) Route(text string, choose func(m *Match) string) (chars, total in
 // tenants of all nodes below it, so they are the tenants of the shallowest node on the path at
 // which more than ratio of the text has matched, collected in the same descent.
 func (t *Tree) RouteHolders(text string, ratio float64, choose func(m *Match) string) (chars, total int) {
-	return t.route(text, ratio, nil, choose)
+	chars, total, _ = t.route(text, ratio, nil, choose)
+	return chars, total
 }
 
 // RouteDepths is Route that first tells depth, for every tenant holding some prefix of the text,
@@ -161,16 +171,31 @@ func (t *Tree) RouteHolders(text string, ratio float64, choose func(m *Match) st
 // deep, while the node it reports is locked, so a tenant may be reported several times: its last
 // report is its depth. Like choose, it must be quick and must not call the tree.
 func (t *Tree) RouteDepths(text string, depth func(tenant string, chars int), choose func(m *Match) string) (chars, total int) {
-	return t.route(text, 1, depth, choose)
+	chars, total, _ = t.route(text, 1, depth, choose)
+	return chars, total
 }
 
-// route is the descent of RouteHolders and RouteDepths.
-func (t *Tree) route(text string, ratio float64, depth func(string, int), choose func(m *Match) string) (chars, total int) {
+// RouteAged is RouteDepths that also returns what the tree held for the chosen tenant on the
+// text's path before this call recorded it there (limit.go): the teacher of a tenant's limit
+// compares it with what the tenant's engine then reports. Prior is zero when choose returns ""
+// or the tenant held no prefix of the text.
+func (t *Tree) RouteAged(text string, depth func(tenant string, chars int), choose func(m *Match) string) Prior {
+	_, _, prior := t.route(text, 1, depth, choose)
+	return prior
+}
+
+// route is the descent of RouteHolders, RouteDepths and RouteAged. The Match shows only the
+// records that are live (limit.go); matched counts every node the text runs through, which is
+// where the text is recorded.
+func (t *Tree) route(text string, ratio float64, depth func(string, int), choose func(m *Match) string) (chars, total int, prior Prior) {
 	m := t.matchPool.Get().(*Match)
 	m.Total = charCount(text)
 	need := int(ratio*float64(m.Total)) + 1 // matched > ratio × total
 	m.Holders = m.Holders[:0]
+	m.Tenants = m.Tenants[:0]
 	m.Shared = 0
+	m.Chars = 0
+	limited := t.limited.Load()
 	n := t.root
 	n.mu.Lock()
 	pos, matched, cut := 0, 0, 0 // cut: bytes of n's edge matched when the text diverges inside it
@@ -194,13 +219,23 @@ func (t *Tree) route(text string, ratio float64, depth func(string, int), choose
 		if before < need && matched >= need {
 			m.Holders = t.appendTenants(m.Holders, c)
 		}
-		if len(c.tenants) >= 2 {
-			m.Shared = matched
+		if !limited {
+			if len(c.tenants) >= 2 {
+				m.Shared = matched
+			}
+		} else if live := t.liveCount(c); live > 0 {
+			// Records past their tenant's limit are hidden: the match ends at the deepest node
+			// that shows one, with its tenants.
+			m.Chars = matched
+			m.Tenants = t.appendTenants(m.Tenants[:0], c)
+			if live >= 2 {
+				m.Shared = matched
+			}
 		}
 		if depth != nil {
 			tab := t.tenants.Load()
 			for _, e := range c.tenants {
-				if tn := tab.byIdx[e.idx]; !tn.retired.Load() {
+				if tn := tab.byIdx[e.idx]; tn.live(e) {
 					depth(tn.name, matched)
 				}
 			}
@@ -209,11 +244,13 @@ func (t *Tree) route(text string, ratio float64, depth func(string, int), choose
 			break
 		}
 	}
-	m.Chars = matched
-	m.Tenants = m.Tenants[:0]
-	if n != t.root {
-		m.Tenants = t.appendTenants(m.Tenants, n)
+	if !limited {
+		m.Chars = matched
+		if n != t.root {
+			m.Tenants = t.appendTenants(m.Tenants, n)
+		}
 	}
+	chars = m.Chars
 	name := choose(m)
 	total = m.Total
 	clear(m.Tenants)
@@ -221,7 +258,7 @@ func (t *Tree) route(text string, ratio float64, depth func(string, int), choose
 	t.matchPool.Put(m)
 	if name == "" {
 		n.mu.Unlock()
-		return matched, total
+		return chars, total, prior
 	}
 	tn := t.tenant(name)
 	stamp := t.now().UnixNano()
@@ -231,14 +268,18 @@ func (t *Tree) route(text string, ratio float64, depth func(string, int), choose
 	if pos < len(text) {
 		n.addLeaf(strings.Clone(text[pos:]), tn, stamp)
 	}
+	below := 0 // n's characters, read under its lock for the climb
 	if n != t.root {
-		n.touch(tn, stamp)
+		if age, had := n.touch(tn, stamp); had {
+			prior = Prior{Chars: matched, Age: age}
+		}
+		below = int(n.chars)
 	}
 	n.mu.Unlock()
 	if n != t.root {
-		t.touchAncestors(n, tn, stamp)
+		t.touchAncestors(n, tn, stamp, matched-below, &prior)
 	}
-	return matched, total
+	return chars, total, prior
 }
 
 // Insert records text for tenant: Route with a fixed choice.
@@ -286,10 +327,10 @@ func (n *node) child(key int32) *node {
 // addLeaf adds a child with edge text for tenant tn. n is locked; text is owned by the tree.
 func (n *node) addLeaf(text string, tn *tenant, stamp int64) {
 	c := &node{edge: text, key: unitKey(text), chars: int32(charCount(text))}
-	c.tenants = []entry{{idx: tn.idx, stamp: stamp}}
+	tn.size.Add(int64(c.chars))
+	c.tenants = []entry{{idx: tn.idx, seq: tn.seq(), stamp: stamp}}
 	c.hits = 1
 	c.parent.Store(n)
-	tn.size.Add(int64(c.chars))
 	i, _ := slices.BinarySearch(n.keys, c.key)
 	n.children = slices.Insert(n.children, i, c)
 	n.keys = slices.Insert(n.keys, i, c.key)
@@ -314,24 +355,28 @@ func (n *node) split(k int) {
 }
 
 // touch records tenant tn on n at stamp, counting n's characters if tn is new here, and counts
-// one more hit on n. n is locked.
-func (n *node) touch(tn *tenant, stamp int64) {
+// one more hit on n. It returns the age the record had on tn's clock (limit.go), had false when
+// tn was new here. n is locked.
+func (n *node) touch(tn *tenant, stamp int64) (age int64, had bool) {
 	if n.hits < math.MaxUint32 {
 		n.hits++
 	}
 	for i := range n.tenants {
-		if n.tenants[i].idx == tn.idx {
-			n.tenants[i].stamp = max(n.tenants[i].stamp, stamp)
-			return
+		if e := &n.tenants[i]; e.idx == tn.idx {
+			age = tn.age(*e)
+			e.stamp, e.seq = max(e.stamp, stamp), tn.seq()
+			return age, true
 		}
 	}
-	n.tenants = append(n.tenants, entry{idx: tn.idx, stamp: stamp})
 	tn.size.Add(int64(n.chars))
+	n.tenants = append(n.tenants, entry{idx: tn.idx, seq: tn.seq(), stamp: stamp})
+	return 0, false
 }
 
 // touchAncestors records tn at stamp on every ancestor of n below the root, bottom-up, holding
-// one lock at a time.
-func (t *Tree) touchAncestors(n *node, tn *tenant, stamp int64) {
+// one lock at a time. end is the characters from the root to the start of n's edge; prior, if
+// it is still zero, gets the deepest ancestor that already held tn (its end and its age).
+func (t *Tree) touchAncestors(n *node, tn *tenant, stamp int64, end int, prior *Prior) {
 	for {
 		p := n.parent.Load()
 		if p == nil || p == t.root {
@@ -346,7 +391,10 @@ func (t *Tree) touchAncestors(n *node, tn *tenant, stamp int64) {
 			p.mu.Unlock()
 			return
 		}
-		p.touch(tn, stamp)
+		if age, had := p.touch(tn, stamp); had && prior.Chars == 0 {
+			*prior = Prior{Chars: end, Age: age}
+		}
+		end -= int(p.chars)
 		p.mu.Unlock()
 		n = p
 	}
