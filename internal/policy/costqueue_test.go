@@ -1,0 +1,91 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/internal/loadmon"
+)
+
+// TestQueuedSendsArithmetic: two engines of 10 running requests each (the fleet generating 1,000
+// tokens a second per engine: D is 10 ms, 11 ms with one more request), prefill at 8,000 tokens
+// a second (the default μ), reported with Q queued 500 ms before an 800-token prompt is sent to
+// one of them; 10 ms later the same prompt is decided again. With nothing queued (Q = 0) S takes
+// off the 4,080 tokens the engine could have prefilled since the report, so the first prompt counts
+// as prefilled the instant it was sent and the second follows it (the engines tie within ε); U
+// drains it only from the instant it came, 800 − 80 = 720 tokens, which S is then (90 ms), and
+// the second prompt goes to the other engine. With 8,000 tokens queued at the report the queue
+// never ran empty, and U is S: 800 tokens either way, and the second prompt goes to the other
+// engine with the term or without. A second on, the engine has prefilled all
+// of it, and U is 0.
+func TestQueuedSendsArithmetic(t *testing.T) {
+	polled := time.Unix(1000, 0)
+	for _, tt := range []struct {
+		on       bool
+		queued   int64   // Q at the report, tokens
+		same     bool    // the second prompt follows the first
+		wantU    float64 // U of the first engine at the second decision, tokens
+		wantSent float64 // S of it then
+	}{
+		{false, 0, true, 0, 0},
+		{true, 0, false, 720, 720},
+		{true, 8000, false, 800, 800},
+		{false, 8000, false, 0, 800},
+	} {
+		t.Run(fmt.Sprint(tt.on, tt.queued), func(t *testing.T) {
+			ws := cahWorkers(t, 2)
+			reports := idReports{}
+			for _, w := range ws {
+				reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
+					WaitingUncachedTokens: tt.queued, GenThroughput: 1000, PolledAt: polled, Replicas: 1}
+			}
+			p := newCostPolicy(t, "least_load", nil, reports)
+			p.sc.cfg.QueueSends = tt.on
+			pick := samePrompt(t, p, ws, "the same prompt", 800*4)
+			costClock.advance(500 * time.Millisecond)
+			first, onFirst := pickedTwice(t, pick, 10*time.Millisecond, tt.same)
+			if onFirst.Worker != first || onFirst.Rate != 8000 || math.Abs(onFirst.Decode-0.011) > 1e-12 {
+				t.Fatalf("terms of the first engine %+v, want μ 8000, D 11 ms", onFirst)
+			}
+			if math.Abs(onFirst.Unprefilled-tt.wantU) > 1e-9 || math.Abs(onFirst.Sent-tt.wantSent) > 1e-9 {
+				t.Fatalf("U %v, S %v of the first engine, want %v and %v (%+v)", onFirst.Unprefilled, onFirst.Sent, tt.wantU, tt.wantSent, onFirst)
+			}
+			if math.Abs(onFirst.Cost-onFirst.Formula()) > 1e-12 {
+				t.Fatalf("cost %v is not the formula of the terms %v", onFirst.Cost, onFirst.Formula())
+			}
+			if hasU := strings.Contains(onFirst.String(), fmt.Sprintf(" u=%.0f", tt.wantU)); hasU != (tt.wantU > 0) {
+				t.Fatalf("audit terms %q: u= shown %v, want %v", onFirst.String(), hasU, tt.wantU > 0)
+			}
+			costClock.advance(time.Second) // the engine has prefilled everything
+			_, d := pick()
+			if d.Chosen.Unprefilled != 0 || d.RunnerUp.Unprefilled != 0 {
+				t.Fatalf("U once the engine could prefill everything: %v and %v, want 0", d.Chosen.Unprefilled, d.RunnerUp.Unprefilled)
+			}
+		})
+	}
+}
+
+// TestSendQueueDrainsOnlyWhatCame: the queue drains at μ only while it holds work. 800 tokens
+// sent 500 ms after an empty report are all there; 400 more 50 ms later join the 400 left
+// (800); 50 ms on, 400 are left; past that, none, never less.
+func TestSendQueueDrainsOnlyWhatCame(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	q := sendQueue{polled: t0, at: t0}
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	q.tokens, q.at = q.backlog(at(500), 8000)+800, at(500)
+	if b := q.backlog(at(500), 8000); b != 800 {
+		t.Fatalf("backlog at the send %v, want 800", b)
+	}
+	q.tokens, q.at = q.backlog(at(550), 8000)+400, at(550)
+	for _, c := range []struct {
+		ms   int
+		want float64
+	}{{550, 800}, {600, 400}, {700, 0}, {5000, 0}} {
+		if b := q.backlog(at(c.ms), 8000); math.Abs(b-c.want) > 1e-9 {
+			t.Fatalf("backlog at %d ms %v, want %v", c.ms, b, c.want)
+		}
+	}
+}
