@@ -25,6 +25,7 @@ type sendQueue struct {
 	polled time.Time // the report it starts from; zero: no send since any report
 	at     time.Time // the instant of the last send (the report's, before one)
 	tokens float64   // the queue just after it, in tokens
+	peers  float64   // the peers' sends since the report it has taken, in tokens
 }
 
 // backlog returns b at now, the queue drained at rate tokens a second since the last send.
@@ -32,29 +33,52 @@ func (q *sendQueue) backlog(now time.Time, rate float64) float64 {
 	return max(q.tokens-rate*max(now.Sub(q.at).Seconds(), 0), 0)
 }
 
+// add takes tokens sent at now into the queue, drained at rate since the last send.
+func (q *sendQueue) add(now time.Time, rate, tokens float64) {
+	q.tokens, q.at = q.backlog(now, rate)+tokens, now
+}
+
+// since makes q the queue of the report c was read from, started at its Q, unless it is already;
+// false when the estimate does not follow that report (no Q to start from).
+func (s *scorer) since(q *sendQueue, st *workerCost, c *costCand) bool {
+	if q.polled.Equal(c.r.polled) {
+		return true
+	}
+	if !st.est.Follows(c.r.polled) {
+		return false
+	}
+	q0, _ := st.est.Prefill(c.r.polled, 1, &s.est) // Q at the instant of the report
+	*q = sendQueue{polled: c.r.polled, at: c.r.polled, tokens: q0}
+	return true
+}
+
 // queueSent adds a send of uncached tokens at now to the queue of c's worker (st its state); the
 // caller holds s.mu.
 func (s *scorer) queueSent(st *workerCost, c *costCand, now time.Time, uncached float64) {
-	if !s.cfg.QueueSends || !c.fresh || !st.est.Follows(c.r.polled) {
-		return
+	if s.cfg.QueueSends && c.fresh && s.since(&st.queue, st, c) {
+		st.queue.add(now, c.t.Rate, uncached)
 	}
-	q := &st.queue
-	if !q.polled.Equal(c.r.polled) {
-		// The first send since this report: the queue starts at the report's Q.
-		q0, _ := st.est.Prefill(c.r.polled, 1, &s.est)
-		*q = sendQueue{polled: c.r.polled, at: c.r.polled, tokens: q0}
-	}
-	q.tokens, q.at = q.backlog(now, c.t.Rate)+uncached, now
 }
 
-// queuedSends sets U of c (t.Unprefilled) as of now and raises S to it (Q, S and μ set); the
-// caller holds s.mu.
+// queuedSends sets U of c (t.Unprefilled) as of now and raises S to it (Q, S, μ and, with
+// replica sync, the peers' sends set); the caller holds s.mu. What the peers sent since the
+// report joins the queue when this replica hears of it (the blind term's guess of what it has
+// not heard yet does not).
 func (s *scorer) queuedSends(c *costCand, now time.Time) {
 	t := &c.t
 	t.Unprefilled = 0
-	if !s.cfg.QueueSends || !c.fresh || !c.st.queue.polled.Equal(c.r.polled) {
-		return // off, or nothing sent since this report
+	if !s.cfg.QueueSends || !c.fresh {
+		return
 	}
-	t.Unprefilled = max(c.st.queue.backlog(now, t.Rate)-t.Queued, 0)
+	q := &c.st.queue
+	heard := c.peerTok - t.Blind
+	if !q.polled.Equal(c.r.polled) && (heard <= 0 || !s.since(q, c.st, c)) {
+		return // nothing sent since this report
+	}
+	if heard > q.peers {
+		q.add(now, t.Rate, heard-q.peers)
+		q.peers = heard
+	}
+	t.Unprefilled = max(q.backlog(now, t.Rate)-t.Queued, 0)
 	t.Sent = max(t.Sent, t.Unprefilled)
 }

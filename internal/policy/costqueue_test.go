@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -87,5 +88,51 @@ func TestSendQueueDrainsOnlyWhatCame(t *testing.T) {
 		if b := q.backlog(at(c.ms), 8000); math.Abs(b-c.want) > 1e-9 {
 			t.Fatalf("backlog at %d ms %v, want %v", c.ms, b, c.want)
 		}
+	}
+}
+
+// queuePeers is a sync plane whose peers sent one 800-token prompt to one worker since its
+// report.
+type queuePeers struct{ herdPeers }
+
+func (p queuePeers) SentSinceAll(ws []string, _ []time.Time, tok, req []float64) {
+	for i, w := range ws {
+		tok[i], req[i] = 0, 0
+		if w == p.to {
+			tok[i], req[i] = 800, 1
+		}
+	}
+}
+
+// TestQueuedSendsTakeThePeers: with replica sync, what the peers sent since the report joins the
+// queue when this replica hears of it. Reported with nothing queued 500 ms before, S takes the
+// peers' 800 tokens as prefilled already (S = 0); U holds them from this decision on (800), and the
+// pick goes to the other engine; 10 ms later they are taken once, not again: 720.
+func TestQueuedSendsTakeThePeers(t *testing.T) {
+	polled := time.Unix(1000, 0)
+	ws := cahWorkers(t, 2)
+	reports := idReports{}
+	for _, w := range ws {
+		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
+			GenThroughput: 1000, PolledAt: polled, Replicas: 1}
+	}
+	costClock.t = polled
+	cfg := DefaultConfig()
+	cfg.Loads, cfg.NoBackground, cfg.Now, cfg.Peers = reports, true, costClock.now, queuePeers{herdPeers{to: ws[0].ID}}
+	cfg.Cost.QueueSends = true
+	pol, err := New("least_load", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	costClock.advance(500 * time.Millisecond)
+	for _, want := range []float64{800, 720} {
+		req := &Request{Model: "m", Text: "a prompt", PromptBytes: 4}
+		if got := Choose(context.Background(), pol, ws, req); got != ws[1] {
+			t.Fatalf("picked %s, want the engine the peers did not send to (%+v)", got.ID, req.Decision)
+		}
+		if d := req.Decision.RunnerUp; d.Worker != ws[0].ID || math.Abs(d.Unprefilled-want) > 1e-9 || math.Abs(d.Sent-want) > 1e-9 {
+			t.Fatalf("terms of the peers' engine %+v, want U = S = %v", d, want)
+		}
+		costClock.advance(10 * time.Millisecond)
 	}
 }
