@@ -6,8 +6,9 @@ import (
 	"github.com/kvgate/kvgate/internal/policy"
 )
 
-// herdFlags registers the cost's herd term (policy.CostConfig.HerdShare, internal/policy/costherd.go)
-// and its shared-step term (policy.CostConfig.StepDelay, internal/policy/coststep.go)
+// herdFlags registers the cost's herd term (policy.CostConfig.HerdShare, internal/policy/costherd.go),
+// its shared-step term (policy.CostConfig.StepDelay, internal/policy/coststep.go) and its
+// queued-sends term (policy.CostConfig.QueueSends, internal/policy/costqueue.go)
 // for kvgate serve and kvgate bench --fleet alike. An operator's flag: it weighs a routing term
 // only, and the config's validation bounds it to [0, 100].
 func herdFlags(fs *flag.FlagSet, c *policy.CostConfig, prefix string) {

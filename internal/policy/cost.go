@@ -498,7 +498,7 @@ func finite(x float64) float64 {
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
 // (3 decimals), then Ĉ's follow share and owner credit in whole tokens, L in seconds where it is
-// not 0, H in seconds where the herd term is on (h=, only when not 0), and with replica sync the part of S its peers sent (sp=, only when some) and the blind term's part of it (sb=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
+// not 0, H in seconds where the herd term is on (h=, only when not 0), U in whole tokens where the queued-sends term is on (u=, only when not 0), and with replica sync the part of S its peers sent (sp=, only when some) and the blind term's part of it (sb=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)

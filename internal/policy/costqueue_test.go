@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvgate/kvgate/internal/loadmon"
 )
 
 // TestQueuedSendsArithmetic: two engines of 10 running requests each (the fleet generating 1,000
@@ -37,12 +35,7 @@ func TestQueuedSendsArithmetic(t *testing.T) {
 		{false, 8000, false, 0, 800},
 	} {
 		t.Run(fmt.Sprint(tt.on, tt.queued), func(t *testing.T) {
-			ws := cahWorkers(t, 2)
-			reports := idReports{}
-			for _, w := range ws {
-				reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
-					WaitingUncachedTokens: tt.queued, GenThroughput: 1000, PolledAt: polled, Replicas: 1}
-			}
+			ws, reports := tenRunning(t, polled, tt.queued, 1)
 			p := newCostPolicy(t, "least_load", nil, reports)
 			p.sc.cfg.QueueSends = tt.on
 			pick := samePrompt(t, p, ws, "the same prompt", 800*4)
@@ -110,12 +103,7 @@ func (p queuePeers) SentSinceAll(ws []string, _ []time.Time, tok, req []float64)
 // pick goes to the other engine; 10 ms later they are taken once, not again: 720.
 func TestQueuedSendsTakeThePeers(t *testing.T) {
 	polled := time.Unix(1000, 0)
-	ws := cahWorkers(t, 2)
-	reports := idReports{}
-	for _, w := range ws {
-		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
-			GenThroughput: 1000, PolledAt: polled, Replicas: 1}
-	}
+	ws, reports := tenRunning(t, polled, 0, 1)
 	costClock.t = polled
 	cfg := DefaultConfig()
 	cfg.Loads, cfg.NoBackground, cfg.Now, cfg.Peers = reports, true, costClock.now, queuePeers{herdPeers{to: ws[0].ID}}
