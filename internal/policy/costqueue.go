@@ -65,8 +65,9 @@ func (s *scorer) queueSent(st *workerCost, c *costCand, now time.Time, uncached 
 
 // queuedSends sets U of c (t.Unprefilled) as of now and raises S to it (Q, S, μ and, with
 // replica sync, the peers' sends set); the caller holds s.mu. What the peers sent since the
-// report joins the queue when this replica hears of it (the blind term's guess of what it has
-// not heard yet does not).
+// report joins the queue when this replica hears of it, at the first decision or price that reads
+// it (the blind term's guess of what it has not heard yet does not join): a price asked more often
+// only hears it closer to when it was sent.
 func (s *scorer) queuedSends(c *costCand, now time.Time) {
 	t := &c.t
 	t.Unprefilled = 0
