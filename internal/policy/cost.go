@@ -137,6 +137,10 @@ type CostConfig struct {
 	// lengthens the step the requests before it complete in by its part of one chunk at most.
 	// Default 2048.
 	PrefillChunk float64 `yaml:"prefill_chunk"`
+	// QueueSends adds the queued-sends term U (costqueue.go): S is at least the prefill of this
+	// replica's sends since the report that an engine draining its queue at μ only while it
+	// holds work has not done yet. Default false (off).
+	QueueSends bool `yaml:"queue_sends"`
 }
 
 // DefaultCostConfig returns the cost model's defaults (see each field).
@@ -270,6 +274,10 @@ type Terms struct {
 	// Step is K, in seconds: what this prompt's prefill adds to the first tokens of those
 	// requests, the next step's prefill being longer than its decode (coststep.go).
 	Step float64
+	// Unprefilled is U, in tokens: what of this replica's sends since the report the engine
+	// cannot have prefilled yet, beyond Q (costqueue.go); S is at least it. 0 unless
+	// CostConfig.QueueSends.
+	Unprefilled float64
 	// Adapter is L, what the request's LoRA adapter costs on the worker where it is not
 	// running (a load, or the wait for a slot), in seconds (costlora.go).
 	Adapter float64
@@ -364,6 +372,9 @@ type workerCost struct {
 	adaptersAt time.Time
 	// herd is this replica's latest sends to the worker, for the herd term (costherd.go).
 	herd herdSends
+	// queue is the worker's prefill queue as this replica's sends since its report make it, for
+	// the queued-sends term (costqueue.go).
+	queue sendQueue
 }
 
 // scorer is the filter and score steps of the pipeline, and the per-worker memory they need.
@@ -498,8 +509,11 @@ func finite(x float64) float64 {
 // String renders the terms for an audit header or a log line: the worker id, Q, S, P and Ĉ in
 // whole tokens, B in requests (2 decimals), μ in tokens per second, D and the cost in seconds
 // (3 decimals), then Ĉ's follow share and owner credit in whole tokens, μp in tokens per second
-// where the engine's counters give one other than μ (mup=), L in seconds where it is
-// not 0, H in seconds where the herd term is on (h=, only when not 0), and with replica sync the part of S its peers sent (sp=, only when some) and the blind term's part of it (sb=, only when some). Every value is a number or the worker's id (a hash, no address), so it is safe
+// where the engine's counters give one other than μ (mup=), L in seconds where it is not 0, H
+// in seconds where the herd term is on (h=, only when not 0), U in whole tokens where the
+// queued-sends term is on (u=, only when not 0), and with replica sync the part of S its peers
+// sent (sp=, only when some) and the blind term's part of it (sb=, only when some). Every value
+// is a number or the worker's id (a hash, no address), so it is safe
 // in a header.
 func (t Terms) String() string {
 	b := make([]byte, 0, 96)
@@ -530,6 +544,10 @@ func (t Terms) String() string {
 	if t.Step != 0 { // K, where the shared-step term charges something (coststep.go)
 		b = append(b, " k="...)
 		b = strconv.AppendFloat(b, t.Step, 'f', 3, 64)
+	}
+	if t.Unprefilled > 0 { // U, where the queued-sends term is on (costqueue.go)
+		b = append(b, " u="...)
+		b = strconv.AppendFloat(b, t.Unprefilled, 'f', 0, 64)
 	}
 	if t.PeerSent > 0 {
 		b = append(b, " sp="...)

@@ -31,12 +31,7 @@ func TestHerdTermArithmetic(t *testing.T) {
 		{0.5, false, 0.0055},
 	} {
 		t.Run(fmt.Sprint(tt.share), func(t *testing.T) {
-			ws := cahWorkers(t, 2)
-			reports := idReports{}
-			for _, w := range ws {
-				reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
-					GenThroughput: 1000, PolledAt: polled, Replicas: 1}
-			}
+			ws, reports := tenRunning(t, polled, 0, 1)
 			p := newCostPolicy(t, "least_load", nil, reports)
 			p.sc.cfg.HerdShare = tt.share
 			pick := samePrompt(t, p, ws, "the same system prompt", 4)
@@ -79,6 +74,20 @@ func TestHerdShareBounds(t *testing.T) {
 	}
 }
 
+// tenRunning returns two workers reported at polled with 10 running requests each, queued tokens
+// of uncached prefill waiting, the fleet generating 1,000 tokens a second per engine (a decode step
+// of 10 ms), behind replicas gateway replicas: the hand-built fleet of the herd, step and
+// queued-sends tests.
+func tenRunning(t *testing.T, polled time.Time, queued int64, replicas float64) ([]*worker.Worker, idReports) {
+	ws := cahWorkers(t, 2)
+	reports := idReports{}
+	for _, w := range ws {
+		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
+			WaitingUncachedTokens: queued, GenThroughput: 1000, PolledAt: polled, Replicas: replicas}
+	}
+	return ws, reports
+}
+
 // herdPeers is a sync plane whose peers sent two requests (no uncached tokens) to one worker
 // since its report.
 type herdPeers struct{ to string }
@@ -102,12 +111,7 @@ func (herdPeers) DecidedChain(string, string, []uint64, uint64, string, float64)
 // and H = h × 2 × 12 ms.
 func TestHerdCountsThePeersSends(t *testing.T) {
 	polled := time.Unix(1000, 0)
-	ws := cahWorkers(t, 2)
-	reports := idReports{}
-	for _, w := range ws {
-		reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
-			GenThroughput: 1000, PolledAt: polled, Replicas: 1}
-	}
+	ws, reports := tenRunning(t, polled, 0, 1)
 	costClock.t = polled
 	cfg := DefaultConfig()
 	cfg.Loads, cfg.NoBackground, cfg.Now, cfg.Peers = reports, true, costClock.now, herdPeers{to: ws[0].ID}

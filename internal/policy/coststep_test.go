@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kvgate/kvgate/internal/loadmon"
 )
 
 // TestStepTermArithmetic: two engines of 10 running requests each, the fleet generating 1,000
@@ -38,12 +36,7 @@ func TestStepTermArithmetic(t *testing.T) {
 		{true, 80, 1, 0, true, 0, 0.011}, // DelayShare 0: the greedy cost has no delay to others
 	} {
 		t.Run(fmt.Sprint(tt.on, tt.prompt, tt.replicas, tt.delayShare), func(t *testing.T) {
-			ws := cahWorkers(t, 2)
-			reports := idReports{}
-			for _, w := range ws {
-				reports[w.ID] = loadmon.Report{HasUncachedTokens: true, HasTokenData: true, Running: 10,
-					GenThroughput: 1000, PolledAt: time.Unix(1000, 0), Replicas: tt.replicas}
-			}
+			ws, reports := tenRunning(t, time.Unix(1000, 0), 0, tt.replicas)
 			p := newCostPolicy(t, "least_load", nil, reports)
 			p.sc.cfg.StepDelay, p.sc.cfg.DelayShare = tt.on, tt.delayShare
 			pick := samePrompt(t, p, ws, "the same prompt", int(tt.prompt*4))

@@ -295,6 +295,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 	} else {
 		t.Queued = max(q-t.Rate*max(now.Sub(r.polled).Seconds(), 0), 0) // an older report than the estimate's
 	}
+	s.queuedSends(c, now) // U, the sends the engine cannot have prefilled (costqueue.go)
 	// The requests at the engine now (loadmon.Estimate.Requests), beyond what the report counts.
 	c.ahead = st.est.RequestsAt(r.running+r.waiting, r.inflightAtPoll, r.replicas, c.w.Inflight()) + c.peerReq - float64(r.running+r.waiting)
 	if gen > 0 {
@@ -584,6 +585,7 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if c.fresh && st.est.Follows(c.r.polled) {
 		st.est.Sent(loadmon.Own, c.t.Prompt, uncached)
 	}
+	s.queueSent(st, c, s.now(), uncached) // costqueue.go
 	if s.cfg.HerdShare > 0 || s.cfg.StepDelay || s.peers != nil {
 		now := s.now()
 		st.herd.add(now, uncached)
