@@ -151,6 +151,8 @@ type fleetFlags struct {
 	sync         fleet.SyncModel
 	// prefillCounters: the engines' reports carry vLLM's prefill counters (fleet.Config).
 	prefillCounters bool
+	// routingPrefix is the bytes of each prompt the gateways' policies see (fleet.Config).
+	routingPrefix int
 
 	suite          string
 	suiteWorkloads string
@@ -194,6 +196,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&ff.engine.DecodeBase, "decode-base", d.DecodeBase, "fleet engine: fixed cost of a decode step")
 	fs.DurationVar(&ff.engine.DecodePerReq, "decode-per-req", d.DecodePerReq, "fleet engine: added step cost per decoding request")
 	fs.StringVar(&ff.timing, "engine-timing", d.Timing.String(), "fleet engine: timing model, batched (continuous batching, chunked prefill shared by the batch) or per-slot (each running request prefills at --prefill-tps and decodes every --decode-base on its own, as llm-d-inference-sim does)")
+	fs.IntVar(&ff.routingPrefix, "routing-prefix-bytes", fleet.DefaultConfig().RoutingPrefixBytes, "fleet: bytes of each prompt the gateways' policies see, as kvgate serve's flag")
 	fs.BoolVar(&ff.prefillCounters, "engine-prefill-counters", false, "fleet engine: the reports carry vLLM's prefill counters (prompt tokens, prefix-cache hits, seconds in prefill), from which each gateway reads the engine's prompt prefill rate")
 	fs.DurationVar(&ff.engine.PrefillOverhead, "prefill-overhead", d.PrefillOverhead, "fleet engine, per-slot timing: fixed prefill cost of every request")
 	fs.Float64Var(&ff.engine.LoadFactor, "load-factor", d.LoadFactor, "fleet engine, per-slot timing: slowdown with every slot busy, in [1, 100]")
