@@ -19,26 +19,6 @@ import (
 	"github.com/kvgate/kvgate/internal/worker"
 )
 
-// fakeClock is an injected clock that moves only when told to.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // hits counts requests per path of a fake worker.
 type hits struct {
 	mu sync.Mutex
@@ -122,9 +102,9 @@ func (c *countingHandler) count(prefix string) int {
 }
 
 // testMonitor returns a monitor of reg with a fake clock and a log counter.
-func testMonitor(t *testing.T, reg *worker.Registry, cfg Config) (*Monitor, *fakeClock, *countingHandler) {
+func testMonitor(t *testing.T, reg *worker.Registry, cfg Config) (*Monitor, *testutil.Clock, *countingHandler) {
 	t.Helper()
-	clk := newFakeClock()
+	clk := testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	logs := &countingHandler{}
 	cfg.Now, cfg.Logger = clk.Now, slog.New(logs)
 	if cfg.Interval == 0 {
