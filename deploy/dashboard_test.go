@@ -112,7 +112,8 @@ func TestDashboardNamesExportedMetrics(t *testing.T) {
 	for _, want := range []string{"kvgate_requests_total", "kvgate_ttft_seconds", "kvgate_request_duration_seconds",
 		"kvgate_policy_decisions_total", "kvgate_worker_effective_load", "kvgate_worker_reported_backlog",
 		"kvgate_worker_circuit_state", "kvgate_worker_health", "kvgate_policy_tree_chars", "kvgate_worker_load_report_age_seconds",
-		"kvgate_pool_saturation", "kvgate_queue_requests", "kvgate_queue_wait_seconds", "kvgate_queue_shed_total"} {
+		"kvgate_pool_saturation", "kvgate_queue_requests", "kvgate_queue_wait_seconds", "kvgate_queue_shed_total",
+		"kvgate_prefix_prediction_bias", "kvgate_prefix_tree_capacity_tokens", "kvgate_kv_index_drifting"} {
 		if !slices.Contains(seen, want) {
 			t.Errorf("the dashboard shows nothing of %s", want)
 		}
