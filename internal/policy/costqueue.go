@@ -55,11 +55,11 @@ func (s *scorer) since(q *sendQueue, st *workerCost, c *costCand) bool {
 	return true
 }
 
-// queueSent adds a send of uncached tokens at now to the queue of c's worker (st its state); the
+// queueSent adds a send of uncached tokens, now, to the queue of c's worker (st its state); the
 // caller holds s.mu.
-func (s *scorer) queueSent(st *workerCost, c *costCand, now time.Time, uncached float64) {
+func (s *scorer) queueSent(st *workerCost, c *costCand, uncached float64) {
 	if s.cfg.QueueSends && c.fresh && s.since(&st.queue, st, c) {
-		st.queue.add(now, c.t.Rate, uncached)
+		st.queue.add(s.now(), c.t.Rate, uncached)
 	}
 }
 

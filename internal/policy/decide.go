@@ -585,7 +585,7 @@ func (s *scorer) commit(c *costCand, uncached float64) {
 	if c.fresh && st.est.Follows(c.r.polled) {
 		st.est.Sent(loadmon.Own, c.t.Prompt, uncached)
 	}
-	s.queueSent(st, c, s.now(), uncached) // costqueue.go
+	s.queueSent(st, c, uncached) // costqueue.go (reads the clock only when the term is on)
 	if s.cfg.HerdShare > 0 || s.cfg.StepDelay || s.peers != nil {
 		now := s.now()
 		st.herd.add(now, uncached)
