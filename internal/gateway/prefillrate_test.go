@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -138,4 +139,72 @@ func TestPrefillRateFromSimVLLMCounters(t *testing.T) {
 		}
 		t.Logf("prefill rate %.1f", r.PrefillRate)
 	})
+}
+
+// TestPrefillRateWhileHitsDecode: llm-d-inference-sim counts a prompt's tokens when the request
+// finishes but its prefix-cache queries, hits and prefill time when its first token leaves. A
+// poll taken while four requests that hit the cache still decode must read the rate from the
+// queries less the hits: the prompt tokens less the hits went back by the hits, which read as
+// a restarted engine and no rate at all (and, summed over polls, from 935 to 36,600 tokens/s on
+// four identical engines).
+func TestPrefillRateWhileHitsDecode(t *testing.T) {
+	eng := testutil.StartLLMDSim(t, "m", "--zmq-endpoint", "", "--mode", "random", "--seed", "7",
+		"--max-num-seqs", "8", "--max-model-len", "16384", "--latency-calculator", "per-token",
+		"--enable-kvcache", "--kv-cache-size", "2048", "--block-size", "16",
+		"--prefill-overhead", "5ms", "--prefill-time-per-token", "1ms", "--inter-token-latency", "1ms")
+	srv, mon, w, bearer := polledGateway(t, eng.URL, "")
+	prompt := func(i int) string { return fmt.Sprintf("prompt %d ", i) + strings.Repeat("some words to prefill ", 60) }
+	var wg sync.WaitGroup
+	for i := range 4 { // four misses: the counters' first interval
+		wg.Go(func() {
+			testutil.PostOK(t, srv.URL+"/v1/chat/completions", bearer,
+				fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":%q}]}`, prompt(i)))
+		})
+	}
+	wg.Wait()
+	mon.PollOnce(context.Background())
+
+	// The same four prompts again, each decoding for seconds: poll once each has its first token.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan error, 4)
+	for i := range 4 {
+		go func() {
+			body := fmt.Sprintf(`{"model":"m","max_tokens":5000,"ignore_eos":true,"stream":true,"messages":[{"role":"user","content":%q}]}`, prompt(i))
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+bearer)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				first <- err
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), `"content"`) {
+					first <- nil
+					for sc.Scan() { // decode on until the test ends
+					}
+					return
+				}
+			}
+			first <- fmt.Errorf("stream ended before a token: status %d, %v", resp.StatusCode, sc.Err())
+		}()
+	}
+	for range 4 {
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+	}
+	mon.PollOnce(context.Background())
+	r, _ := mon.Report(w)
+	t.Logf("while four hits decode: prompt tokens %d, queries %d, hits %d, prefill %.3f s, rate %.0f",
+		r.PromptTokensTotal, r.PrefixQueryTokensTotal, r.PrefixHitTokensTotal, r.PrefillSecondsTotal, r.PrefillRate)
+	if r.PrefixHitTokensTotal == 0 {
+		t.Fatalf("no prefix-cache hits counted: %+v", r)
+	}
+	if r.PrefillRate < minLLMDRate || r.PrefillRate > 1200 {
+		t.Fatalf("prefill rate %.0f while the hits decode, want the engine's 1,000 (at most 1,200, at least %d)", r.PrefillRate, minLLMDRate)
+	}
 }

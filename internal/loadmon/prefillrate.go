@@ -1,20 +1,29 @@
 package loadmon
 
-import "time"
+import (
+	"cmp"
+	"time"
+)
 
 // An engine's prefill rate from its own counters. vLLM (and llm-d-inference-sim) count the
-// prompt tokens they were sent (prompt_tokens_total), those served from the prefix cache
-// (prefix_cache_hits_total) and the seconds requests spent in prefill
-// (request_prefill_time_seconds, a histogram whose _sum grows by each request's prefill time).
-// Between two polls,
+// prompt tokens looked up in the prefix cache (prefix_cache_queries_total; where a page lacks it,
+// the prompt tokens, prompt_tokens_total), those served from it (prefix_cache_hits_total) and the
+// seconds requests spent in prefill (request_prefill_time_seconds, a histogram whose _sum grows
+// by each request's prefill time). Between two polls,
 //
-//	μ = Δ(prompt tokens − prefix-cache hits) ÷ Δ(prefill seconds)
+//	μ = Δ(prefix-cache queries − prefix-cache hits) ÷ Δ(prefill seconds)
 //
 // in uncached tokens per second of a request's prefill: the rate at which a prompt of P − Ĉ
 // uncached tokens gets its first token once the engine starts it, which is what the cost
 // divides by. Every replica reads the same counters, so all of them see one μ. Engines that
 // prefill several prompts at once in one batch count each prompt's whole wall time, so this
 // is each prompt's rate, not the batch's.
+//
+// The uncached tokens are the queries' growth less the hits', not the prompt tokens': both cache
+// counters move when a prompt is looked up, while an engine may count its prompt tokens when it
+// finishes (llm-d-inference-sim does). Where most of each prompt is a hit the uncached tokens are
+// a small difference of two large counters, which one long prompt counted on either side of a
+// poll swamps: live, four identical engines read 935 to 36,600 tokens/s that way (true 1,000).
 //
 // One interval's two differences need not describe the same requests: an engine may count a
 // prompt's tokens when it arrives and its prefill time when its first token leaves, so an
@@ -54,7 +63,7 @@ func (c *PrefillCounters) Derive(r *Report, maxGap time.Duration) {
 	// Every poll is kept, with the counters at 0 where the page lacked them: a labelled
 	// counter appears only once it counted something, so an idle engine's page has none.
 	prev := *c
-	c.uncached = max(r.PromptTokensTotal-r.PrefixHitTokensTotal, 0)
+	c.uncached = max(cmp.Or(r.PrefixQueryTokensTotal, r.PromptTokensTotal)-r.PrefixHitTokensTotal, 0)
 	c.seconds, c.at = r.PrefillSecondsTotal, r.PolledAt
 	dTok, dSec := c.uncached-prev.uncached, c.seconds-prev.seconds
 	if !r.prefillCounted || prev.at.IsZero() || r.PolledAt.Sub(prev.at) > maxGap || r.PolledAt.Sub(prev.at) <= 0 ||

@@ -57,3 +57,32 @@ func TestPrefillRateFromVLLMCounters(t *testing.T) {
 func itoa(n int) string { return strconv.Itoa(n) }
 
 func ftoa(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// Where the page counts prefix-cache queries, the uncached tokens are the queries less the hits,
+// whatever the prompt-token counter says: an engine that counts prompt tokens when a request
+// finishes has them lag the hits counted when it was looked up.
+func TestPrefillRateFromCacheQueries(t *testing.T) {
+	page := func(prompt, queries, hits int, secs float64) string {
+		return "vllm:num_requests_running 4\nvllm:num_requests_waiting 0\n" +
+			"vllm:prompt_tokens_total{model_name=\"m\"} " + itoa(prompt) + "\n" +
+			"vllm:prefix_cache_queries_total{model_name=\"m\"} " + itoa(queries) + "\n" +
+			"vllm:prefix_cache_hits_total{model_name=\"m\"} " + itoa(hits) + "\n" +
+			"vllm:request_prefill_time_seconds_sum{model_name=\"m\"} " + ftoa(secs) + "\n"
+	}
+	var c PrefillCounters
+	at := time.Unix(1000, 0)
+	for i, p := range []string{page(0, 0, 0, 0), page(0, 1000, 0, 1), page(1000, 5000, 3500, 2.5)} {
+		r, err := ParsePrometheus([]byte(p), RuntimeVLLM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at = at.Add(time.Second)
+		r.PolledAt = at
+		c.Derive(&r, 10*time.Second)
+		// 1,000 uncached in 1 s, then 500 more (4,000 looked up, 3,500 hits) in 1.5 s: 1,500
+		// tokens in 2.5 s once the first interval is 0.875 of itself.
+		if want := []float64{0, 1000, (1000*rateKeep + 500) / (1*rateKeep + 1.5)}[i]; r.PrefillRate != want {
+			t.Fatalf("poll %d: rate %v, want %v (%+v)", i, r.PrefillRate, want, r)
+		}
+	}
+}

@@ -212,6 +212,9 @@ func (s *promSums) report() (Report, error) {
 	if n[fHits] > 0 {
 		r.PrefixHitTokensTotal = clampCount(sum[fHits])
 	}
+	if n[fQueries] > 0 {
+		r.PrefixQueryTokensTotal = clampCount(sum[fQueries])
+	}
 	// A labelled histogram appears only once observed: an idle engine's page lacks the
 	// prefill time, which is then 0.
 	r.prefillCounted = n[fPromptTokens] > 0

@@ -32,14 +32,16 @@ type Report struct {
 	// generation_tokens_total counter); zero when not reported. The Monitor turns its growth
 	// between two polls into GenThroughput for runtimes that report no throughput gauge.
 	GenTokensTotal int64 `json:"generation_tokens_total,omitempty"`
-	// PromptTokensTotal, PrefixHitTokensTotal and PrefillSecondsTotal are vLLM's cumulative
-	// prompt tokens (prompt_tokens_total), prompt tokens served from the prefix cache
-	// (prefix_cache_hits_total) and seconds its requests spent in prefill
-	// (request_prefill_time_seconds_sum); zero when not reported. The Monitor turns their growth
-	// between two polls into PrefillRate (prefillrate.go).
-	PromptTokensTotal    int64   `json:"prompt_tokens_total,omitempty"`
-	PrefixHitTokensTotal int64   `json:"prefix_cache_hits_total,omitempty"`
-	PrefillSecondsTotal  float64 `json:"prefill_seconds_total,omitempty"`
+	// PromptTokensTotal, PrefixQueryTokensTotal, PrefixHitTokensTotal and PrefillSecondsTotal
+	// are vLLM's cumulative prompt tokens (prompt_tokens_total), prompt tokens looked up in the
+	// prefix cache (prefix_cache_queries_total), those served from it (prefix_cache_hits_total)
+	// and seconds its requests spent in prefill (request_prefill_time_seconds_sum); zero when not
+	// reported. The Monitor turns their growth between two polls into PrefillRate
+	// (prefillrate.go).
+	PromptTokensTotal      int64   `json:"prompt_tokens_total,omitempty"`
+	PrefixQueryTokensTotal int64   `json:"prefix_cache_queries_total,omitempty"`
+	PrefixHitTokensTotal   int64   `json:"prefix_cache_hits_total,omitempty"`
+	PrefillSecondsTotal    float64 `json:"prefill_seconds_total,omitempty"`
 	// PrefillRate is the engine's prefill rate read from its own counters, in uncached prompt
 	// tokens per second a request spends in prefill; zero when unknown (the cost then measures
 	// μ from the backlog's falls, or takes --prefill-rate).
