@@ -42,6 +42,12 @@ type Load struct {
 	PrefilledTokens int64
 	// PrefilledRequests counts the requests PrefillSeconds sums over (the histogram's _count).
 	PrefilledRequests int64
+	// PrefillBusySeconds is the time since start of the steps that carried prefill, and
+	// PrefillBusyTokens the prompt tokens those steps computed (SGLang's /v1/loads
+	// total_prefill_busy_us and total_prefill_uncached_tokens): their ratio is the rate the
+	// engine gets prefill done while it has prefill to do.
+	PrefillBusySeconds float64
+	PrefillBusyTokens  int64
 	// Finished, Aborted and Preemptions count those events since start.
 	Finished, Aborted, Preemptions int64
 	// DecodeStall is the time since start by which steps with decoding requests ran longer than
@@ -68,6 +74,8 @@ func (e *Engine) Load() Load {
 		PrefillSeconds:        e.stats.prefill.Seconds(),
 		PrefilledTokens:       e.stats.prefilledTokens,
 		PrefilledRequests:     e.stats.prefilledRequests,
+		PrefillBusySeconds:    e.stats.prefillBusy.Seconds(),
+		PrefillBusyTokens:     e.stats.prefillBusyTokens,
 		Finished:              e.stats.finished,
 		Aborted:               e.stats.aborted,
 		Preemptions:           e.stats.preempted,
@@ -99,6 +107,8 @@ type stats struct {
 	prefill                      time.Duration // see Load.PrefillSeconds
 	prefilledTokens              int64         // see Load.PrefilledTokens
 	prefilledRequests            int64         // see Load.PrefilledRequests
+	prefillBusy                  time.Duration // see Load.PrefillBusySeconds
+	prefillBusyTokens            int64         // see Load.PrefillBusyTokens
 	gen                          decayed
 	// hits decays the cached tokens and the prompt tokens (the queries) together: they are
 	// always added at the same time, so one exponential serves both.

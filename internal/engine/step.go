@@ -56,6 +56,10 @@ func (e *Engine) startStep(t time.Duration) {
 	if stall > 0 {
 		steps, d = 1, d+stall
 	}
+	if prefill > 0 {
+		e.stats.prefillBusy += max(d, 1)
+		e.stats.prefillBusyTokens += int64(prefill)
+	}
 	e.busy, e.stepStart, e.stepDur, e.steps, e.done = true, t, max(d, 1), steps, 0
 }
 

@@ -200,6 +200,8 @@ func rankOf(l engine.Load) loadmon.Rank {
 		TokenUsage: l.TokenUsage, HasUsage: true,
 		GenThroughput: l.GenThroughput, HasThroughput: true,
 		CacheHitRate: l.CacheHitRate, HasHitRate: true,
+		PrefillBusyTokens: float64(l.PrefillBusyTokens), PrefillBusyMicros: l.PrefillBusySeconds * 1e6,
+		HasBusy: true,
 	}
 }
 

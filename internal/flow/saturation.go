@@ -216,7 +216,7 @@ func (s Saturation) WaitLevel(wait float64) float64 {
 // Judge fills sig's report terms from e, the engine's estimate, moved on to its fresh report r as
 // of now; sig.Available and sig.Inflight are the caller's.
 func (s *Saturation) Judge(sig *Signals, e *loadmon.Estimate, r *loadmon.Report, now time.Time) {
-	e.Observe(r.PolledAt, float64(r.WaitingUncachedTokens), r.Running, r.Waiting, &s.Estimate)
+	e.Observe(r.PolledAt, float64(r.WaitingUncachedTokens), r.Running, r.Waiting, r.Busy(), &s.Estimate)
 	e.ObserveBatch(r.MaxRunning)
 	sig.HasReport, sig.Running, sig.Waiting = true, r.Running, r.Waiting
 	sig.SentSince = e.Requests(r, sig.Inflight) - float64(r.Backlog())

@@ -33,7 +33,7 @@ func TestStatedBatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			var e Estimate
-			e.Observe(est0, 0, r.Running, r.Waiting, &cfg)
+			e.Observe(est0, 0, r.Running, r.Waiting, Busy{}, &cfg)
 			e.ObserveBatch(r.MaxRunning)
 			if e.Slots() != c.slots || e.SlotsStated() != c.stated {
 				t.Fatalf("slots %d stated %v, want %d %v", e.Slots(), e.SlotsStated(), c.slots, c.stated)
@@ -52,7 +52,7 @@ func TestStatedBatch(t *testing.T) {
 func TestStatedBatchOverLearned(t *testing.T) {
 	cfg := DefaultEstimateConfig()
 	var e Estimate
-	e.Observe(est0, 0, 3, 2, &cfg) // full at 3
+	e.Observe(est0, 0, 3, 2, Busy{}, &cfg) // full at 3
 	if e.Slots() != 3 || e.SlotsStated() {
 		t.Fatalf("slots %d stated %v, want 3 learned", e.Slots(), e.SlotsStated())
 	}
@@ -60,7 +60,7 @@ func TestStatedBatchOverLearned(t *testing.T) {
 	if e.Slots() != 8 || !e.SlotsStated() {
 		t.Fatalf("slots %d stated %v, want the stated 8", e.Slots(), e.SlotsStated())
 	}
-	e.Observe(est0.Add(time.Second), 0, 3, 2, &cfg)
+	e.Observe(est0.Add(time.Second), 0, 3, 2, Busy{}, &cfg)
 	e.ObserveBatch(0)
 	if e.Slots() != 3 || e.SlotsStated() {
 		t.Fatalf("slots %d stated %v, want the learned 3 back", e.Slots(), e.SlotsStated())

@@ -99,8 +99,9 @@ func (c *EstimateConfig) Tokens(n int64) float64 {
 // judgement and the fleet simulator all read an engine through it, so that they agree on its
 // prefill rate, its requests, its KV usage and the tokens of a prompt.
 //
-//	prefill rate μ   the decaying peak of the falls of the engine's queued prefill over busy
-//	                 poll intervals (Observe), PrefillRate until RateSamples measured it
+//	prefill rate μ   the decaying peak of the prefill rates of busy poll intervals: the
+//	                 engine's prefill counters, else its queued prefill's falls (Observe);
+//	                 PrefillRate until RateSamples measured it
 //	queued Q         the report's queued uncached prefill less μ × the report's age
 //	sent S           the uncached prefill sent since the report: this replica's × the report's
 //	                 replica estimate, or, once peers report theirs, the sum over replicas;
@@ -128,9 +129,24 @@ type Estimate struct {
 	// prompt is one prompt's prefill rate as the engine's own counters measure it (ObservePromptRate),
 	// tokens/s; 0 unknown.
 	prompt float64
+	// busy is the last report's prefill-busy counters.
+	busy Busy
 	// slots is the running batch learned from reports with requests waiting; stated the one
 	// the engine states (ObserveBatch), which wins while it is stated.
 	slots, stated int64
+}
+
+// Busy is an engine's prefill-busy counters at a report (Report.Busy): the prompt tokens its
+// prefill steps computed and those steps' seconds since it started; Counted is false where the
+// engine reports none.
+type Busy struct {
+	Tokens, Seconds float64
+	Counted         bool
+}
+
+// Busy returns r's prefill-busy counters.
+func (r *Report) Busy() Busy {
+	return Busy{Tokens: float64(r.PrefillBusyTokensTotal), Seconds: r.PrefillBusySecondsTotal, Counted: r.prefillBusyCounted}
 }
 
 // since is what one kind of sender sent an engine and saw finish since its report.
@@ -153,27 +169,46 @@ func (e *Estimate) Follows(polled time.Time) bool { return e.polled.Equal(polled
 // request counts only), running and waiting requests, when it is newer than the one it follows;
 // it reports whether it moved.
 //
-// While the engine still has prefill queued at the end of an interval it was prefilling
-// throughout, so the fall of its backlog over the interval is a lower bound on its prefill
-// rate, whatever anyone sent it meanwhile (sends only make the fall smaller), and equals the
-// rate over an interval in which nothing arrived; an interval counts only when it began with at
-// least as much prefill queued as the current μ drains in it (a small backlog falls as far as it
-// is long, however fast the engine is). μ is the decaying peak of those falls, so it approaches
-// each engine's true rate at every replica alike, and an engine that slows down is seen to.
-// Adding what was sent since would be closer on average but is biased: a send that hits the
-// engine's cache queues less than predicted, so the engines that hold more would look faster and
-// attract more.
-func (e *Estimate) Observe(polled time.Time, queued float64, running, waiting int64, cfg *EstimateConfig) bool {
+// busy is the engine's prefill-busy counters (Report.Busy). Where the engine counts them (SGLang's
+// /v1/loads total_prefill_uncached_tokens and total_prefill_busy_us), an interval's rate is the
+// tokens its prefill steps computed over those steps' seconds, once it prefilled for at least
+// half the interval or had prefill queued throughout it (below): what the engine prefills in a
+// second of prefill at the load it is under, which every replica reads alike.
+//
+// Without the counters, while the engine still has prefill queued at the end of an interval it
+// was prefilling throughout, the fall of its backlog over the interval is a lower bound on its
+// prefill rate whatever anyone sent it meanwhile (sends only make the fall smaller), and equals
+// the rate over an interval in which nothing arrived; an interval counts only when it began with
+// at least as much prefill queued as the current μ drains in it (a small backlog falls as far as
+// it is long, however fast the engine is). But a queued prompt whose prefix the engine cached
+// while it waited leaves the backlog without being prefilled: under overload, where a
+// conversation's next turn queues behind its last, the falls read 20–55k tokens/s on engines
+// that prefill 8k, and the cost piles work on the engines that hold caches. The counters count
+// only what was computed.
+//
+// μ is the decaying peak of the intervals' rates, so it approaches each engine's true rate at
+// every replica alike, and an engine that slows down is seen to. Adding what was sent since to
+// the falls would be closer on average but is biased: a send that hits the engine's cache queues
+// less than predicted, so the engines that hold more would look faster and attract more.
+func (e *Estimate) Observe(polled time.Time, queued float64, running, waiting int64, busy Busy, cfg *EstimateConfig) bool {
 	if !polled.After(e.polled) {
 		return false
 	}
-	if dt := polled.Sub(e.polled).Seconds(); !e.polled.IsZero() && dt > 0 && queued > 0 && e.queued > queued &&
-		e.queued >= e.Rate(cfg)*dt {
-		fall := min((e.queued-queued)/dt, cfg.RateCap*cfg.PrefillRate)
-		e.rate = max(fall, e.rate*(1-cfg.RateDecay))
-		e.rated++
+	if dt := polled.Sub(e.polled).Seconds(); !e.polled.IsZero() && dt > 0 {
+		sample := 0.0
+		queuedThroughout := queued > 0 && e.queued >= e.Rate(cfg)*dt
+		switch dTok, dSec := busy.Tokens-e.busy.Tokens, busy.Seconds-e.busy.Seconds; {
+		case busy.Counted && e.busy.Counted && dTok >= 0 && dSec > 0 && (queuedThroughout || dSec >= dt/2):
+			sample = dTok / dSec
+		case queuedThroughout && e.queued > queued:
+			sample = (e.queued - queued) / dt
+		}
+		if sample > 0 {
+			e.rate = max(min(sample, cfg.RateCap*cfg.PrefillRate), e.rate*(1-cfg.RateDecay))
+			e.rated++
+		}
 	}
-	e.polled, e.queued = polled, queued
+	e.polled, e.queued, e.busy = polled, queued, busy
 	e.own, e.peer, e.peers = since{}, since{}, false
 	switch {
 	case waiting > 0 && running > 0:

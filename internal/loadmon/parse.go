@@ -60,7 +60,10 @@ func clampRate(v float64) float64 {
 type Rank struct {
 	Running, Waiting, WaitingUncachedTokens, UsedTokens, MaxTokens, MaxRunning float64
 	TokenUsage, GenThroughput, CacheHitRate                                    float64
-	HasUncached, HasUsage, HasThroughput, HasHitRate                           bool
+	// PrefillBusyTokens and PrefillBusyMicros are SGLang's total_prefill_uncached_tokens and
+	// total_prefill_busy_us: the prompt tokens its prefill steps computed and those steps' time.
+	PrefillBusyTokens, PrefillBusyMicros                      float64
+	HasUncached, HasUsage, HasThroughput, HasHitRate, HasBusy bool
 }
 
 // ReportOf folds ranks into a Report as ParseLoads does: counts and throughput summed, ratios
@@ -100,6 +103,11 @@ func (a *loadsAcc) add(l *Rank) {
 	if l.HasThroughput {
 		r.GenThroughput = clampRate(r.GenThroughput + clampRate(l.GenThroughput))
 		r.HasTokenData = true
+	}
+	if l.HasBusy {
+		r.PrefillBusyTokensTotal = satAdd(r.PrefillBusyTokensTotal, clampCount(l.PrefillBusyTokens))
+		r.PrefillBusySecondsTotal = min(r.PrefillBusySecondsTotal+max(l.PrefillBusyMicros, 0)/1e6, maxPrefillSeconds)
+		r.prefillBusyCounted = true
 	}
 	if l.HasHitRate {
 		a.hit += clampRatio(l.CacheHitRate)
@@ -192,6 +200,10 @@ func rankField(s *jsonscan.Scanner, l *Rank, key []byte) {
 		dst, has = &l.GenThroughput, &l.HasThroughput
 	case keyIs(key, "cache_hit_rate"):
 		dst, has = &l.CacheHitRate, &l.HasHitRate
+	case keyIs(key, "total_prefill_uncached_tokens"):
+		dst = &l.PrefillBusyTokens
+	case keyIs(key, "total_prefill_busy_us"):
+		dst, has = &l.PrefillBusyMicros, &l.HasBusy
 	default:
 		s.Skip()
 		return

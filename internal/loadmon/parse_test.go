@@ -194,6 +194,8 @@ func parseLoadsReference(body []byte) (Report, error) {
 			TokenUsage      *float64 `json:"token_usage"`
 			GenThroughput   *float64 `json:"gen_throughput"`
 			CacheHitRate    *float64 `json:"cache_hit_rate"`
+			BusyTokens      float64  `json:"total_prefill_uncached_tokens"`
+			BusyMicros      *float64 `json:"total_prefill_busy_us"`
 		} `json:"loads"`
 	}
 	if err := json.Unmarshal(body, &b); err != nil {
@@ -215,6 +217,8 @@ func parseLoadsReference(body []byte) (Report, error) {
 		r.TokenUsage, r.HasUsage = opt(l.TokenUsage)
 		r.GenThroughput, r.HasThroughput = opt(l.GenThroughput)
 		r.CacheHitRate, r.HasHitRate = opt(l.CacheHitRate)
+		r.PrefillBusyTokens = l.BusyTokens
+		r.PrefillBusyMicros, r.HasBusy = opt(l.BusyMicros)
 		ranks = append(ranks, r)
 	}
 	return ReportOf(ranks...), nil
@@ -319,5 +323,25 @@ func BenchmarkParseLoadsReference(b *testing.B) {
 		if _, err := parseLoadsReference(body); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// SGLang's cumulative prefill counters are summed over the ranks, microseconds read as seconds;
+// a body without them has none counted, and hostile values are clamped.
+func TestParseLoadsPrefillBusyCounters(t *testing.T) {
+	r, err := ParseLoads([]byte(`{"loads":[{"num_running_reqs":1,"total_prefill_uncached_tokens":409397,"total_prefill_busy_us":73636110},
+		{"num_running_reqs":2,"total_prefill_uncached_tokens":3,"total_prefill_busy_us":890}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := r.Busy(); !b.Counted || b.Tokens != 409400 || math.Abs(b.Seconds-73.637) > 1e-9 {
+		t.Fatalf("busy counters %+v, want 409400 tokens in 73.637 s", b)
+	}
+	if r, _ := ParseLoads([]byte(loadsTwoRanks)); r.Busy().Counted {
+		t.Fatalf("a body without the counters reads %+v", r.Busy())
+	}
+	r, _ = ParseLoads([]byte(`{"loads":[{"total_prefill_uncached_tokens":-5,"total_prefill_busy_us":1e300}]}`))
+	if b := r.Busy(); b.Tokens != 0 || b.Seconds != maxPrefillSeconds {
+		t.Fatalf("hostile counters read %+v, want 0 tokens and %g s", b, float64(maxPrefillSeconds))
 	}
 }

@@ -42,6 +42,14 @@ type Report struct {
 	PrefixQueryTokensTotal int64   `json:"prefix_cache_queries_total,omitempty"`
 	PrefixHitTokensTotal   int64   `json:"prefix_cache_hits_total,omitempty"`
 	PrefillSecondsTotal    float64 `json:"prefill_seconds_total,omitempty"`
+	// PrefillBusyTokensTotal and PrefillBusySecondsTotal are SGLang's cumulative prompt tokens
+	// computed by its prefill steps and those steps' time (/v1/loads
+	// total_prefill_uncached_tokens, total_prefill_busy_us); zero when not reported. Their growth
+	// between two polls is the rate the engine drains its queue at (Estimate.Observe).
+	PrefillBusyTokensTotal  int64   `json:"total_prefill_uncached_tokens,omitempty"`
+	PrefillBusySecondsTotal float64 `json:"prefill_busy_seconds_total,omitempty"`
+	// prefillBusyCounted is set when the report had total_prefill_busy_us, zero or not.
+	prefillBusyCounted bool
 	// PrefillRate is the engine's prefill rate read from its own counters, in uncached prompt
 	// tokens per second a request spends in prefill; zero when unknown (the cost then measures
 	// μ from the backlog's falls, or takes --prefill-rate).

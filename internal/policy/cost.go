@@ -328,12 +328,14 @@ type report struct {
 	lora                                             *loadmon.LoRA // nil: none reported (costlora.go)
 	// rate is the engine's prefill rate read from its counters (Report.PrefillRate), 0 unknown.
 	rate float64
+	// busy is its prefill-busy counters (Report.Busy).
+	busy loadmon.Busy
 }
 
 func reportOf(r *loadmon.Report) report {
 	return report{polled: r.PolledAt, uncachedTokens: r.WaitingUncachedTokens, waiting: r.Waiting, running: r.Running,
 		inflightAtPoll: r.InflightAtPoll, gen: r.GenThroughput, usage: r.TokenUsage, replicas: r.Replicas,
-		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens, lora: r.LoRA, rate: r.PrefillRate}
+		tokenData: r.HasTokenData, hasUncached: r.HasUncachedTokens, lora: r.LoRA, rate: r.PrefillRate, busy: r.Busy()}
 }
 
 // costCand is one candidate during a decision.

@@ -707,7 +707,7 @@ func TestPromptRatePricesTheMissAlone(t *testing.T) {
 // at it, sentTok uncached tokens this replica sent since and μ measured at rate.
 func seededCost(sc *scorer, polled time.Time, q, sentTok, rate float64) *workerCost {
 	st := &workerCost{}
-	st.est.Observe(polled, q, 0, 0, &sc.est)
+	st.est.Observe(polled, q, 0, 0, loadmon.Busy{}, &sc.est)
 	st.est.ObserveQueueRate(rate, &sc.est)
 	if sentTok > 0 {
 		st.est.Sent(loadmon.Own, sentTok, sentTok)

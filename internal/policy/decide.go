@@ -271,7 +271,7 @@ func (s *scorer) terms(c *costCand, now time.Time, gen float64) {
 		q = float64(r.waiting) * s.meanUncached
 	}
 	if r.polled.After(st.est.Polled()) {
-		st.est.Observe(r.polled, q, r.running, r.waiting, &s.est)
+		st.est.Observe(r.polled, q, r.running, r.waiting, r.busy, &s.est)
 		if r.rate > 0 && s.cfg.RateFromCounters {
 			st.est.ObservePromptRate(r.rate, &s.est) // the engine's own counters (loadmon/prefillrate.go)
 		}

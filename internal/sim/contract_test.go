@@ -2,7 +2,9 @@ package sim
 
 import (
 	"io"
+	"math"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/kvgate/kvgate/internal/loadmon"
@@ -40,5 +42,43 @@ func TestGatewayReadsOurLoads(t *testing.T) {
 				t.Errorf("loadmon read %+v from\n%s", r, raw)
 			}
 		})
+	}
+}
+
+// TestLoadsCountPrefillBusy: /v1/loads carries SGLang's cumulative prefill counters, the prompt
+// tokens the prefill steps computed and those steps' time, so that the gateway reads the rate the
+// engine prefills at from them (loadmon.Estimate.Observe): one 4,096-token prompt at 100,000
+// tokens a second is 4,096 tokens in 40.96 ms, and a second request for it, served from the
+// cache, computes only what the cache cannot give.
+func TestLoadsCountPrefillBusy(t *testing.T) {
+	cfg := fastConfig()
+	cfg.Engine.PrefillTPS = 100_000
+	_, ts := startServer(t, cfg)
+	read := func() loadmon.Busy {
+		t.Helper()
+		res, err := http.Get(ts.URL + "/v1/loads?include=core")
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		r, err := loadmon.ParseLoads(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Busy()
+	}
+	if b := read(); !b.Counted || b.Tokens != 0 || b.Seconds != 0 {
+		t.Fatalf("an idle engine counts %+v, want zero counters", b)
+	}
+	body := `{"max_tokens":1,"prompt":"` + strings.Repeat("abcd", 4096) + `"}`
+	post(t, ts.URL+"/v1/completions", body)
+	b := read()
+	if b.Tokens != 4096 || math.Abs(b.Seconds-0.04096) > 1e-6 {
+		t.Fatalf("after one 4,096-token prompt: %+v, want 4096 tokens in 0.04096 s", b)
+	}
+	post(t, ts.URL+"/v1/completions", body)
+	if again := read(); again.Tokens-b.Tokens >= 64 || again.Tokens <= b.Tokens {
+		t.Fatalf("the cached prompt computed %g more tokens, want only its uncached tail", again.Tokens-b.Tokens)
 	}
 }

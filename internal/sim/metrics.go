@@ -75,6 +75,10 @@ type rankLoad struct {
 	CacheHitRate          float64 `json:"cache_hit_rate"`
 	Utilization           float64 `json:"utilization"`
 	MaxRunningRequests    int     `json:"max_running_requests"`
+	// The prompt tokens the prefill steps computed and those steps' time, since start (SGLang's
+	// cumulative counters; engine.Load.PrefillBusyTokens).
+	TotalPrefillUncachedTok int64 `json:"total_prefill_uncached_tokens"`
+	TotalPrefillBusyUs      int64 `json:"total_prefill_busy_us"`
 }
 
 func (s *Server) handleLoads(w http.ResponseWriter, _ *http.Request) {
@@ -88,7 +92,8 @@ func (s *Server) handleLoads(w http.ResponseWriter, _ *http.Request) {
 			NumTotalReqs:          l.Running + l.Waiting,
 			NumUsedTokens:         l.UsedTokens, MaxTotalNumTokens: l.MaxTokens, TokenUsage: l.TokenUsage,
 			GenThroughput: l.GenThroughput, CacheHitRate: l.CacheHitRate, Utilization: l.TokenUsage,
-			MaxRunningRequests: l.MaxRunning,
+			MaxRunningRequests:      l.MaxRunning,
+			TotalPrefillUncachedTok: l.PrefillBusyTokens, TotalPrefillBusyUs: int64(l.PrefillBusySeconds * 1e6),
 		}},
 	})
 }
