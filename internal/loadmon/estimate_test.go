@@ -127,15 +127,16 @@ func TestEstimateConfig(t *testing.T) {
 // not read as prefill done. An idle interval measures nothing; one that prefilled for half of it
 // does without a queue; a counter that went back falls back to the backlog's fall.
 func TestEstimateRateFromBusyCounters(t *testing.T) {
-	cfg := EstimateConfig{RateSamples: 1, RateDecay: 0.5}.WithDefaults()
+	cfg := EstimateConfig{PrefillRate: 20_000, RateDecay: 0.5}.WithDefaults()
 	var e Estimate
 	at := func(s int) time.Time { return est0.Add(time.Duration(s) * time.Second) }
 	busy := func(tok, sec float64) Busy { return Busy{Tokens: tok, Seconds: sec, Counted: true} }
 	e.Observe(at(0), 100_000, 4, 4, busy(0, 0), &cfg)
-	// The backlog fell 60,000 in 1 s, but the engine computed 8,000 tokens in 1 s of prefill.
+	// The backlog fell 60,000 in 1 s, but the engine computed 8,000 tokens in 1 s of prefill:
+	// one counted interval measures μ, where falls wait for RateSamples (4) of them.
 	e.Observe(at(1), 40_000, 4, 4, busy(8_000, 1), &cfg)
 	if got := e.Rate(&cfg); got != 8_000 {
-		t.Fatalf("rate %g, want the counters' 8000, not the backlog's fall of 60000", got)
+		t.Fatalf("rate %g, want the counters' 8000 at once, not the backlog's fall of 60000 nor the start 20000", got)
 	}
 	// Nothing queued, 0.6 s of prefill in the second: 6,000 tokens, 10,000 tokens/s.
 	e.Observe(at(2), 0, 4, 0, busy(14_000, 1.6), &cfg)
@@ -144,8 +145,8 @@ func TestEstimateRateFromBusyCounters(t *testing.T) {
 	}
 	// 0.1 s of prefill and no queue: too little to say what the engine does under load.
 	e.Observe(at(3), 0, 4, 0, busy(14_100, 1.7), &cfg)
-	if r, n := e.Measured(); math.Abs(r-10_000) > 1e-6 || n != 2 {
-		t.Fatalf("an interval that prefilled 0.1 s measured %g (%d intervals), want 10000 (2) kept", r, n)
+	if r, n := e.Measured(); math.Abs(r-10_000) > 1e-6 || n != 5 {
+		t.Fatalf("an interval that prefilled 0.1 s measured %g (%d intervals), want 10000 (5) kept", r, n)
 	}
 	// Counters that went back (a restarted engine) with a queue that fell: the fall counts.
 	e.Observe(at(4), 90_000, 4, 4, busy(20_000, 2), &cfg)

@@ -28,16 +28,7 @@ func TestGatewayReadsOurLoads(t *testing.T) {
 			cancel, body := streamUntilFirstChunk(t, ts.URL)
 			defer cancel()
 			defer body.Close()
-			res, err := http.Get(ts.URL + tc.path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			r, err := tc.parse(raw)
-			if err != nil {
-				t.Fatalf("loadmon cannot parse %s: %v\n%s", tc.path, err, raw)
-			}
+			r, raw := fetchReport(t, ts.URL+tc.path, tc.parse)
 			if r.Running != 1 || r.Waiting != 0 || r.TokenUsage <= 0 {
 				t.Errorf("loadmon read %+v from\n%s", r, raw)
 			}
@@ -56,16 +47,7 @@ func TestLoadsCountPrefillBusy(t *testing.T) {
 	_, ts := startServer(t, cfg)
 	read := func() loadmon.Busy {
 		t.Helper()
-		res, err := http.Get(ts.URL + "/v1/loads?include=core")
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		r, err := loadmon.ParseLoads(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r, _ := fetchReport(t, ts.URL+"/v1/loads?include=core", loadmon.ParseLoads)
 		return r.Busy()
 	}
 	if b := read(); !b.Counted || b.Tokens != 0 || b.Seconds != 0 {
@@ -81,4 +63,21 @@ func TestLoadsCountPrefillBusy(t *testing.T) {
 	if again := read(); again.Tokens-b.Tokens >= 64 || again.Tokens <= b.Tokens {
 		t.Fatalf("the cached prompt computed %g more tokens, want only its uncached tail", again.Tokens-b.Tokens)
 	}
+}
+
+// fetchReport GETs url and parses the body with parse, failing the test where either fails; it
+// returns the body too.
+func fetchReport(t *testing.T, url string, parse func([]byte) (loadmon.Report, error)) (loadmon.Report, []byte) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	r, err := parse(raw)
+	if err != nil {
+		t.Fatalf("loadmon cannot parse %s: %v\n%s", url, err, raw)
+	}
+	return r, raw
 }
