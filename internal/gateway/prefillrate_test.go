@@ -208,3 +208,38 @@ func TestPrefillRateWhileHitsDecode(t *testing.T) {
 		t.Fatalf("prefill rate %.0f while the hits decode, want the engine's 1,000 (at most 1,200, at least %d)", r.PrefillRate, minLLMDRate)
 	}
 }
+
+// TestQueueRateFromSGLangBusyCounters: `kvgate sim --flavor sglang` serves SGLang's cumulative
+// prefill counters in /v1/loads (total_prefill_uncached_tokens, total_prefill_busy_us), so one
+// poll interval in which the engine prefilled measures μ, the rate it drains its queue at: the
+// next decision prices the queue at the engine's 20,000 tokens/s, not at the 8,000 default that
+// the backlog's falls would keep for four intervals. Engine, gateway and polls run in a synctest
+// bubble on testutil.MemNet, the engine timed on the bubble's clock.
+func TestQueueRateFromSGLangBusyCounters(t *testing.T) {
+	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
+		const rate = 20000 // tokens/s
+		eng := sim.NewServer(sim.Config{Model: "m", Flavor: sim.FlavorSGLang, Engine: engine.Config{PrefillTPS: rate}})
+		t.Cleanup(eng.Close)
+		es := mn.NewServer(eng)
+		t.Cleanup(es.Close)
+		srv, mon, _, bearer := polledGatewayOn(t, mn, es.URL, "sglang")
+		client := mn.Client()
+		post := func(i int) http.Header {
+			body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":%q}`, fmt.Sprintf("prompt %d ", i)+strings.Repeat("x", 16000))
+			h, _ := testutil.PostOKVia(t, client, srv.URL+"/v1/completions", bearer, body)
+			return h
+		}
+		var wg sync.WaitGroup
+		for i := range 8 { // 32,000 tokens: 1.6 s of prefill
+			wg.Go(func() { post(i) })
+		}
+		time.Sleep(500 * time.Millisecond) // the bubble's clock: half a second of prefill
+		mon.PollOnce(context.Background())
+		cost := post(99).Get(headerCost)
+		wg.Wait()
+		t.Logf("x-kvgate-cost: %s", cost)
+		if mu := costField(t, cost, "mu"); mu < 0.95*rate || mu > 1.05*rate {
+			t.Fatalf("the decision priced the queue at mu=%v (%q), want the engine's %d ± 5 %%", mu, cost, rate)
+		}
+	})
+}
