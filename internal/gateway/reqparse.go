@@ -166,6 +166,25 @@ func parseBody(body []byte, quotes *jsonscan.Quotes, kind routeKind, limit int) 
 	return p, nil
 }
 
+// textLimit is how many bytes of the routing text parseBody keeps: what policy.RoutingText may
+// route on (4 × RoutingPrefixBytes), or RoutingPrefixBytes where the routing text is fixed.
+func (s *Server) textLimit() int {
+	if s.cfg.FixedRoutingText {
+		return s.cfg.RoutingPrefixBytes
+	}
+	return policy.MaxRoutingText(s.cfg.RoutingPrefixBytes)
+}
+
+// routingText returns the routing text pol routes p on: p.Text as parsed where the routing text
+// is fixed, else policy.RoutingText of it (RoutingPrefixBytes, or that past an opening pol's
+// tree holds for several workers).
+func (s *Server) routingText(pol policy.Policy, p *Parsed) string {
+	if s.cfg.FixedRoutingText {
+		return p.Text
+	}
+	return policy.RoutingText(pol, p.Text, p.Salted, s.cfg.RoutingPrefixBytes)
+}
+
 // textBuf accumulates routing text: up to limit bytes are gathered so that String can cut at a
 // rune boundary at or below want.
 type textBuf struct {
