@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -102,5 +103,35 @@ func TestSessionsPastASharedOpeningGoApart(t *testing.T) {
 	Choose(context.Background(), p, ws, req)
 	if c, r := req.Decision.Chosen.Cached, req.Decision.RunnerUp.Cached; c != r {
 		t.Errorf("the opening alone: %.0f tokens predicted on the chosen worker, %.0f on the other; want them equal", c, r)
+	}
+}
+
+// BenchmarkRoutingText times the cut alone, on the tree and prompts of
+// BenchmarkDecisionWithMonitor (a shared 2 KB opening, shorter than the 8 KiB routing text: the
+// walk stops at the end of the opening) and on prompts whose 12 KB opening the tree holds for
+// two workers (the walk reads all of it).
+func BenchmarkRoutingText(b *testing.B) {
+	const past = 8192
+	ws := testWorkers(b, 2)
+	for _, more := range []int{0, 10240} { // on top of mooncakeTexts' 2 KB opening
+		b.Run(fmt.Sprintf("opening=%d", 2048+more), func(b *testing.B) {
+			texts := mooncakeTexts()
+			for i := range texts {
+				texts[i] = texts[i][:2048] + strings.Repeat("o", more) + texts[i][2048:] + texts[(i+1)%len(texts)]
+			}
+			p := newCostPolicy(b, "cache_aware_hash", nil, newFakeLoads())
+			defer p.Close()
+			for i := range texts {
+				for range 3 { // until the opening shows shared and the cut settles
+					p.Record(&Request{Text: RoutingText(p, texts[i], false, past)}, ws[i%2])
+				}
+			}
+			i := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				RoutingText(p, texts[i%len(texts)], false, past)
+				i++
+			}
+		})
 	}
 }
