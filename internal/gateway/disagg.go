@@ -31,7 +31,7 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 		return proxy.Result{Status: http.StatusInternalServerError}
 	}
 	// The prefill side holds the prompts' caches: its tree says where the routing text ends.
-	preq := &policy.Request{Model: pool.Model, Text: s.routingText(ppol, p), PromptBytes: len(body), Salt: p.Salt, Salted: p.Salted}
+	preq := &policy.Request{Model: pool.Model, Text: s.routingText(ppol, body, p), PromptBytes: len(body), Salt: p.Salt, Salted: p.Salted}
 	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	policy.Prepare(r.Context(), ppol, pool.Prefill, preq)
 	pw := ppol.Pick(r.Context(), pool.Prefill, preq)

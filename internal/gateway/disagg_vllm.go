@@ -87,7 +87,7 @@ func (s *Server) serveNIXL(w http.ResponseWriter, r *http.Request, path string, 
 		return proxy.Result{Status: http.StatusInternalServerError}
 	}
 	// The prefill side holds the prompts' caches: its tree says where the routing text ends.
-	preq := &policy.Request{Model: pool.Model, Text: s.routingText(ppol, p), PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
+	preq := &policy.Request{Model: pool.Model, Text: s.routingText(ppol, body, p), PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
 	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	members, err := jsonMembers(body)
 	if err != nil {

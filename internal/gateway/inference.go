@@ -81,7 +81,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	}
 	defer rb.Release()
 	body := rb.Bytes()
-	p, err := parseBody(body, rb.quotes, kind, s.textLimit())
+	p, err := parseBody(body, rb.quotes, kind, s.cfg.RoutingPrefixBytes)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest, "", nil
@@ -117,7 +117,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	// allocation instead of three.
 	rq := &routedRequest{}
 	preq := &rq.policy
-	*preq = policy.Request{Model: pool.Model, Text: s.routingText(pol, &p), Chat: kind == kindChat, Body: body, PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
+	*preq = policy.Request{Model: pool.Model, Text: s.routingText(pol, body, &p), Chat: kind == kindChat, Body: body, PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
 	preq.Key, preq.Affinity = s.sessionKeys(r.Header, &p)
 	id := requestID(r)
 	preq.ID = id

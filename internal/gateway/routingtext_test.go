@@ -91,19 +91,20 @@ func equalCached(pair string) bool {
 	return c(a) != "" && c(a) == c(b)
 }
 
-// TestAHugePromptKeepsABoundedRoutingText: a prompt of 4 MiB is decoded only up to the most a
-// routing text may be (4 × RoutingPrefixBytes: 32 KiB at the default), and its routing text is
-// no longer, even where the tree holds all of it for several workers.
+// TestAHugePromptKeepsABoundedRoutingText: of a prompt of 4 MiB the gateway decodes its first
+// RoutingPrefixBytes (8 KiB) of routing text; only once the tree holds all of those for two
+// workers is it parsed again, for 4 × RoutingPrefixBytes (32 KiB), and its routing text is no
+// longer than that. With FixedRoutingText it stays 8 KiB.
 func TestAHugePromptKeepsABoundedRoutingText(t *testing.T) {
 	s := &Server{cfg: DefaultConfig()}
 	past := s.cfg.RoutingPrefixBytes
 	body := []byte(`{"model":"m","prompt":"` + strings.Repeat("a", 4<<20) + `"}`)
-	p, err := parseBody(body, nil, kindCompletion, s.textLimit())
+	p, err := parseBody(body, nil, kindCompletion, past)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(p.Text) != 4*past || p.TextBytes != 4<<20 {
-		t.Fatalf("parsed %d bytes of routing text of %d, want %d of %d", len(p.Text), p.TextBytes, 4*past, 4<<20)
+	if len(p.Text) != past || p.TextBytes != 4<<20 {
+		t.Fatalf("parsed %d bytes of routing text of %d, want %d of %d", len(p.Text), p.TextBytes, past, 4<<20)
 	}
 	cfg := policy.DefaultConfig()
 	cfg.NoBackground = true
@@ -112,20 +113,22 @@ func TestAHugePromptKeepsABoundedRoutingText(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pol.(interface{ Close() error }).Close()
+	if got := len(s.routingText(pol, body, &p)); got != past {
+		t.Fatalf("routing text of %d bytes on an empty tree, want %d", got, past)
+	}
 	for i := range 2 {
 		w, err := worker.New(worker.Spec{URL: fmt.Sprintf("http://10.0.0.%d:8000", i+1)}, worker.BreakerConfig{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		w.SetHealth(worker.Ready)
-		pol.(policy.Recorder).Record(&policy.Request{Model: "m", Text: p.Text}, w)
+		pol.(policy.Recorder).Record(&policy.Request{Model: "m", Text: strings.Repeat("a", 8*past)}, w)
 	}
-	if got := len(s.routingText(pol, &p)); got != 4*past {
-		t.Fatalf("routing text of %d bytes where the tree holds all of it twice, want %d", got, 4*past)
+	if got := len(s.routingText(pol, body, &p)); got != 4*past {
+		t.Fatalf("routing text of %d bytes where the tree holds 64 KiB of it for two workers, want %d", got, 4*past)
 	}
 	s.cfg.FixedRoutingText = true
-	p, _ = parseBody(body, nil, kindCompletion, s.textLimit())
-	if got := len(s.routingText(pol, &p)); got != past {
+	if got := len(s.routingText(pol, body, &p)); got != past {
 		t.Fatalf("fixed: routing text of %d bytes, want %d", got, past)
 	}
 }

@@ -47,6 +47,18 @@ const openingGrain = 1024
 // mark comes on top): what a caller needs to read of a prompt.
 func MaxRoutingText(past int) int { return routingTextSpan * past }
 
+// SharedThrough reports whether p's prefix tree (Opener) holds all of text, a prompt's first
+// past bytes, for two or more workers: only then does RoutingText of the prompt reach past text,
+// so a caller that decoded only that much of a longer prompt needs more of it (up to
+// MaxRoutingText) only then.
+func SharedThrough(p Policy, text string) bool {
+	if text == "" {
+		return false
+	}
+	o, ok := As[Opener](p)
+	return ok && o.Opening(text) >= len(text)
+}
+
 // RoutingText returns the routing text p routes text on: its first past bytes or, where p's
 // prefix tree (Opener) holds all of those for two or more workers, the opening the tree holds
 // for them, rounded down to 1 KiB, and past bytes beyond it; at most MaxRoutingText(past) bytes,

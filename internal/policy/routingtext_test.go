@@ -26,15 +26,15 @@ func TestRoutingTextReachesPastASharedOpening(t *testing.T) {
 	}
 	// One worker holds the opening: nothing tells it is shared.
 	p.Record(&Request{Text: RoutingText(p, session("a"), false, past)}, ws[0])
-	if got := RoutingText(p, long, false, past); len(got) != past {
-		t.Fatalf("opening on one worker: %d bytes, want %d", len(got), past)
+	if got := RoutingText(p, long, false, past); len(got) != past || SharedThrough(p, long[:past]) {
+		t.Fatalf("opening on one worker: %d bytes (shared through %v), want %d", len(got), SharedThrough(p, long[:past]), past)
 	}
 	// A second worker holds it: the routing text reaches past bytes past it, the opening rounded
 	// down to 1 KiB. The records are cut at past, so the tree knows 1 KiB of the opening shared,
 	// and the next prompts reach 2 KiB; those recorded on both show the whole opening shared.
 	p.Record(&Request{Text: RoutingText(p, session("b"), false, past)}, ws[1])
-	if got := RoutingText(p, long, false, past); len(got) != 2*past {
-		t.Fatalf("1 KiB shared: %d bytes, want %d", len(got), 2*past)
+	if got := RoutingText(p, long, false, past); len(got) != 2*past || !SharedThrough(p, long[:past]) {
+		t.Fatalf("1 KiB shared: %d bytes (shared through %v), want %d", len(got), SharedThrough(p, long[:past]), 2*past)
 	}
 	for i, s := range []string{"c", "d", "e", "f"} {
 		p.Record(&Request{Text: RoutingText(p, session(s), false, past)}, ws[i%2])
