@@ -247,7 +247,7 @@ func (ff *fleetFlags) experiment(w bench.Workload, arr bench.Arrivals, lim bench
 		Base: fleet.Config{
 			Engines: ff.engines, PolicyConfig: pc, PollInterval: ff.pollInterval, StaleAfter: ff.staleAfter,
 			Engine: ff.engine, Failover: ff.failover, Timeline: ff.timeline, KVEvents: ff.kvEvents, Warm: ff.warm,
-			Sync: ff.sync, PrefillCounters: ff.prefillCounters, RoutingPrefixBytes: ff.routingPrefix,
+			Sync: ff.sync, PrefillCounters: ff.prefillCounters, RoutingPrefixBytes: ff.routingPrefix, FixedRoutingText: ff.fixedRoutingText,
 		},
 		Policies: ff.policies, Gateways: ff.gateways, LoadModes: ff.modes, Splits: ff.splits,
 		EngineMix: ff.engineMix, Spread: ff.spread, Timing: ff.timing, Parallel: ff.parallel,

@@ -153,6 +153,8 @@ type fleetFlags struct {
 	prefillCounters bool
 	// routingPrefix is the bytes of each prompt the gateways' policies see (fleet.Config).
 	routingPrefix int
+	// fixedRoutingText keeps the routing text at routingPrefix past a shared opening too (fleet.Config).
+	fixedRoutingText bool
 
 	suite          string
 	suiteWorkloads string
@@ -197,6 +199,7 @@ func (ff *fleetFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&ff.engine.DecodePerReq, "decode-per-req", d.DecodePerReq, "fleet engine: added step cost per decoding request")
 	fs.StringVar(&ff.timing, "engine-timing", d.Timing.String(), "fleet engine: timing model, batched (continuous batching, chunked prefill shared by the batch) or per-slot (each running request prefills at --prefill-tps and decodes every --decode-base on its own, as llm-d-inference-sim does)")
 	fs.IntVar(&ff.routingPrefix, "routing-prefix-bytes", fleet.DefaultConfig().RoutingPrefixBytes, "fleet: bytes of each prompt the gateways' policies see, as kvgate serve's flag")
+	fs.BoolVar(&ff.fixedRoutingText, "routing-prefix-fixed", false, "fleet: the routing text is the first --routing-prefix-bytes of each prompt even where the tree holds all of them for several workers, as kvgate serve's flag")
 	fs.BoolVar(&ff.prefillCounters, "engine-prefill-counters", false, "fleet engine: the reports carry vLLM's prefill counters (prompt tokens, prefix-cache hits, seconds in prefill), from which each gateway reads the engine's prompt prefill rate")
 	fs.DurationVar(&ff.engine.PrefillOverhead, "prefill-overhead", d.PrefillOverhead, "fleet engine, per-slot timing: fixed prefill cost of every request")
 	fs.Float64Var(&ff.engine.LoadFactor, "load-factor", d.LoadFactor, "fleet engine, per-slot timing: slowdown with every slot busy, in [1, 100]")

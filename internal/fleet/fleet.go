@@ -94,6 +94,9 @@ type Config struct {
 	// RoutingPrefixBytes is how much of the routing text policies see, as in the gateway.
 	// Default 8192.
 	RoutingPrefixBytes int
+	// FixedRoutingText keeps the routing text at RoutingPrefixBytes past a shared opening too,
+	// as in the gateway (gateway.Config.FixedRoutingText; policy.RoutingText).
+	FixedRoutingText bool
 	// Seed seeds the gateway choice, the policies' randomness and the poll phases. The workload's
 	// own seed is separate.
 	Seed uint64

@@ -134,8 +134,13 @@ func (g *gateway) pick(text, key, adapter string) (*worker.Worker, int) {
 		g.kv.prompt = text
 	}
 	promptBytes := len(text)
-	if len(text) > g.s.cfg.RoutingPrefixBytes && !g.fullText {
-		text = text[:g.s.cfg.RoutingPrefixBytes]
+	pol := g.policyFor(adapter)
+	switch past := g.s.cfg.RoutingPrefixBytes; {
+	case g.fullText || len(text) <= past:
+	case g.s.cfg.FixedRoutingText:
+		text = text[:past]
+	default:
+		text = policy.RoutingText(pol, text, false, past)
 	}
 	model, parent := simModel, ""
 	if adapter != "" {
@@ -146,7 +151,6 @@ func (g *gateway) pick(text, key, adapter string) (*worker.Worker, int) {
 	if len(g.narrow) > 0 {
 		cands = g.narrow
 	}
-	pol := g.policyFor(adapter)
 	policy.Prepare(context.Background(), pol, cands, &g.req) // the tokenization a replica pays (kvevents.go)
 	w := policy.Choose(context.Background(), pol, cands, &g.req)
 	if w == nil {

@@ -24,14 +24,15 @@ func (s *Server) serveDisaggregated(w http.ResponseWriter, r *http.Request, path
 	if s.pdProtocol(pool) == PDVLLM {
 		return s.serveNIXL(w, r, path, body, p, pool)
 	}
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, PromptBytes: len(body), Salt: p.Salt, Salted: p.Salted}
-	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	ppol, err1 := s.router.For(pool.Model, worker.Prefill)
 	dpol, err2 := s.router.For(pool.Model, worker.Decode)
 	if err1 != nil || err2 != nil {
 		writeError(w, http.StatusInternalServerError, "policy_error", fmt.Sprint(err1, err2))
 		return proxy.Result{Status: http.StatusInternalServerError}
 	}
+	// The prefill side holds the prompts' caches: its tree says where the routing text ends.
+	preq := &policy.Request{Model: pool.Model, Text: s.routingText(ppol, body, p), PromptBytes: len(body), Salt: p.Salt, Salted: p.Salted}
+	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	policy.Prepare(r.Context(), ppol, pool.Prefill, preq)
 	pw := ppol.Pick(r.Context(), pool.Prefill, preq)
 	if pw == nil {

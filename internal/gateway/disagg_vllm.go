@@ -80,14 +80,15 @@ func (s *Server) pdProtocol(pool *worker.Pool) string {
 
 // serveNIXL runs a request on a prefill and then a decode worker with vLLM's protocol.
 func (s *Server) serveNIXL(w http.ResponseWriter, r *http.Request, path string, body []byte, p *Parsed, pool *worker.Pool) proxy.Result {
-	preq := &policy.Request{Model: pool.Model, Text: p.Text, PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
-	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	ppol, err1 := s.router.For(pool.Model, worker.Prefill)
 	dpol, err2 := s.router.For(pool.Model, worker.Decode)
 	if err1 != nil || err2 != nil {
 		writeError(w, http.StatusInternalServerError, "policy_error", "the pool's policy could not be built")
 		return proxy.Result{Status: http.StatusInternalServerError}
 	}
+	// The prefill side holds the prompts' caches: its tree says where the routing text ends.
+	preq := &policy.Request{Model: pool.Model, Text: s.routingText(ppol, body, p), PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
+	preq.Key, preq.Affinity = s.sessionKeys(r.Header, p)
 	members, err := jsonMembers(body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", "the request body must be a JSON object")

@@ -49,8 +49,14 @@ type Config struct {
 	MaxPayloadSize int64
 	// BodyBudget bounds the request bodies held in memory, all together (bodybudget.go).
 	BodyBudget BodyBudget
-	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192.
+	// RoutingPrefixBytes is how much of the routing text policies see. Default 8192. Where the
+	// policy's prefix tree holds all of it for two or more workers (an opening many prompts
+	// share), policies see RoutingPrefixBytes past that opening instead, 4 × RoutingPrefixBytes
+	// at most (policy.RoutingText), unless FixedRoutingText.
 	RoutingPrefixBytes int
+	// FixedRoutingText keeps the routing text at its first RoutingPrefixBytes, past a shared
+	// opening too. Default false.
+	FixedRoutingText bool
 	// Tracer, when set, traces every request (OpenTelemetry): a span per request, per routing
 	// decision and per upstream attempt, with traceparent sent to the worker. nil means off, at
 	// the cost of a nil check.

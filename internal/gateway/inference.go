@@ -117,7 +117,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, path string, kind
 	// allocation instead of three.
 	rq := &routedRequest{}
 	preq := &rq.policy
-	*preq = policy.Request{Model: pool.Model, Text: p.Text, Chat: kind == kindChat, Body: body, PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
+	*preq = policy.Request{Model: pool.Model, Text: s.routingText(pol, body, &p), Chat: kind == kindChat, Body: body, PromptBytes: len(body), Adapter: adapterOf(pool), Parent: pool.Parent, Salt: p.Salt, Salted: p.Salted}
 	preq.Key, preq.Affinity = s.sessionKeys(r.Header, &p)
 	id := requestID(r)
 	preq.ID = id

@@ -118,6 +118,7 @@ var (
 	_ DecisionReporter = (*CacheAware)(nil)
 	_ TreeReporter     = (*CacheAware)(nil)
 	_ Recorder         = (*CacheAware)(nil)
+	_ Opener           = (*CacheAware)(nil)
 )
 
 const (

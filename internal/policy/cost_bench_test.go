@@ -78,12 +78,18 @@ func mooncakeTexts() []string {
 // BenchmarkDecisionWithMonitor times one decision of the cost-based policies against a real
 // load monitor holding a fresh report for every worker, at 64 and 256 workers, beside
 // round_robin's in the same run (targets: the default ≤ 20 µs at 64, ≤ 60 µs at 256). Prompts
-// are Mooncake-like (one shared 2 KB opening, a 6 KB tail: the gateway's 8 KiB routing text) on
-// a tree that has seen each once.
+// are Mooncake-like (one shared 2 KB opening, a 6 KB tail, then 8 KB more) on a tree that has
+// seen each once; each decision cuts its routing text first, as the gateway does (RoutingText:
+// the opening is shorter than 8 KiB, so it is the first 8 KiB).
 //
 //	go test -run XXX -bench DecisionWithMonitor ./internal/policy/
 func BenchmarkDecisionWithMonitor(b *testing.B) {
 	texts := mooncakeTexts()
+	more := strings.Repeat("and then the prompt goes on. ", 8192/29+1)[:8192]
+	for i := range texts {
+		texts[i] += more
+	}
+	const past = 8192
 	for _, n := range []int{64, 256} {
 		ws, mon := monitoredFleet(b, n)
 		for _, name := range []string{"round_robin", "least_load", "cache_aware_hash", "cache_aware"} {
@@ -98,13 +104,16 @@ func BenchmarkDecisionWithMonitor(b *testing.B) {
 					defer c.Close()
 				}
 				for i := range texts {
-					Choose(context.Background(), p, ws, &Request{Text: texts[i], PromptBytes: 40000})
+					Choose(context.Background(), p, ws, &Request{Text: RoutingText(p, texts[i], false, past), PromptBytes: 40000})
+				}
+				if n := len(RoutingText(p, texts[0], false, past)); n != past {
+					b.Fatalf("routing text of %d bytes, want the first %d: the decisions would differ from main's", n, past)
 				}
 				req := &Request{}
 				i := 0
 				b.ReportAllocs()
 				for b.Loop() {
-					*req = Request{Text: texts[i%len(texts)], PromptBytes: 40000}
+					*req = Request{Text: RoutingText(p, texts[i%len(texts)], false, past), PromptBytes: 40000}
 					if Choose(context.Background(), p, ws, req) == nil {
 						b.Fatal("no pick")
 					}

@@ -126,6 +126,7 @@ var (
 	_ Forgetter        = (*Cost)(nil)
 	_ DecisionReporter = (*Cost)(nil)
 	_ Recorder         = (*Cost)(nil)
+	_ Opener           = (*Cost)(nil)
 	_ CacheObserver    = (*Cost)(nil)
 	_ AnswerLearner    = (*Cost)(nil)
 	_ Calibrator       = (*Cost)(nil)

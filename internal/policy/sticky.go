@@ -156,6 +156,7 @@ var (
 	_ CacheObserver    = (*Sticky)(nil)
 	_ Coster           = (*Sticky)(nil)
 	_ TreeReporter     = (*Sticky)(nil)
+	_ Opener           = (*Sticky)(nil)
 	_ Evicter          = (*Sticky)(nil)
 	_ Warmer           = (*Sticky)(nil)
 	_ Recorder         = (*Sticky)(nil)
@@ -436,6 +437,15 @@ func (p *Sticky) Decisions() map[string]uint64 {
 		out[BranchPolicy] = p.own.Load()
 	}
 	return out
+}
+
+// Opening returns what the wrapped policy's tree holds of text for several workers (Opener); 0
+// when it keeps no tree.
+func (p *Sticky) Opening(text string) int {
+	if o, ok := p.inner.(Opener); ok {
+		return o.Opening(text)
+	}
+	return 0
 }
 
 // TreeSizes returns the wrapped policy's tree sizes; nil when it keeps no tree.

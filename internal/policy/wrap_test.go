@@ -31,6 +31,7 @@ func (e *everything) Observed(float64, float64)       { e.hit("Observed") }
 func (e *everything) Evict()                          { e.hit("Evict") }
 func (e *everything) Decisions() map[string]uint64    { e.hit("Decisions"); return map[string]uint64{} }
 func (e *everything) TreeSizes() map[string]int64     { e.hit("TreeSizes"); return nil }
+func (e *everything) Opening(string) int              { e.hit("Opening"); return 0 }
 func (e *everything) Record(*Request, *worker.Worker) { e.hit("Record") }
 func (e *everything) HotPrefixes(radix.HotOptions) []radix.HotPrefix {
 	e.hit("HotPrefixes")
@@ -66,6 +67,7 @@ func TestWrappersForwardEveryInterface(t *testing.T) {
 		"Evicter":          func(p Policy) { p.(Evicter).Evict() },
 		"DecisionReporter": func(p Policy) { p.(DecisionReporter).Decisions() },
 		"TreeReporter":     func(p Policy) { p.(TreeReporter).TreeSizes() },
+		"Opener":           func(p Policy) { p.(Opener).Opening("t") },
 		"Recorder":         func(p Policy) { p.(Recorder).Record(&Request{}, nil) },
 		"Warmer": func(p Policy) {
 			p.(Warmer).HotPrefixes(radix.HotOptions{})

@@ -53,6 +53,11 @@ func fuzzOps(t *testing.T, data []byte) {
 			if gotN != wantN || !slices.Equal(gotT, wantT) {
 				t.Fatalf("Lookup(%q) = %d %v, model %d %v", s, gotN, gotT, wantN, wantT)
 			}
+			var shared int
+			tr.Route(s, func(m *Match) string { shared = m.Shared; return "" })
+			if got, want := tr.Opening(s), m.opening(s); got != want || charCount(s[:got]) != shared {
+				t.Fatalf("Opening(%q) = %d, model %d, Route's Shared %d characters", s, got, want, shared)
+			}
 			ratio := float64(next()%10) / 10
 			var gotH []string
 			tr.RouteHolders(s, ratio, func(m *Match) string {

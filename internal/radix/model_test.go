@@ -58,6 +58,23 @@ func (m *model) lookup(text string) (int, []string) {
 	return 0, nil
 }
 
+// opening returns the bytes of the longest prefix of text that two or more tenants hold.
+func (m *model) opening(text string) int {
+	ps := prefixes(text)
+	for i := len(ps) - 1; i >= 0; i-- {
+		n := 0
+		for _, h := range m.held {
+			if _, ok := h[ps[i]]; ok {
+				n++
+			}
+		}
+		if n >= 2 {
+			return len(ps[i])
+		}
+	}
+	return 0
+}
+
 // holders returns the tenants that hold more than ratio of text: those holding its prefix of
 // int(ratio × characters) + 1 characters.
 func (m *model) holders(text string, ratio float64) []string {

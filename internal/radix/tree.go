@@ -282,6 +282,37 @@ func (t *Tree) route(text string, ratio float64, depth func(string, int), choose
 	return chars, total, prior
 }
 
+// Opening returns how many leading bytes of text the tree holds for two or more tenants: the
+// Match's Shared, in bytes, found without recording anything. It is the opening that several
+// tenants' texts share (a system prompt every request starts with), and the descent stops where
+// it ends: a node's tenants include those of every node below it, so no deeper node is shared.
+// The boundary is a character boundary of text.
+func (t *Tree) Opening(text string) int {
+	limited := t.limited.Load()
+	n := t.root
+	n.mu.Lock()
+	pos := 0
+	for pos < len(text) {
+		c := n.child(unitKey(text[pos:]))
+		if c == nil {
+			break
+		}
+		c.mu.Lock()
+		n.mu.Unlock()
+		n = c
+		if limited && t.liveCount(c) < 2 || !limited && len(c.tenants) < 2 {
+			break
+		}
+		k := commonPrefix(c.edge, text[pos:])
+		pos += k
+		if k < len(c.edge) {
+			break
+		}
+	}
+	n.mu.Unlock()
+	return pos
+}
+
 // Insert records text for tenant: Route with a fixed choice.
 func (t *Tree) Insert(text, tenant string) {
 	t.Route(text, func(*Match) string { return tenant })
