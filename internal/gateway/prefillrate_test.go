@@ -54,6 +54,17 @@ func polledGatewayOn(t *testing.T, mn *testutil.MemNet, url, rt string) (srv *ht
 	return srv, mon, reg.View().All[0], bearer
 }
 
+// simGatewayOn is polledGatewayOn in front of one `kvgate sim` engine of flavor (its runtime too)
+// prefilling at rate tokens/s, both on the in-memory network mn.
+func simGatewayOn(t *testing.T, mn *testutil.MemNet, flavor string, rate float64) (srv *httptest.Server, mon *loadmon.Monitor, w *worker.Worker, bearer string) {
+	t.Helper()
+	eng := sim.NewServer(sim.Config{Model: "m", Flavor: flavor, Engine: engine.Config{PrefillTPS: rate}})
+	t.Cleanup(eng.Close)
+	es := mn.NewServer(eng)
+	t.Cleanup(es.Close)
+	return polledGatewayOn(t, mn, es.URL, flavor)
+}
+
 // TestPrefillRateFromLLMDSimCounters: llm-d-inference-sim (skipped where absent) prefills at
 // 1 ms a token and reports only vLLM's Prometheus metrics; after one round of load the gateway
 // reads its prefill rate from them, and the next decision's x-kvgate-cost prices it (mu=…), not
@@ -120,11 +131,7 @@ const minLLMDRate = 400
 func TestPrefillRateFromSimVLLMCounters(t *testing.T) {
 	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const rate = 20000 // tokens/s
-		eng := sim.NewServer(sim.Config{Model: "m", Flavor: sim.FlavorVLLM, Engine: engine.Config{PrefillTPS: rate}})
-		t.Cleanup(eng.Close)
-		es := mn.NewServer(eng)
-		t.Cleanup(es.Close)
-		srv, mon, w, bearer := polledGatewayOn(t, mn, es.URL, "vllm")
+		srv, mon, w, bearer := simGatewayOn(t, mn, sim.FlavorVLLM, rate)
 		client := mn.Client()
 		for i := range 3 {
 			body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":%q}`, fmt.Sprintf("prompt %d ", i)+strings.Repeat("x", 16000))
@@ -218,11 +225,7 @@ func TestPrefillRateWhileHitsDecode(t *testing.T) {
 func TestQueueRateFromSGLangBusyCounters(t *testing.T) {
 	testutil.InBubble(t, func(t *testing.T, mn *testutil.MemNet) {
 		const rate = 20000 // tokens/s
-		eng := sim.NewServer(sim.Config{Model: "m", Flavor: sim.FlavorSGLang, Engine: engine.Config{PrefillTPS: rate}})
-		t.Cleanup(eng.Close)
-		es := mn.NewServer(eng)
-		t.Cleanup(es.Close)
-		srv, mon, _, bearer := polledGatewayOn(t, mn, es.URL, "sglang")
+		srv, mon, _, bearer := simGatewayOn(t, mn, sim.FlavorSGLang, rate)
 		client := mn.Client()
 		post := func(i int) http.Header {
 			body := fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":%q}`, fmt.Sprintf("prompt %d ", i)+strings.Repeat("x", 16000))
