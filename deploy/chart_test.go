@@ -64,8 +64,8 @@ func render(t *testing.T, overrides map[string]any) []object {
 func TestChartDefaults(t *testing.T) {
 	objs := render(t, nil)
 	checkGateway(t, objs, "kvgate")
-	if n := len(find[*corev1.Secret](objs)); n != 1 {
-		t.Errorf("want the chart to create the keys Secret, got %d", n)
+	if n := len(find[*corev1.Secret](objs)); n != 2 {
+		t.Errorf("want the chart to create the keys Secret and the replica sync key's, got %d", n)
 	}
 	if n := len(find[*serviceMonitor](objs)) + len(find[*autoscalingv2.HorizontalPodAutoscaler](objs)); n != 0 {
 		t.Errorf("ServiceMonitor and HPA are opt-in, got %d", n)
@@ -81,8 +81,13 @@ func TestChartDefaults(t *testing.T) {
 	if want := "ghcr.io/kvgate/kvgate:" + ch.Metadata.AppVersion; d.Spec.Template.Spec.Containers[0].Image != want {
 		t.Errorf("image %q, want %q: the chart deploys its appVersion", d.Spec.Template.Spec.Containers[0].Image, want)
 	}
-	if c := d.Spec.Template.Spec.Containers[0]; slices.Contains(c.Args, "--admin-host") || len(c.Ports) != 2 {
+	c := d.Spec.Template.Spec.Containers[0]
+	if slices.Contains(c.Args, "--admin-host") || slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "admin" }) {
 		t.Errorf("by default the admin plane stays on loopback: args %v, ports %v", c.Args, c.Ports)
+	}
+	// Two replicas by default, so they share their decisions by default (replica sync, embedded).
+	if i := slices.Index(c.Args, "--replica-sync"); i < 0 || c.Args[i+1] != "embedded" {
+		t.Errorf("args %v: want --replica-sync embedded by default", c.Args)
 	}
 }
 
@@ -170,6 +175,7 @@ func TestChartAdminService(t *testing.T) {
 func TestChartOptions(t *testing.T) {
 	objs := render(t, map[string]any{
 		"keys":           map[string]any{"existingSecret": "my-keys"},
+		"replicaSync":    map[string]any{"keySecret": "my-keys"},
 		"serviceMonitor": map[string]any{"enabled": true, "labels": map[string]any{"release": "prom"}},
 		"autoscaling":    map[string]any{"enabled": true},
 		"rbac":           map[string]any{"inferencePool": true},
@@ -205,14 +211,42 @@ func TestChartOptions(t *testing.T) {
 // cluster port, a headless Service that lists not-ready pods and a NetworkPolicy admitting the
 // cluster port from the gateway's pods only; url mode passes the URL and opens nothing.
 func TestChartReplicaSync(t *testing.T) {
-	if _, err := renderFiles(t, map[string]any{"replicaSync": map[string]any{"mode": "embedded"}}); err == nil ||
-		!strings.Contains(err.Error(), "keySecret") {
-		t.Fatalf("embedded without a key: got %v, want a refusal", err)
+	// Embedded without a key Secret named: the chart makes one, with a random key of 48
+	// characters, and the replicas read it.
+	objs := render(t, map[string]any{"replicaSync": map[string]any{"mode": "embedded"}})
+	var key *corev1.Secret
+	for _, s := range find[*corev1.Secret](objs) {
+		if s.Name == "kvgate-sync-key" {
+			key = s
+		}
+	}
+	if key == nil || len(key.Data["KVGATE_REPLICA_SYNC_KEY"]) != 48 {
+		t.Fatalf("want a Secret kvgate-sync-key holding a 48-byte KVGATE_REPLICA_SYNC_KEY, got %+v", key)
+	}
+	again := render(t, map[string]any{"replicaSync": map[string]any{"mode": "embedded"}})
+	for _, s := range find[*corev1.Secret](again) {
+		if s.Name == "kvgate-sync-key" && string(s.Data["KVGATE_REPLICA_SYNC_KEY"]) == string(key.Data["KVGATE_REPLICA_SYNC_KEY"]) {
+			t.Error("two installs rendered the same sync key")
+		}
+	}
+	if c := find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0]; !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "KVGATE_REPLICA_SYNC_KEY" && e.ValueFrom.SecretKeyRef.Name == "kvgate-sync-key"
+	}) {
+		t.Errorf("env %v: want KVGATE_REPLICA_SYNC_KEY from kvgate-sync-key", c.Env)
+	}
+	// Off: no flag, no key, no cluster port, no sync Service or NetworkPolicy.
+	objs = render(t, map[string]any{"replicaSync": map[string]any{"mode": "off"}})
+	if c := find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0]; slices.Contains(c.Args, "--replica-sync") ||
+		len(c.Ports) != 2 || slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "KVGATE_REPLICA_SYNC_KEY" }) {
+		t.Errorf("replica sync off: args %v, ports %v, env %v", c.Args, c.Ports, c.Env)
+	}
+	if n, m := len(find[*corev1.Secret](objs)), len(find[*networkingv1.NetworkPolicy](objs)); n != 1 || m != 0 {
+		t.Errorf("replica sync off: %d Secrets (want the keys' alone), %d NetworkPolicies", n, m)
 	}
 	if _, err := renderFiles(t, map[string]any{"replicaSync": map[string]any{"mode": "url", "url": "nats://u:p@nats:4222"}}); err == nil {
 		t.Error("credentials in the URL were accepted")
 	}
-	objs := render(t, map[string]any{"replicaSync": map[string]any{"mode": "embedded", "keySecret": "sync-key"}})
+	objs = render(t, map[string]any{"replicaSync": map[string]any{"mode": "embedded", "keySecret": "sync-key"}})
 	c := find[*appsv1.Deployment](objs)[0].Spec.Template.Spec.Containers[0]
 	for flag, want := range map[string]string{"--replica-sync": "embedded", "--replica-sync-listen": "0.0.0.0:6222",
 		"--replica-sync-peers": "kvgate-sync.llm.svc:6222"} {

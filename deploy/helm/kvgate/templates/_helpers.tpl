@@ -29,3 +29,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "kvgate.keysSecret" -}}
 {{- default (printf "%s-keys" (include "kvgate.fullname" .)) .Values.keys.existingSecret -}}
 {{- end -}}
+
+{{- define "kvgate.syncKeySecret" -}}
+{{- default (printf "%s-sync-key" (include "kvgate.fullname" .)) .Values.replicaSync.keySecret -}}
+{{- end -}}
