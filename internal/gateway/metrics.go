@@ -136,6 +136,7 @@ var (
 	descTree      = prometheus.NewDesc("kvgate_policy_tree_chars", "Characters held in the prefix tree per worker.", []string{"policy", "model", "worker"}, nil)
 	descCalib     = prometheus.NewDesc("kvgate_prefix_prediction_bias", "Moving average over a worker's last 256 answers of the predicted minus the reported cached share of the prompt (positive: the policy believes the worker holds more than it does).", []string{"policy", "model", "worker"}, nil)
 	descCapacity  = prometheus.NewDesc("kvgate_prefix_tree_capacity_tokens", "The tokens a worker's engine was shown by its answers to keep cached: the prefix tree hides the worker's records once that many prompt tokens were newly cached on it since (absent until an answer showed a lost prefix).", []string{"policy", "model", "worker"}, nil)
+	descRate      = prometheus.NewDesc("kvgate_worker_prefill_rate_tokens_per_second", "The prefill rate the cost prices a worker's queue at (μ): measured from the engine's prefill-busy counters, else from its queue's falls; absent until measured (the cost then takes --prefill-rate).", []string{"policy", "model", "worker"}, nil)
 	descDrifts    = prometheus.NewDesc("kvgate_kv_index_drifts_total", "Times precise_prefix found a worker's events index disagreeing with what its answers report cached, and scored it by the prefix tree instead.", []string{"policy", "model", "worker"}, nil)
 	descDrifting  = prometheus.NewDesc("kvgate_kv_index_drifting", "1 while a worker's events index disagrees with its answers (scored by the prefix tree), else 0.", []string{"policy", "model", "worker"}, nil)
 	descTreeHeld  = prometheus.NewDesc("kvgate_policy_tree_held_chars", "Characters held by every prefix tree of the gateway together.", nil, nil)
@@ -143,7 +144,7 @@ var (
 )
 
 func (c *workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descReportAge, descUsage, descDecisions, descTree, descCalib, descCapacity, descDrifts, descDrifting, descTreeHeld, descTreeMax} {
+	for _, d := range []*prometheus.Desc{descInflight, descProcessed, descHealth, descCircuit, descEffective, descReported, descReportAge, descUsage, descDecisions, descTree, descCalib, descCapacity, descRate, descDrifts, descDrifting, descTreeHeld, descTreeMax} {
 		ch <- d
 	}
 }
@@ -199,6 +200,11 @@ func (c *workerCollector) Collect(ch chan<- prometheus.Metric) {
 		if c, ok := p.(policy.CapacityReporter); ok {
 			for wid, n := range c.Capacities() {
 				ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, n, p.Name(), model, wid)
+			}
+		}
+		if r, ok := p.(policy.RateReporter); ok {
+			for wid, mu := range r.Rates() {
+				ch <- prometheus.MustNewConstMetric(descRate, prometheus.GaugeValue, mu, p.Name(), model, wid)
 			}
 		}
 		if d, ok := p.(policy.DriftReporter); ok {

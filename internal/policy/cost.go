@@ -561,3 +561,29 @@ func (t Terms) String() string {
 	}
 	return string(b)
 }
+
+// RateReporter is implemented by policies that measure each engine's prefill rate μ (the
+// cost-based ones): kvgate_worker_prefill_rate_tokens_per_second.
+type RateReporter interface {
+	// Rates returns worker id → the μ this replica prices the worker's queue at, in tokens a
+	// second; a worker is absent until its reports measured μ (before that the cost takes
+	// --prefill-rate).
+	Rates() map[string]float64
+}
+
+// Rates returns each worker's measured μ (RateReporter).
+func (p *Cost) Rates() map[string]float64 { return p.sc.rates() }
+
+// rates returns each worker's measured μ, as Rate prices it, for the workers whose reports
+// measured one.
+func (s *scorer) rates() map[string]float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]float64, len(s.ws))
+	for id, w := range s.ws {
+		if _, n := w.est.Measured(); n >= s.est.RateSamples {
+			out[id] = w.est.Rate(&s.est)
+		}
+	}
+	return out
+}

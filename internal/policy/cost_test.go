@@ -750,3 +750,22 @@ func prepChoose(ctx context.Context, p Policy, candidates []*worker.Worker, req 
 	Prepare(ctx, p, candidates, req)
 	return Choose(ctx, p, candidates, req)
 }
+
+// TestRatesReportMeasuredMu: Rates (kvgate_worker_prefill_rate_tokens_per_second) gives each
+// worker's μ once its reports measured it, and leaves out a worker still priced at the default.
+func TestRatesReportMeasuredMu(t *testing.T) {
+	sc := newScorer(DefaultConfig().Cost, nil, time.Now)
+	t0 := time.Unix(1000, 0)
+	busy := func(tok, sec float64) loadmon.Busy {
+		return loadmon.Busy{Tokens: tok, Seconds: sec, Counted: true}
+	}
+	m := sc.state("measured")
+	m.est.Observe(t0, 0, 1, 0, busy(0, 0), &sc.est)
+	m.est.Observe(t0.Add(time.Second), 0, 1, 0, busy(6_000, 0.75), &sc.est) // 8,000 tokens/s
+	u := sc.state("unmeasured")
+	u.est.Observe(t0, 0, 1, 0, loadmon.Busy{}, &sc.est)
+	got := sc.rates()
+	if len(got) != 1 || got["measured"] != 8_000 {
+		t.Fatalf("rates %v, want only measured at 8000", got)
+	}
+}

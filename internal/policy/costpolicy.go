@@ -131,6 +131,7 @@ var (
 	_ AnswerLearner    = (*Cost)(nil)
 	_ Calibrator       = (*Cost)(nil)
 	_ CapacityReporter = (*Cost)(nil)
+	_ RateReporter     = (*Cost)(nil)
 	_ DriftReporter    = (*Cost)(nil)
 )
 

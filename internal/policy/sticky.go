@@ -506,6 +506,15 @@ func (p *Sticky) Capacities() map[string]float64 {
 	return nil
 }
 
+// Rates asks the wrapped policy, if it measures its workers' prefill rates (RateReporter); nil
+// otherwise.
+func (p *Sticky) Rates() map[string]float64 {
+	if r, ok := p.inner.(RateReporter); ok {
+		return r.Rates()
+	}
+	return nil
+}
+
 // Drifts asks the wrapped policy, if it checks its events against the answers
 // (DriftReporter); nil otherwise.
 func (p *Sticky) Drifts() map[string]Drift {

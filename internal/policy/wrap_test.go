@@ -47,6 +47,7 @@ func (e *everything) Close() error                                        { e.hi
 func (e *everything) Learn(*Request, Answer)                              { e.hit("Learn") }
 func (e *everything) Calibration() map[string]float64                     { e.hit("Calibration"); return nil }
 func (e *everything) Capacities() map[string]float64                      { e.hit("Capacities"); return nil }
+func (e *everything) Rates() map[string]float64                           { e.hit("Rates"); return nil }
 func (e *everything) Drifts() map[string]Drift                            { e.hit("Drifts"); return nil }
 func (e *everything) WorkerDrift(string) Drift                            { e.hit("WorkerDrift"); return Drift{} }
 func (e *everything) Prepare(context.Context, []*worker.Worker, *Request) { e.hit("Prepare") }
@@ -78,6 +79,7 @@ func TestWrappersForwardEveryInterface(t *testing.T) {
 		"AnswerLearner":    func(p Policy) { p.(AnswerLearner).Learn(&Request{}, Answer{}) },
 		"Calibrator":       func(p Policy) { p.(Calibrator).Calibration() },
 		"CapacityReporter": func(p Policy) { p.(CapacityReporter).Capacities() },
+		"RateReporter":     func(p Policy) { p.(RateReporter).Rates() },
 		"DriftReporter": func(p Policy) {
 			p.(DriftReporter).Drifts()
 			p.(DriftReporter).WorkerDrift("w")
