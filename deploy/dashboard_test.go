@@ -113,7 +113,8 @@ func TestDashboardNamesExportedMetrics(t *testing.T) {
 		"kvgate_policy_decisions_total", "kvgate_worker_effective_load", "kvgate_worker_reported_backlog",
 		"kvgate_worker_circuit_state", "kvgate_worker_health", "kvgate_policy_tree_chars", "kvgate_worker_load_report_age_seconds",
 		"kvgate_pool_saturation", "kvgate_queue_requests", "kvgate_queue_wait_seconds", "kvgate_queue_shed_total",
-		"kvgate_prefix_prediction_bias", "kvgate_prefix_tree_capacity_tokens", "kvgate_kv_index_drifting"} {
+		"kvgate_prefix_prediction_bias", "kvgate_prefix_tree_capacity_tokens", "kvgate_kv_index_drifting",
+		"kvgate_worker_prefill_rate_tokens_per_second"} {
 		if !slices.Contains(seen, want) {
 			t.Errorf("the dashboard shows nothing of %s", want)
 		}
