@@ -79,9 +79,9 @@ func ReportOf(ranks ...Rank) Report {
 
 // loadsAcc folds ranks into a Report: counts and throughput summed, ratios averaged.
 type loadsAcc struct {
-	r            Report
-	usage, hit   float64
-	nUsage, nHit int
+	r                   Report
+	usage, hit          float64
+	nUsage, nHit, nBusy int
 }
 
 func (a *loadsAcc) add(l *Rank) {
@@ -108,6 +108,7 @@ func (a *loadsAcc) add(l *Rank) {
 		r.PrefillBusyTokensTotal = satAdd(r.PrefillBusyTokensTotal, clampCount(l.PrefillBusyTokens))
 		r.PrefillBusySecondsTotal = min(r.PrefillBusySecondsTotal+max(l.PrefillBusyMicros, 0)/1e6, maxPrefillSeconds)
 		r.prefillBusyCounted = true
+		a.nBusy++
 	}
 	if l.HasHitRate {
 		a.hit += clampRatio(l.CacheHitRate)
@@ -122,6 +123,12 @@ func (a *loadsAcc) report() Report {
 	}
 	if a.nHit > 0 {
 		r.CacheHitRate = a.hit / float64(a.nHit)
+	}
+	if a.nBusy > 1 {
+		// Ranks prefill side by side: the worker's tokens are the ranks' sum, its seconds their
+		// mean, so that the ratio is the worker's rate (the ranks' rates summed, for ranks about
+		// equally busy), the rate its summed queue drains at.
+		r.PrefillBusySecondsTotal /= float64(a.nBusy)
 	}
 	return r
 }

@@ -326,16 +326,22 @@ func BenchmarkParseLoadsReference(b *testing.B) {
 	}
 }
 
-// SGLang's cumulative prefill counters are summed over the ranks, microseconds read as seconds;
-// a body without them has none counted, and hostile values are clamped.
+// SGLang's cumulative prefill counters: the tokens summed over the data-parallel ranks, the busy
+// seconds their mean (two ranks each prefilling 8,000 tokens in a second of prefill drain the
+// worker's summed queue at 16,000 tokens/s), microseconds read as seconds; a body without them
+// has none counted, and hostile values are clamped.
 func TestParseLoadsPrefillBusyCounters(t *testing.T) {
-	r, err := ParseLoads([]byte(`{"loads":[{"num_running_reqs":1,"total_prefill_uncached_tokens":409397,"total_prefill_busy_us":73636110},
-		{"num_running_reqs":2,"total_prefill_uncached_tokens":3,"total_prefill_busy_us":890}]}`))
+	r, err := ParseLoads([]byte(`{"loads":[{"num_running_reqs":1,"total_prefill_uncached_tokens":8000,"total_prefill_busy_us":1000000},
+		{"num_running_reqs":2,"total_prefill_uncached_tokens":8000,"total_prefill_busy_us":1000000}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := r.Busy(); !b.Counted || b.Tokens != 409400 || math.Abs(b.Seconds-73.637) > 1e-9 {
-		t.Fatalf("busy counters %+v, want 409400 tokens in 73.637 s", b)
+	if b := r.Busy(); !b.Counted || b.Tokens != 16000 || b.Seconds != 1 {
+		t.Fatalf("busy counters %+v, want 16000 tokens in 1 s of the ranks' prefill", b)
+	}
+	r, _ = ParseLoads([]byte(`{"loads":[{"total_prefill_uncached_tokens":409397,"total_prefill_busy_us":73636110}]}`))
+	if b := r.Busy(); b.Tokens != 409397 || math.Abs(b.Seconds-73.63611) > 1e-9 {
+		t.Fatalf("one rank: %+v, want 409397 tokens in 73.63611 s", b)
 	}
 	if r, _ := ParseLoads([]byte(loadsTwoRanks)); r.Busy().Counted {
 		t.Fatalf("a body without the counters reads %+v", r.Busy())

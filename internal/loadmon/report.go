@@ -44,8 +44,9 @@ type Report struct {
 	PrefillSecondsTotal    float64 `json:"prefill_seconds_total,omitempty"`
 	// PrefillBusyTokensTotal and PrefillBusySecondsTotal are SGLang's cumulative prompt tokens
 	// computed by its prefill steps and those steps' time (/v1/loads
-	// total_prefill_uncached_tokens, total_prefill_busy_us); zero when not reported. Their growth
-	// between two polls is the rate the engine drains its queue at (Estimate.Observe).
+	// total_prefill_uncached_tokens, total_prefill_busy_us): the tokens summed over the
+	// data-parallel ranks, the seconds their mean; zero when not reported. Their growth between
+	// two polls is the rate the engine drains its queue at (Estimate.Observe).
 	PrefillBusyTokensTotal  int64   `json:"total_prefill_uncached_tokens,omitempty"`
 	PrefillBusySecondsTotal float64 `json:"prefill_busy_seconds_total,omitempty"`
 	// prefillBusyCounted is set when the report had total_prefill_busy_us, zero or not.
